@@ -1,0 +1,290 @@
+// Package agentworker runs agent jobs: it pulls job.requested events from a
+// durable consumer shared by every replica, runs the agent backend in a
+// fresh workspace, stores the declared outputs in the object store and
+// publishes the job's tool jobs, artifacts and result.
+package agentworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/procrun"
+	"github.com/loopbus/loopbus/internal/workspace"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/rs/zerolog"
+)
+
+// Bus is what the worker needs from the event bus.
+type Bus interface {
+	Consume(ctx context.Context, cfg bus.ConsumerConfig, h bus.Handler) error
+	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
+	PutArtifact(ctx context.Context, object, name string, r io.Reader) (schemas.ArtifactRef, error)
+	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
+}
+
+// Config of a worker process. The zero value is usable.
+type Config struct {
+	// ID names this worker in job.started; default host-pid.
+	ID string
+	// Concurrency is the number of jobs run at once; default 1.
+	Concurrency int
+	// WorkDir holds job workspaces; default $TMPDIR/loopbus-work.
+	WorkDir string
+	// KeepWorkspaces leaves workspaces on disk for debugging.
+	KeepWorkspaces bool
+	// MaxAttempts is how often a job may be started before it is failed as
+	// abandoned (its workers kept dying); default 3.
+	MaxAttempts int
+	// MaxOutputBytes bounds one output artifact; default 64 MiB.
+	MaxOutputBytes int64
+	// AckWait is the heartbeat horizon: a job whose worker is silent this
+	// long goes to another worker; default 30s.
+	AckWait time.Duration
+	// Env is the base environment of agents; nil means this process's.
+	Env []string
+}
+
+// Validate reports the first invalid value.
+func (c Config) Validate() error {
+	if c.Concurrency < 0 || c.MaxAttempts < 0 || c.MaxOutputBytes < 0 || c.AckWait < 0 {
+		return errors.New("agentworker: negative setting")
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
+	}
+	if c.WorkDir == "" {
+		c.WorkDir = filepath.Join(os.TempDir(), "loopbus-work")
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 3
+	}
+	if c.MaxOutputBytes == 0 {
+		c.MaxOutputBytes = 64 << 20
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	return c
+}
+
+// Service is one worker process.
+type Service struct {
+	cfg Config
+	bus Bus
+	log zerolog.Logger
+	now func() time.Time
+}
+
+// New returns a worker.
+func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if b == nil || now == nil {
+		return nil, errors.New("agentworker: bus and clock are required")
+	}
+	cfg = cfg.withDefaults()
+	return &Service{cfg: cfg, bus: b, log: log.With().Str("worker", cfg.ID).Logger(), now: now}, nil
+}
+
+// ConsumerName is the durable consumer all worker replicas share.
+const ConsumerName = "agentworker"
+
+// Run takes jobs until ctx ends. A job is acknowledged only after its
+// result is published; a job interrupted by shutdown is handed back at once.
+func (s *Service) Run(ctx context.Context) error {
+	s.log.Info().Int("concurrency", s.cfg.Concurrency).Msg("agent worker ready")
+	return s.bus.Consume(ctx, bus.ConsumerConfig{
+		Durable:     ConsumerName,
+		Subjects:    []string{schemas.SubjectPrefix + ".*.job.requested"},
+		AckWait:     s.cfg.AckWait,
+		MaxDeliver:  s.cfg.MaxAttempts + 2,
+		Concurrency: s.cfg.Concurrency,
+	}, s.handle)
+}
+
+func (s *Service) event(req schemas.Event, typ string, data any, idParts ...string) schemas.Event {
+	return schemas.Event{
+		ID:          schemas.DeterministicID(append([]string{req.Session, typ}, idParts...)...),
+		Type:        typ,
+		Session:     req.Session,
+		Step:        req.Step,
+		Job:         req.Job,
+		Causation:   req.ID,
+		Correlation: req.Correlation,
+		Time:        s.now(),
+		Data:        data,
+	}
+}
+
+// resultEvent builds job.completed or job.failed. Both share one id per
+// job, so however often a job runs, one result lands.
+func (s *Service) resultEvent(req schemas.Event, jr *schemas.JobRequested, data any) schemas.Event {
+	typ := schemas.TypeJobCompleted
+	if _, ok := data.(*schemas.JobFailed); ok {
+		typ = schemas.TypeJobFailed
+	}
+	ev := s.event(req, typ, data)
+	ev.ID = schemas.DeterministicID(req.Session, "job.result", jr.JobID)
+	return ev
+}
+
+func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
+	req := d.Event
+	jr, ok := req.Data.(*schemas.JobRequested)
+	if !ok {
+		return fmt.Errorf("%w: %s is not a job request", bus.ErrPermanent, req.Type)
+	}
+	log := s.log.With().Str("session", req.Session).Str("job", jr.JobID).Logger()
+	fail := func(msg string, exit int, dur time.Duration, tail string) error {
+		_, err := s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobFailed{
+			JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: s.cfg.ID,
+			ExitCode: exit, DurationMs: dur.Milliseconds(), Error: msg, OutputTail: tail,
+		}))
+		log.Warn().Str("error", msg).Msg("job failed")
+		return err
+	}
+	if int(d.NumDelivered) > s.cfg.MaxAttempts {
+		return fail(fmt.Sprintf("job abandoned: started %d times without finishing (its workers stopped or crashed)", d.NumDelivered-1), -1, 0, "")
+	}
+	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, &schemas.JobStarted{
+		JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(d.NumDelivered),
+	}, jr.JobID, strconv.FormatUint(d.NumDelivered, 10))); err != nil {
+		return err
+	}
+	log.Info().Int("iteration", jr.Iteration).Uint64("delivery", d.NumDelivered).Msg("job started")
+
+	ws, err := workspace.Create(s.cfg.WorkDir, req.Session, fmt.Sprintf("%s-%s-%d", jr.Step, strconv.Itoa(jr.Iteration), d.NumDelivered))
+	if err != nil {
+		return err
+	}
+	if !s.cfg.KeepWorkspaces {
+		defer ws.Remove()
+	}
+	if err := ws.Fetch(ctx, s.bus, jr.Inputs, ws.In); err != nil {
+		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) || errors.Is(err, schemas.ErrBadName) {
+			return fail("cannot provide inputs: "+err.Error(), -1, 0, "")
+		}
+		return err
+	}
+	if err := ws.WriteText(jr.Prompt, schemas.FormatFeedback(jr.Feedback)); err != nil {
+		return err
+	}
+
+	res, runErr := s.runAgent(ctx, req, jr, ws, d.NumDelivered)
+	if ctx.Err() != nil {
+		return ctx.Err() // shutting down: hand the job back
+	}
+	switch {
+	case runErr != nil:
+		return fail(runErr.Error(), -1, res.Duration, "")
+	case res.TimedOut:
+		return fail(fmt.Sprintf("agent timed out after %s and was killed", time.Duration(jr.TimeoutMs)*time.Millisecond), res.ExitCode, res.Duration, res.Tail)
+	case res.ExitCode != 0:
+		return fail(fmt.Sprintf("agent exited with code %d", res.ExitCode), res.ExitCode, res.Duration, res.Tail)
+	}
+
+	arts := make([]schemas.ArtifactRef, 0, len(jr.Outputs))
+	for _, out := range jr.Outputs {
+		ref, err := s.storeOutput(ctx, req, jr, ws, out.Name)
+		if err != nil {
+			if errors.Is(err, workspace.ErrUnsafeOutput) || errors.Is(err, schemas.ErrBadName) {
+				return fail(err.Error(), res.ExitCode, res.Duration, res.Tail)
+			}
+			return err
+		}
+		arts = append(arts, ref)
+	}
+	_, err = s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobCompleted{
+		JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, RequestSeq: req.Seq, Worker: s.cfg.ID,
+		ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Artifacts: arts, OutputTail: res.Tail,
+	}))
+	if err == nil {
+		log.Info().Dur("took", res.Duration).Int("artifacts", len(arts)).Msg("job completed")
+	}
+	return err
+}
+
+func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, delivery uint64) (procrun.Result, error) {
+	if jr.Agent.Backend != "exec" {
+		return procrun.Result{}, fmt.Errorf("agent backend %q is not supported by this worker (supported: exec)", jr.Agent.Backend)
+	}
+	if len(jr.Agent.Command) == 0 {
+		return procrun.Result{}, errors.New("agent command is empty")
+	}
+	toolID := schemas.DeterministicID(jr.JobID, strconv.FormatUint(delivery, 10), "exec")
+	name := filepath.Base(jr.Agent.Command[0])
+	argv := strings.Join(jr.Agent.Command, " ")
+	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeToolStarted, &schemas.ToolStarted{
+		JobID: jr.JobID, ToolID: toolID, Name: name, Lane: "exec", Input: truncate(argv, 500),
+	}, toolID, "started")); err != nil {
+		return procrun.Result{}, err
+	}
+	res, err := procrun.Run(ctx, procrun.Spec{
+		Argv:    jr.Agent.Command,
+		Dir:     ws.Root,
+		Env:     ws.Env(s.cfg.Env, workspace.Vars{Session: req.Session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env),
+		Stdin:   []byte(jr.Prompt),
+		Timeout: time.Duration(jr.TimeoutMs) * time.Millisecond,
+	})
+	tc := &schemas.ToolCompleted{JobID: jr.JobID, ToolID: toolID, Name: name, Lane: "exec",
+		Status: "ok", ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Output: res.Tail}
+	switch {
+	case err != nil:
+		tc.Status, tc.Error = "error", err.Error()
+	case res.TimedOut:
+		tc.Status, tc.Error = "timeout", "timed out"
+	case res.ExitCode != 0:
+		tc.Status = "error"
+	}
+	if tc.ExitCode < 0 {
+		tc.ExitCode = -1
+	}
+	if _, perr := s.bus.Publish(context.WithoutCancel(ctx), s.event(req, schemas.TypeToolCompleted, tc, toolID, "completed")); perr != nil {
+		s.log.Warn().Err(perr).Msg("could not publish tool.completed")
+	}
+	return res, err
+}
+
+func (s *Service) storeOutput(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, name string) (schemas.ArtifactRef, error) {
+	f, _, err := ws.OpenOutput(name, s.cfg.MaxOutputBytes)
+	if err != nil {
+		return schemas.ArtifactRef{}, err
+	}
+	defer f.Close()
+	ref, err := s.bus.PutArtifact(ctx, jr.JobID+"/"+name, name, io.LimitReader(f, s.cfg.MaxOutputBytes))
+	if err != nil {
+		return schemas.ArtifactRef{}, err
+	}
+	ref.Step = jr.Step
+	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeArtifactStored, &schemas.ArtifactStored{JobID: jr.JobID, Artifact: ref}, jr.JobID, name, ref.Digest)); err != nil {
+		return schemas.ArtifactRef{}, err
+	}
+	return ref, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

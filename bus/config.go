@@ -1,0 +1,103 @@
+// Package bus is loopbus's only door to NATS: connection options, the
+// embedded server, provisioning of the event stream, dead-letter stream, view
+// KV bucket and artifact object store, CloudEvent encoding, publishing
+// (de-duplication ids, atomic batches with an expected-sequence check), and
+// durable consumers. It is also the only package that maps handler errors to
+// ack, nak-with-delay or terminate.
+package bus
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultStream          = "LOOPBUS"
+	DefaultDLQStream       = "LOOPBUS_DLQ"
+	DefaultViewsBucket     = "LOOPBUS_VIEWS"
+	DefaultArtifactsBucket = "LOOPBUS_ARTIFACTS"
+	DefaultDuplicateWindow = 10 * time.Minute
+	// DLQSubjectPrefix prefixes dead-letter subjects: loopbus.dlq.<consumer>.
+	DLQSubjectPrefix = "loopbus.dlq"
+)
+
+// Config says how to reach NATS and how the streams and buckets are shaped.
+// The zero value connects to nothing (URL is required) and provisions the
+// default names with one replica and unlimited retention.
+type Config struct {
+	// URL is a comma-separated list of server URLs.
+	URL string
+	// Name is the connection name shown by the server (e.g. "agentworker").
+	Name string
+
+	// Authentication: any one of these.
+	User      string
+	Password  string
+	Token     string
+	CredsFile string // JWT + nkey creds file
+	NKeyFile  string // nkey seed file
+
+	// TLS: CA to verify the server; cert+key for mutual TLS.
+	TLSCA   string
+	TLSCert string
+	TLSKey  string
+
+	// Stream names and shape.
+	Stream          string
+	DLQStream       string
+	ViewsBucket     string
+	ArtifactsBucket string
+	// Replicas for the stream and buckets (1, 3 or 5); 0 means 1.
+	Replicas int
+	// MaxAge of events; 0 keeps them forever.
+	MaxAge time.Duration
+	// MaxBytes of the event stream; 0 means unlimited.
+	MaxBytes int64
+	// DuplicateWindow for Nats-Msg-Id de-duplication; 0 means 10 minutes.
+	DuplicateWindow time.Duration
+}
+
+// ErrConfig: a configuration value is invalid.
+var ErrConfig = errors.New("invalid bus configuration")
+
+// withDefaults fills zero values.
+func (c Config) withDefaults() Config {
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
+	if c.DLQStream == "" {
+		c.DLQStream = DefaultDLQStream
+	}
+	if c.ViewsBucket == "" {
+		c.ViewsBucket = DefaultViewsBucket
+	}
+	if c.ArtifactsBucket == "" {
+		c.ArtifactsBucket = DefaultArtifactsBucket
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = DefaultDuplicateWindow
+	}
+	return c
+}
+
+// Validate reports the first invalid value.
+func (c Config) Validate() error {
+	switch {
+	case c.URL == "":
+		return fmt.Errorf("%w: no NATS URL", ErrConfig)
+	case c.Replicas < 0 || c.Replicas > 5:
+		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
+	case c.MaxAge < 0 || c.MaxBytes < 0 || c.DuplicateWindow < 0:
+		return fmt.Errorf("%w: negative retention", ErrConfig)
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return fmt.Errorf("%w: TLS client cert and key must be given together", ErrConfig)
+	case c.Token != "" && c.User != "":
+		return fmt.Errorf("%w: give a token or a user, not both", ErrConfig)
+	}
+	return nil
+}

@@ -1,0 +1,262 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Handler outcomes. A Handler returns nil to ack, an error wrapping
+// ErrPermanent to terminate the message (it is copied to the dead-letter
+// stream with the error as reason), or any other error to have it
+// redelivered after a back-off. Returning the context's error after the
+// consumer is stopped naks without delay so another replica takes over.
+var ErrPermanent = errors.New("permanent failure")
+
+// Delivery is one event handed to a Handler.
+type Delivery struct {
+	Event schemas.Event
+	// NumDelivered is 1 on first delivery.
+	NumDelivered uint64
+}
+
+// Handler processes one delivery. It may run concurrently with others (see
+// ConsumerConfig.Concurrency). While it runs, the bus sends in-progress
+// heartbeats, so a handler may take longer than AckWait.
+type Handler func(ctx context.Context, d Delivery) error
+
+// ConsumerConfig shapes a durable pull consumer shared by every replica that
+// uses the same Durable name.
+type ConsumerConfig struct {
+	Durable string
+	// Subjects filters the event stream (e.g. loopbus.evt.*.job.requested).
+	Subjects []string
+	// AckWait before an unacknowledged message is redelivered when no
+	// heartbeat arrives; 0 means 30s. Heartbeats go every AckWait/3.
+	AckWait time.Duration
+	// MaxDeliver attempts before the message is dead-lettered; 0 means 5.
+	MaxDeliver int
+	// Concurrency is the number of handlers running at once; 0 means 1.
+	Concurrency int
+	// DeliverNew starts a newly created consumer at new events instead of the
+	// whole history.
+	DeliverNew bool
+}
+
+func (c ConsumerConfig) withDefaults() ConsumerConfig {
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = 5
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
+	}
+	return c
+}
+
+// Validate reports the first invalid value.
+func (c ConsumerConfig) Validate() error {
+	if c.Durable == "" || len(c.Subjects) == 0 {
+		return fmt.Errorf("%w: consumer needs a durable name and subjects", ErrConfig)
+	}
+	if c.Concurrency < 0 || c.MaxDeliver < 0 || c.AckWait < 0 {
+		return fmt.Errorf("%w: consumer %s: negative setting", ErrConfig, c.Durable)
+	}
+	return nil
+}
+
+// Consume runs h for every message of a durable consumer until ctx ends,
+// then waits for running handlers. It pulls only as many messages as it
+// has free handler slots, so no message waits in a local buffer while its
+// ack timer runs. Malformed events are dead-lettered and terminated without
+// reaching h. Ack semantics: see Handler and ErrPermanent; a transiently
+// failing message is dead-lettered after MaxDeliver deliveries.
+func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.withDefaults()
+	cc := jetstream.ConsumerConfig{
+		Durable:        cfg.Durable,
+		FilterSubjects: cfg.Subjects,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        cfg.AckWait,
+		MaxDeliver:     cfg.MaxDeliver,
+		MaxAckPending:  -1,
+		Replicas:       0,
+	}
+	if cfg.DeliverNew {
+		cc.DeliverPolicy = jetstream.DeliverNewPolicy
+	}
+	var cons jetstream.Consumer
+	for attempt := 0; ; attempt++ {
+		var err error
+		cons, err = b.js.CreateOrUpdateConsumer(ctx, b.cfg.Stream, cc)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if werr := b.backoff(ctx, attempt, fmt.Errorf("consumer %s: %w", cfg.Durable, err)); werr != nil {
+			return nil
+		}
+	}
+	slots := make(chan struct{}, cfg.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for ctx.Err() == nil {
+		// Wait for at least one free slot, then take all free ones.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		n := 1
+	fill:
+		for n < cfg.Concurrency {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break fill
+			}
+		}
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			for range n {
+				<-slots
+			}
+			if ctx.Err() == nil {
+				b.log.Debug().Err(err).Str("consumer", cfg.Durable).Msg("fetch failed; retrying")
+				select {
+				case <-ctx.Done():
+				case <-time.After(250 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		got := 0
+		for msg := range batch.Messages() {
+			got++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				b.handle(ctx, cfg, msg, h)
+			}()
+		}
+		for range n - got {
+			<-slots
+		}
+	}
+	return nil
+}
+
+func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg, h Handler) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		b.log.Error().Err(err).Str("subject", msg.Subject()).Msg("message without metadata; terminating")
+		_ = msg.Term()
+		return
+	}
+	ev, err := b.decode(msg.Subject(), msg.Data())
+	if err != nil {
+		b.deadLetter(ctx, cfg.Durable, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), err.Error())
+		_ = msg.TermWithReason(truncate(err.Error(), 200))
+		return
+	}
+	ev.Seq = meta.Sequence.Stream
+
+	// Heartbeats keep the message ours while the handler runs.
+	hbCtx, stopHB := context.WithCancel(context.Background())
+	defer stopHB()
+	go func() {
+		t := time.NewTicker(cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-hbCtx.Done():
+				return
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					b.log.Debug().Err(err).Msg("in-progress heartbeat failed")
+				}
+			}
+		}
+	}()
+
+	herr := h(ctx, Delivery{Event: ev, NumDelivered: meta.NumDelivered})
+	stopHB()
+	log := b.log.With().Str("consumer", cfg.Durable).Str("type", ev.Type).Str("id", ev.ID).Uint64("seq", ev.Seq).Logger()
+	switch {
+	case herr == nil:
+		if err := msg.DoubleAck(context.WithoutCancel(ctx)); err != nil {
+			log.Warn().Err(err).Msg("ack not confirmed; the event may be delivered again")
+		}
+	case errors.Is(herr, ErrPermanent):
+		log.Error().Err(herr).Msg("event failed permanently; dead-lettered")
+		b.deadLetter(ctx, cfg.Durable, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), herr.Error())
+		_ = msg.TermWithReason(truncate(herr.Error(), 200))
+	case ctx.Err() != nil:
+		_ = msg.Nak()
+	case int(meta.NumDelivered) >= cfg.MaxDeliver:
+		reason := fmt.Sprintf("gave up after %d deliveries: %v", meta.NumDelivered, herr)
+		log.Error().Err(herr).Msg("event keeps failing; dead-lettered")
+		b.deadLetter(ctx, cfg.Durable, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), reason)
+		_ = msg.TermWithReason(truncate(reason, 200))
+	default:
+		delay := time.Duration(1<<min(meta.NumDelivered, 6)) * 250 * time.Millisecond
+		log.Warn().Err(herr).Dur("retry_in", delay).Msg("event failed; will be redelivered")
+		_ = msg.NakWithDelay(delay)
+	}
+}
+
+// DLQ headers on dead-lettered copies.
+const (
+	HeaderDLQReason   = "Loopbus-Dlq-Reason"
+	HeaderDLQSubject  = "Loopbus-Dlq-Subject"
+	HeaderDLQSeq      = "Loopbus-Dlq-Seq"
+	HeaderDLQConsumer = "Loopbus-Dlq-Consumer"
+)
+
+// deadLetter copies a message with the reason to loopbus.dlq.<consumer>.
+// The copy's id is consumer+sequence, so a retried copy is stored once.
+func (b *Bus) deadLetter(ctx context.Context, consumer, subject string, seq uint64, hdr nats.Header, data []byte, reason string) {
+	b.deadLettered.Add(1)
+	m := nats.NewMsg(DLQSubjectPrefix + "." + consumer)
+	for k, v := range hdr {
+		if len(k) >= 5 && k[:5] == "Nats-" {
+			continue
+		}
+		m.Header[k] = v
+	}
+	m.Header.Set(HeaderDLQReason, truncate(reason, 2000))
+	m.Header.Set(HeaderDLQSubject, subject)
+	m.Header.Set(HeaderDLQSeq, strconv.FormatUint(seq, 10))
+	m.Header.Set(HeaderDLQConsumer, consumer)
+	m.Header.Set(nats.MsgIdHdr, consumer+":"+strconv.FormatUint(seq, 10))
+	m.Data = data
+	b.log.Warn().Str("consumer", consumer).Str("subject", subject).Uint64("seq", seq).Str("reason", reason).Msg("dead-lettered")
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := b.request(dctx, m); err != nil {
+		b.log.Error().Err(err).Msg("could not write dead letter")
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

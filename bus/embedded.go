@@ -1,0 +1,243 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+)
+
+// ErrServerRunning: another process already serves this data directory.
+var ErrServerRunning = errors.New("a loopbus NATS server already runs on this data directory")
+
+// EmbeddedConfig shapes an in-process nats-server. The zero value (with a
+// DataDir) listens on a random loopback port and fsyncs before every ack.
+type EmbeddedConfig struct {
+	// DataDir holds the JetStream store (DataDir/jetstream) and the lock and
+	// URL files that let other commands on the same directory find it.
+	DataDir string
+	// Listen is host:port; "" means 127.0.0.1 on a random free port.
+	Listen string
+	// ServerName; "" derives one from the listen address.
+	ServerName string
+	// RelaxedSync turns off fsync-before-ack and flushes every SyncInterval
+	// instead. Off by default: acknowledged writes survive power loss.
+	RelaxedSync bool
+	// SyncInterval applies with RelaxedSync; 0 means the server default (2m).
+	SyncInterval time.Duration
+	// MaxPayload in bytes; 0 means 8 MiB.
+	MaxPayload int32
+	// Auth, optional: clients must present these.
+	User, Password, Token string
+	// ConfigFile, when set, is a nats-server configuration file whose
+	// settings are loaded first (for TLS, accounts, permissions, clusters).
+	ConfigFile string
+}
+
+// Validate reports the first invalid value.
+func (c EmbeddedConfig) Validate() error {
+	if c.DataDir == "" {
+		return fmt.Errorf("%w: embedded server needs a data directory", ErrConfig)
+	}
+	if c.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+			return fmt.Errorf("%w: listen address %q: %v", ErrConfig, c.Listen, err)
+		}
+	}
+	return nil
+}
+
+// Embedded is a running in-process nats-server that owns its data directory.
+type Embedded struct {
+	srv  *server.Server
+	lock *os.File
+	url  string
+	dir  string
+}
+
+// URL is the client URL of the server.
+func (e *Embedded) URL() string { return e.url }
+
+// Server exposes the underlying server (for tests and the nats command).
+func (e *Embedded) Server() *server.Server { return e.srv }
+
+// Shutdown stops the server, waits for it and releases the data directory.
+func (e *Embedded) Shutdown() {
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+	_ = os.Remove(filepath.Join(e.dir, urlFile))
+	_ = e.lock.Close()
+}
+
+const (
+	lockFile = "nats.lock"
+	urlFile  = "nats.url"
+)
+
+// StartEmbedded starts a server on cfg.DataDir. It takes an exclusive lock
+// on the directory; if another process holds it, it returns an error
+// wrapping ErrServerRunning (use OpenDataDir to share that server instead).
+func StartEmbedded(cfg EmbeddedConfig, log zerolog.Logger) (*Embedded, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	lock, err := lockDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	e, err := startLocked(cfg, lock, log)
+	if err != nil {
+		_ = lock.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("data directory lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			url, _ := os.ReadFile(filepath.Join(dir, urlFile))
+			return nil, fmt.Errorf("%w (%s at %s)", ErrServerRunning, dir, strings.TrimSpace(string(url)))
+		}
+		return nil, fmt.Errorf("data directory lock: %w", err)
+	}
+	return f, nil
+}
+
+func startLocked(cfg EmbeddedConfig, lock *os.File, log zerolog.Logger) (*Embedded, error) {
+	opts := &server.Options{}
+	if cfg.ConfigFile != "" {
+		o, err := server.ProcessConfigFile(cfg.ConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("server config %s: %w", cfg.ConfigFile, err)
+		}
+		opts = o
+	}
+	host, port := "127.0.0.1", -1
+	if cfg.Listen != "" {
+		h, p, _ := net.SplitHostPort(cfg.Listen)
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, fmt.Errorf("%w: listen port %q", ErrConfig, p)
+		}
+		host, port = h, n
+		if n == 0 {
+			port = -1
+		}
+	} else if cfg.ConfigFile != "" && opts.Port != 0 {
+		host, port = opts.Host, opts.Port
+	}
+	opts.Host, opts.Port = host, port
+	opts.JetStream = true
+	opts.StoreDir = filepath.Join(cfg.DataDir, "jetstream")
+	opts.NoSigs = true
+	if cfg.ServerName != "" {
+		opts.ServerName = cfg.ServerName
+	}
+	opts.SyncAlways = !cfg.RelaxedSync
+	if cfg.RelaxedSync && cfg.SyncInterval > 0 {
+		opts.SyncInterval = cfg.SyncInterval
+	}
+	opts.MaxPayload = cfg.MaxPayload
+	if opts.MaxPayload == 0 {
+		opts.MaxPayload = 8 << 20
+	}
+	if cfg.User != "" {
+		opts.Username, opts.Password = cfg.User, cfg.Password
+	}
+	if cfg.Token != "" {
+		opts.Authorization = cfg.Token
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("nats server: %w", err)
+	}
+	srv.SetLoggerV2(serverLogger{log.With().Str("component", "nats-server").Logger()}, false, false, false)
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("nats server on %s:%d not ready after 30s", host, port)
+	}
+	url := srv.ClientURL()
+	if err := os.WriteFile(filepath.Join(cfg.DataDir, urlFile), []byte(url+"\n"), 0o600); err != nil {
+		srv.Shutdown()
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	return &Embedded{srv: srv, lock: lock, url: url, dir: cfg.DataDir}, nil
+}
+
+// OpenDataDir gives a client URL for cfg.DataDir: if another process serves
+// the directory it returns that server's URL and a nil *Embedded; otherwise
+// it starts an embedded server (which the caller must Shut down).
+func OpenDataDir(ctx context.Context, cfg EmbeddedConfig, log zerolog.Logger) (string, *Embedded, error) {
+	if err := cfg.Validate(); err != nil {
+		return "", nil, err
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		e, err := StartEmbedded(cfg, log)
+		if err == nil {
+			return e.URL(), e, nil
+		}
+		if !errors.Is(err, ErrServerRunning) {
+			return "", nil, err
+		}
+		// Someone else owns it: use their URL once it answers.
+		raw, _ := os.ReadFile(filepath.Join(cfg.DataDir, urlFile))
+		if url := strings.TrimSpace(string(raw)); url != "" && reachable(url, cfg) {
+			return url, nil, nil
+		}
+		if time.Now().After(deadline) {
+			return "", nil, fmt.Errorf("%w, but it does not answer: %v", ErrServerRunning, err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func reachable(url string, cfg EmbeddedConfig) bool {
+	opts := []nats.Option{nats.Timeout(2 * time.Second)}
+	if cfg.User != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.Token != "" {
+		opts = append(opts, nats.Token(cfg.Token))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return false
+	}
+	nc.Close()
+	return true
+}
+
+// serverLogger adapts zerolog to the nats-server logger interface.
+type serverLogger struct{ l zerolog.Logger }
+
+func (s serverLogger) Noticef(format string, v ...any) { s.l.Debug().Msgf(format, v...) }
+func (s serverLogger) Warnf(format string, v ...any)   { s.l.Warn().Msgf(format, v...) }
+func (s serverLogger) Fatalf(format string, v ...any)  { s.l.Error().Msgf(format, v...) }
+func (s serverLogger) Errorf(format string, v ...any)  { s.l.Error().Msgf(format, v...) }
+func (s serverLogger) Debugf(format string, v ...any)  { s.l.Trace().Msgf(format, v...) }
+func (s serverLogger) Tracef(format string, v ...any)  { s.l.Trace().Msgf(format, v...) }

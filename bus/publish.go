@@ -1,0 +1,196 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+)
+
+// Publish errors callers act on.
+var (
+	// ErrStale: the session gained events after the sequence the publisher
+	// expected, so nothing was written. Deciders re-read and decide again.
+	ErrStale = errors.New("stale: session has newer events")
+	// ErrDuplicate: an event id in the batch is already in the stream (within
+	// the de-duplication window), so the batch was written before; nothing
+	// new was written.
+	ErrDuplicate = errors.New("duplicate event id")
+	// ErrRejected: the server refused the publish for another reason.
+	ErrRejected = errors.New("publish rejected")
+)
+
+// JetStream API error codes mapped above.
+const (
+	codeWrongLastSeq      = 10071
+	codeWrongLastSeqConst = 10164
+	codeBatchDuplicate    = 10201
+)
+
+// Published is the outcome of a publish.
+type Published struct {
+	// Seq is the stream sequence of the (last) event written.
+	Seq uint64
+	// Duplicate is true when the server recognised the id and stored nothing.
+	Duplicate bool
+}
+
+type pubAck struct {
+	Stream    string `json:"stream"`
+	Seq       uint64 `json:"seq"`
+	Duplicate bool   `json:"duplicate"`
+	Error     *struct {
+		Code        int    `json:"code"`
+		ErrCode     int    `json:"err_code"`
+		Description string `json:"description"`
+	} `json:"error"`
+}
+
+// Publish writes one event. A re-publish of an id already stored inside the
+// duplicate window is not an error: it reports Duplicate. It retries while
+// the server is unreachable, until ctx ends.
+func (b *Bus) Publish(ctx context.Context, ev schemas.Event) (Published, error) {
+	m, err := b.Encode(ev)
+	if err != nil {
+		return Published{}, err
+	}
+	return b.request(ctx, m)
+}
+
+// PublishExpect writes one event only if the session's newest event is at
+// stream sequence expectLast (0: the session has no events yet). A
+// mismatch returns an error wrapping ErrStale.
+func (b *Bus) PublishExpect(ctx context.Context, ev schemas.Event, expectLast uint64) (Published, error) {
+	m, err := b.Encode(ev)
+	if err != nil {
+		return Published{}, err
+	}
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(ev.Session))
+	return b.request(ctx, m)
+}
+
+// PublishBatch commits evs, all of one session, atomically (all or none)
+// and only if the session's newest event is at expectLast. The events'
+// ids de-duplicate: if any was already stored the whole batch is refused
+// with ErrDuplicate. A stale expectation gives ErrStale.
+func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (Published, error) {
+	if len(evs) == 0 {
+		return Published{}, nil
+	}
+	msgs := make([]*nats.Msg, len(evs))
+	for i, ev := range evs {
+		if ev.Session != session {
+			return Published{}, fmt.Errorf("batch for session %s holds an event of session %s", session, ev.Session)
+		}
+		m, err := b.Encode(ev)
+		if err != nil {
+			return Published{}, err
+		}
+		msgs[i] = m
+	}
+	if len(msgs) == 1 {
+		msgs[0].Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
+		msgs[0].Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
+		return b.request(ctx, msgs[0])
+	}
+	for attempt := 0; ; attempt++ {
+		id := nuid.Next()
+		for i, m := range msgs {
+			m.Header.Set("Nats-Batch-Id", id)
+			m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
+			if i == 0 {
+				m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
+				m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
+			}
+		}
+		last := msgs[len(msgs)-1]
+		last.Header.Set("Nats-Batch-Commit", "1")
+		var err error
+		for _, m := range msgs[:len(msgs)-1] {
+			if err = b.nc.PublishMsg(m); err != nil {
+				break
+			}
+		}
+		var res Published
+		if err == nil {
+			res, err = b.requestOnce(ctx, last)
+		}
+		if err == nil || !retryable(err) {
+			return res, err
+		}
+		// A lost commit is retried under a new batch id; if the first
+		// attempt did land, the event ids make the retry ErrDuplicate.
+		if werr := b.backoff(ctx, attempt, err); werr != nil {
+			return Published{}, werr
+		}
+	}
+}
+
+// request publishes m and waits for the stream's ack, retrying while the
+// server is unreachable (the message id makes a retry of a write that did
+// land a duplicate, not a second copy).
+func (b *Bus) request(ctx context.Context, m *nats.Msg) (Published, error) {
+	for attempt := 0; ; attempt++ {
+		res, err := b.requestOnce(ctx, m)
+		if err == nil || !retryable(err) {
+			return res, err
+		}
+		if werr := b.backoff(ctx, attempt, err); werr != nil {
+			return Published{}, werr
+		}
+	}
+}
+
+func (b *Bus) backoff(ctx context.Context, attempt int, cause error) error {
+	d := time.Duration(50*(1<<min(attempt, 5))) * time.Millisecond
+	if attempt == 3 {
+		b.log.Warn().Err(cause).Msg("publish not acknowledged; retrying")
+	}
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("publish: %w (last error: %v)", ctx.Err(), cause)
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func retryable(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrConnectionReconnecting)
+}
+
+func (b *Bus) requestOnce(ctx context.Context, m *nats.Msg) (Published, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := b.nc.RequestMsgWithContext(rctx, m)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return Published{}, nats.ErrTimeout
+		}
+		return Published{}, err
+	}
+	var ack pubAck
+	if err := json.Unmarshal(resp.Data, &ack); err != nil {
+		return Published{}, fmt.Errorf("%w: unreadable ack %q", ErrRejected, resp.Data)
+	}
+	if ack.Error != nil {
+		switch ack.Error.ErrCode {
+		case codeWrongLastSeq, codeWrongLastSeqConst:
+			return Published{}, fmt.Errorf("%w (%s)", ErrStale, ack.Error.Description)
+		case codeBatchDuplicate:
+			return Published{}, fmt.Errorf("%w (%s)", ErrDuplicate, ack.Error.Description)
+		}
+		if ack.Error.Code == 503 {
+			return Published{}, nats.ErrNoResponders
+		}
+		return Published{}, fmt.Errorf("%w: %s (code %d)", ErrRejected, ack.Error.Description, ack.Error.ErrCode)
+	}
+	return Published{Seq: ack.Seq, Duplicate: ack.Duplicate}, nil
+}

@@ -1,0 +1,126 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ReadOptions select events for Read.
+type ReadOptions struct {
+	// Subjects filter the stream; empty means every event.
+	Subjects []string
+	// StartSeq starts at this stream sequence; 0 means the first event.
+	StartSeq uint64
+	// StartTime starts at the first event stored at or after this time.
+	StartTime time.Time
+	// Follow keeps reading new events until ctx ends. Without it Read stops
+	// at the newest matching event that existed when it started.
+	Follow bool
+	// OnCaughtUp, if set, is called once when Read has delivered every event
+	// that existed when it started (immediately if there were none).
+	OnCaughtUp func()
+	// DeadLetter names the reader when it copies malformed events to the
+	// dead-letter stream; empty means malformed events are only logged and
+	// skipped (read-only tools must not write).
+	DeadLetter string
+}
+
+// ErrStop may be returned by a Read callback to end the read without error.
+var ErrStop = errors.New("stop reading")
+
+// Read delivers events in stream order to fn through an ordered (ephemeral,
+// flow-controlled, self-healing) consumer. Malformed events are skipped (see
+// ReadOptions.DeadLetter). It returns nil when ctx ends, when fn returns
+// ErrStop, or (without Follow) at the head; any other fn error is returned.
+func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event) error) error {
+	subjects := opts.Subjects
+	if len(subjects) == 0 {
+		subjects = []string{schemas.SubjectPrefix + ".>"}
+	}
+	oc := jetstream.OrderedConsumerConfig{FilterSubjects: subjects}
+	switch {
+	case opts.StartSeq > 0:
+		oc.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		oc.OptStartSeq = opts.StartSeq
+	case !opts.StartTime.IsZero():
+		oc.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		t := opts.StartTime
+		oc.OptStartTime = &t
+	}
+	cons, err := b.js.OrderedConsumer(ctx, b.cfg.Stream, oc)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("read %v: %w", subjects, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("read %v: %w", subjects, err)
+	}
+	caughtUp := false
+	markCaughtUp := func() {
+		if !caughtUp {
+			caughtUp = true
+			if opts.OnCaughtUp != nil {
+				opts.OnCaughtUp()
+			}
+		}
+	}
+	if info.NumPending == 0 {
+		markCaughtUp()
+		if !opts.Follow {
+			return nil
+		}
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(512))
+	if err != nil {
+		return fmt.Errorf("read %v: %w", subjects, err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("read %v: %w", subjects, err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		ev, derr := b.decode(msg.Subject(), msg.Data())
+		if derr != nil {
+			if opts.DeadLetter != "" {
+				b.deadLetter(ctx, opts.DeadLetter, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), derr.Error())
+			} else {
+				b.log.Debug().Err(derr).Uint64("seq", meta.Sequence.Stream).Msg("skipping malformed event")
+			}
+		} else {
+			ev.Seq = meta.Sequence.Stream
+			if err := fn(ev); err != nil {
+				if errors.Is(err, ErrStop) {
+					return nil
+				}
+				return err
+			}
+		}
+		if meta.NumPending == 0 {
+			markCaughtUp()
+			if !opts.Follow {
+				return nil
+			}
+		}
+	}
+}

@@ -1,0 +1,430 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/loopbus/loopbus/agentworker"
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/client"
+	"github.com/loopbus/loopbus/internal/pipeline"
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/oklog/run"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+)
+
+func newRunCmd(g *globals) *cobra.Command {
+	var input, session string
+	var detach, asJSON bool
+	var workers int
+	cmd := &cobra.Command{
+		Use:   "run PIPELINE --input FILE",
+		Short: "Start a session of a pipeline and follow it to the end",
+		Long: `Start a session of PIPELINE over the input file and follow it live.
+Exits 0 when the session completes, 1 when it fails (reason on stderr), 2 on
+usage errors. Without --nats, NATS and every service run in this process.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if input == "" {
+				return usageErr(errors.New("run: --input FILE is required"))
+			}
+			p, err := pipeline.Load(args[0])
+			if err != nil {
+				return usageErr(err)
+			}
+			if _, err := os.Stat(input); err != nil {
+				return usageErr(fmt.Errorf("run: input: %w", err))
+			}
+			if session == "" {
+				session = client.NewSessionID(p.Name, time.Now())
+			} else if err := schemas.ValidateSessionID(session); err != nil {
+				return usageErr(err)
+			}
+			return g.submitAndFollow(cmd.Context(), p, input, session, detach, asJSON, workers)
+		},
+	}
+	cmd.Flags().StringVar(&input, "input", "", "input file (required)")
+	cmd.Flags().StringVar(&session, "session", "", "session id ([A-Za-z0-9_-], at most 64); default <pipeline>-<date>-<random>")
+	cmd.Flags().BoolVar(&detach, "detach", false, "submit and exit without following (needs a running server: serve, or --nats)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final manifest as JSON on stdout")
+	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the in-process worker (embedded mode)")
+	return cmd
+}
+
+func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input, session string, detach, asJSON bool, workers int) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	log := g.logger(zerolog.WarnLevel)
+	c, err := g.connect(ctx, "run", log)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	if detach && c.ownsServer() {
+		return usageErr(errors.New("run --detach: no loopbus server runs on the data directory, so nothing would work on the session after this command exits; start 'loopbus serve' first or pass --nats"))
+	}
+	if _, err := client.Submit(ctx, c.bus, p, input, session, time.Now()); err != nil {
+		if errors.Is(err, client.ErrBadInput) || errors.Is(err, client.ErrSessionExists) {
+			return usageErr(err)
+		}
+		return err
+	}
+	if detach {
+		if asJSON {
+			return json.NewEncoder(g.stdout).Encode(map[string]string{"session": session})
+		}
+		fmt.Fprintln(g.stdout, session)
+		return nil
+	}
+	fmt.Fprintf(g.stderr, "session %s: pipeline %s, %d steps\n", session, p.Name, len(p.Steps))
+	return g.follow(ctx, c, session, asJSON, workers, log)
+}
+
+// follow watches a session to its end, running the services in-process when
+// this command owns the NATS server.
+func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bool, workers int, log zerolog.Logger) error {
+	var group run.Group
+	if c.ownsServer() {
+		if err := addServices(&group, ctx, c.bus, serviceSet{orchestrator: true, validator: true, projector: true, workers: workers}, log); err != nil {
+			return err
+		}
+	}
+	addSignals(&group, ctx)
+	var final *projections.Manifest
+	wctx, wcancel := context.WithCancel(ctx)
+	progress := newProgress(g.stderr)
+	group.Add(func() error {
+		m, err := client.Watch(wctx, c.bus, session, progress.event)
+		final = m
+		return err
+	}, func(error) { wcancel() })
+	err := group.Run()
+	switch {
+	case isSignal(err):
+		fmt.Fprintf(g.stderr, "interrupted; session %s continues when a loopbus server runs on this data directory ('loopbus wait %s')\n", session, session)
+		return errSessionFailed
+	case err != nil:
+		return err
+	case final == nil:
+		return fmt.Errorf("session %s: no events", session)
+	}
+	if asJSON {
+		enc := json.NewEncoder(g.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(final); err != nil {
+			return err
+		}
+	}
+	if final.Status == projections.StatusFailed {
+		fmt.Fprintf(g.stderr, "session %s failed: %s\n", session, final.Error)
+		return errSessionFailed
+	}
+	return nil
+}
+
+func newWaitCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	var workers int
+	cmd := &cobra.Command{
+		Use:   "wait SESSION",
+		Short: "Follow a session until it ends (resuming it in-process in embedded mode)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := schemas.ValidateSessionID(args[0]); err != nil {
+				return usageErr(err)
+			}
+			ctx := cmd.Context()
+			log := g.logger(zerolog.WarnLevel)
+			c, err := g.connect(ctx, "wait", log)
+			if err != nil {
+				return err
+			}
+			defer c.close()
+			if last, err := c.bus.SessionLastSeq(ctx, args[0]); err != nil {
+				return err
+			} else if last == 0 {
+				return usageErr(fmt.Errorf("%w: %s", client.ErrNoSession, args[0]))
+			}
+			return g.follow(ctx, c, args[0], asJSON, workers, log)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final manifest as JSON on stdout")
+	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the in-process worker (embedded mode)")
+	return cmd
+}
+
+// readCmd runs fn with a bus for a read-only command.
+func (g *globals) readOnly(cmd *cobra.Command, fn func(ctx context.Context, b *bus.Bus) error) error {
+	ctx := cmd.Context()
+	c, err := g.connect(ctx, cmd.Name(), g.logger(zerolog.WarnLevel))
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	err = fn(ctx, c.bus)
+	if errors.Is(err, client.ErrNoSession) || errors.Is(err, client.ErrBadInput) {
+		return usageErr(err)
+	}
+	return err
+}
+
+func newStatusCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status SESSION",
+		Short: "Show a session's manifest",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
+				m, err := client.Status(ctx, b, args[0])
+				if err != nil {
+					return err
+				}
+				return printManifest(g.stdout, m, asJSON)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the manifest as JSON")
+	return cmd
+}
+
+func newReplayCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	var until string
+	cmd := &cobra.Command{
+		Use:   "replay SESSION --until SEQ|RFC3339",
+		Short: "Show a session's manifest as it was at a stream sequence or time",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var u client.Until
+			if until != "" {
+				var err error
+				if u, err = client.ParseUntil(until); err != nil {
+					return usageErr(err)
+				}
+			}
+			if err := schemas.ValidateSessionID(args[0]); err != nil {
+				return usageErr(err)
+			}
+			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
+				m, err := client.Replay(ctx, b, args[0], u)
+				if err != nil {
+					return err
+				}
+				return printManifest(g.stdout, m, asJSON)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&until, "until", "", "last stream sequence (e.g. 42) or time (RFC 3339) to include; default: everything")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the manifest as JSON")
+	return cmd
+}
+
+func newExportCmd(g *globals) *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "export SESSION --dir DIR",
+		Short: "Write a session's manifest, artifacts and events to a directory",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dir == "" {
+				return usageErr(errors.New("export: --dir DIR is required"))
+			}
+			if err := schemas.ValidateSessionID(args[0]); err != nil {
+				return usageErr(err)
+			}
+			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
+				m, err := client.Export(ctx, b, args[0], dir)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(g.stderr, "exported session %s (%s) to %s\n", args[0], m.Status, dir)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "target directory (created if missing)")
+	return cmd
+}
+
+func newEventsCmd(g *globals) *cobra.Command {
+	var session, typ string
+	var follow, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "events",
+		Short: "Print events from the stream (all, or filtered by session and type)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sess := "*"
+			if session != "" {
+				if err := schemas.ValidateSessionID(session); err != nil {
+					return usageErr(err)
+				}
+				sess = session
+			}
+			ev := "*.*"
+			if typ != "" {
+				full := typ
+				if !strings.HasPrefix(full, "loopbus.") {
+					full = "loopbus." + full
+				}
+				var err error
+				if ev, err = schemas.EntityVerb(full); err != nil {
+					return usageErr(err)
+				}
+			}
+			subject := schemas.SubjectPrefix + "." + sess + "." + ev
+			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
+				return b.Read(ctx, bus.ReadOptions{Subjects: []string{subject}, Follow: follow}, func(e schemas.Event) error {
+					if asJSON {
+						line, err := client.EncodeLine(b, e)
+						if err != nil {
+							return err
+						}
+						_, err = g.stdout.Write(line)
+						return err
+					}
+					_, err := fmt.Fprintf(g.stdout, "%6d  %s  %-26s %-32s %s\n", e.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), strings.TrimPrefix(e.Type, "loopbus."), e.Subject(), summarize(e))
+					return err
+				})
+			})
+		},
+	}
+	cmd.Flags().StringVar(&session, "session", "", "only this session's events")
+	cmd.Flags().StringVar(&typ, "type", "", "only this type, e.g. step.completed or loopbus.step.completed")
+	cmd.Flags().BoolVar(&follow, "follow", false, "keep printing new events until interrupted")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one structured CloudEvent JSON object per line")
+	return cmd
+}
+
+func newServeCmd(g *globals) *cobra.Command {
+	var listen string
+	var workers int
+	var keep bool
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run NATS (embedded, unless --nats) and every service in one process",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			log := g.logger(zerolog.InfoLevel)
+			var srv *bus.Embedded
+			if g.natsURL == "" {
+				var err error
+				srv, err = bus.StartEmbedded(g.embeddedConfig(listen), log)
+				if err != nil {
+					return err
+				}
+				defer srv.Shutdown()
+				g.natsURL = srv.URL()
+				log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
+			}
+			c, err := g.connect(ctx, "serve", log)
+			if err != nil {
+				return err
+			}
+			defer c.bus.Close()
+			var group run.Group
+			if err := addServices(&group, ctx, c.bus, serviceSet{orchestrator: true, validator: true, projector: true, workers: workers,
+				worker: agentworker.Config{KeepWorkspaces: keep}}, log); err != nil {
+				return err
+			}
+			addSignals(&group, ctx)
+			if err := group.Run(); err != nil && !isSignal(err) {
+				return err
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", defaultPort, "address of the embedded NATS server")
+	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the agent worker")
+	cmd.Flags().BoolVar(&keep, "keep-workspaces", false, "keep job workspaces on disk for debugging")
+	return cmd
+}
+
+func newNatsCmd(g *globals) *cobra.Command {
+	var listen, config string
+	cmd := &cobra.Command{
+		Use:   "nats",
+		Short: "Run only the NATS server (JetStream on the data directory)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := g.logger(zerolog.InfoLevel)
+			cfg := g.embeddedConfig(listen)
+			cfg.ConfigFile = config
+			srv, err := bus.StartEmbedded(cfg, log)
+			if err != nil {
+				return err
+			}
+			defer srv.Shutdown()
+			log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
+			var group run.Group
+			addSignals(&group, cmd.Context())
+			if err := group.Run(); err != nil && !isSignal(err) {
+				return err
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", defaultPort, "listen address")
+	cmd.Flags().StringVar(&config, "config", "", "nats-server configuration file (TLS, accounts, permissions, cluster)")
+	return cmd
+}
+
+// newServiceCmd builds the orchestrator, validator and projector commands.
+func newServiceCmd(g *globals, name string) *cobra.Command {
+	return &cobra.Command{
+		Use:   name,
+		Short: "Run the " + name + " service",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			set := serviceSet{orchestrator: name == "orchestrator", validator: name == "validator", projector: name == "projector"}
+			return g.runServices(cmd.Context(), name, set)
+		},
+	}
+}
+
+func newAgentworkerCmd(g *globals) *cobra.Command {
+	var cfg agentworker.Config
+	cmd := &cobra.Command{
+		Use:   "agentworker",
+		Short: "Run an agent worker; start several to add capacity",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.runServices(cmd.Context(), "agentworker", serviceSet{workers: max(cfg.Concurrency, 1), worker: cfg})
+		},
+	}
+	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 1, "jobs this worker runs at once")
+	cmd.Flags().StringVar(&cfg.ID, "id", "", "worker id shown in job.started (default host-pid)")
+	cmd.Flags().StringVar(&cfg.WorkDir, "work-dir", "", "directory for job workspaces (default $TMPDIR/loopbus-work)")
+	cmd.Flags().BoolVar(&cfg.KeepWorkspaces, "keep-workspaces", false, "keep job workspaces on disk for debugging")
+	return cmd
+}
+
+func (g *globals) runServices(ctx context.Context, name string, set serviceSet) error {
+	log := g.logger(zerolog.InfoLevel).With().Str("process", name).Logger()
+	c, err := g.connect(ctx, name, log)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	var group run.Group
+	if err := addServices(&group, ctx, c.bus, set, log); err != nil {
+		return err
+	}
+	addSignals(&group, ctx)
+	if err := group.Run(); err != nil && !isSignal(err) {
+		return err
+	}
+	return nil
+}

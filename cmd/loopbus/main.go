@@ -1,0 +1,300 @@
+// Command loopbus runs AI-agent pipelines as an event-sourced system on NATS
+// JetStream. This package only wires: flags → config → constructors → a run
+// group of services.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/loopbus/loopbus/agentworker"
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/orchestrator"
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/validator"
+	"github.com/mattn/go-isatty"
+	"github.com/oklog/run"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailed  = 1
+	exitUsage   = 2
+	defaultPort = "127.0.0.1:4222"
+)
+
+// usageError marks errors that exit with code 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usageErr(err error) error { return usageError{err} }
+
+// sessionFailed marks a session that ended failed (exit code 1, reason
+// already printed).
+var errSessionFailed = errors.New("session failed")
+
+func main() {
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func execute(args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errSessionFailed):
+		return exitFailed
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "loopbus: %v\n", err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "loopbus: %v\n", err)
+		return exitFailed
+	}
+}
+
+// globals are the settings every command shares.
+type globals struct {
+	stdout, stderr io.Writer
+
+	natsURL  string
+	dataDir  string
+	logLevel string
+
+	user, password, token, creds, nkey string
+	tlsCA, tlsCert, tlsKey             string
+
+	fsync        bool
+	syncInterval time.Duration
+	replicas     int
+	maxAge       time.Duration
+	maxBytes     int64
+}
+
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "loopbus")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "share", "loopbus")
+	}
+	return ".loopbus"
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "loopbus",
+		Short: "Run AI-agent pipelines durably as events on NATS JetStream",
+		Long: `loopbus runs pipelines of agent steps as an event-sourced system on NATS JetStream.
+Without --nats, commands start NATS embedded on the data directory (or use the
+server another loopbus command already runs there).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return applyLayers(cmd)
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.natsURL, "nats", "", "NATS server URL(s); empty starts NATS embedded on --data (env LOOPBUS_NATS_URL)")
+	pf.StringVar(&g.dataDir, "data", defaultDataDir(), "data directory of the embedded NATS server (env LOOPBUS_DATA)")
+	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info for services, warn for run)")
+	pf.StringVar(&g.user, "user", "", "NATS user")
+	pf.StringVar(&g.password, "password", "", "NATS password")
+	pf.StringVar(&g.token, "token", "", "NATS token")
+	pf.StringVar(&g.creds, "creds", "", "NATS credentials file (JWT + nkey)")
+	pf.StringVar(&g.nkey, "nkey", "", "NATS nkey seed file")
+	pf.StringVar(&g.tlsCA, "tls-ca", "", "CA certificate to verify the NATS server")
+	pf.StringVar(&g.tlsCert, "tls-cert", "", "client certificate for mutual TLS")
+	pf.StringVar(&g.tlsKey, "tls-key", "", "client key for mutual TLS")
+	pf.BoolVar(&g.fsync, "fsync", true, "embedded server: fsync every write before acknowledging it (--fsync=false flushes every --sync-interval)")
+	pf.DurationVar(&g.syncInterval, "sync-interval", 0, "embedded server with --fsync=false: flush interval (default 2m)")
+	pf.IntVar(&g.replicas, "replicas", 1, "replicas of the stream and buckets when creating them (1, 3 or 5; needs a cluster)")
+	pf.DurationVar(&g.maxAge, "max-age", 0, "retention: drop events older than this (0 keeps them forever)")
+	pf.Int64Var(&g.maxBytes, "max-bytes", 0, "retention: maximum stream size in bytes (0 is unlimited)")
+
+	root.AddCommand(
+		newRunCmd(g), newWaitCmd(g), newStatusCmd(g), newEventsCmd(g), newReplayCmd(g), newExportCmd(g),
+		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
+		newServiceCmd(g, "validator"), newServiceCmd(g, "projector"), newDoctorCmd(g),
+	)
+	return root
+}
+
+func (g *globals) logger(defaultLevel zerolog.Level) zerolog.Logger {
+	lvl := defaultLevel
+	if g.logLevel != "" {
+		if l, err := zerolog.ParseLevel(g.logLevel); err == nil {
+			lvl = l
+		}
+	}
+	var w io.Writer = g.stderr
+	if f, ok := g.stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+		w = zerolog.ConsoleWriter{Out: g.stderr, TimeFormat: "15:04:05"}
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+}
+
+func (g *globals) busConfig(name string) bus.Config {
+	return bus.Config{
+		URL: g.natsURL, Name: name,
+		User: g.user, Password: g.password, Token: g.token, CredsFile: g.creds, NKeyFile: g.nkey,
+		TLSCA: g.tlsCA, TLSCert: g.tlsCert, TLSKey: g.tlsKey,
+		Replicas: g.replicas, MaxAge: g.maxAge, MaxBytes: g.maxBytes,
+	}
+}
+
+func (g *globals) embeddedConfig(listen string) bus.EmbeddedConfig {
+	return bus.EmbeddedConfig{
+		DataDir: g.dataDir, Listen: listen, RelaxedSync: !g.fsync, SyncInterval: g.syncInterval,
+		User: g.user, Password: g.password, Token: g.token,
+	}
+}
+
+// conn is an open bus plus the embedded server this command started, if any.
+type conn struct {
+	bus *bus.Bus
+	srv *bus.Embedded
+}
+
+// ownsServer reports whether this process started the NATS server (and so
+// must also run the services for anything to make progress).
+func (c *conn) ownsServer() bool { return c.srv != nil }
+
+func (c *conn) close() {
+	c.bus.Close()
+	if c.srv != nil {
+		c.srv.Shutdown()
+	}
+}
+
+// connect opens the bus: to --nats if given, else to the server on the data
+// directory, starting one embedded if none runs.
+func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger) (*conn, error) {
+	c := &conn{}
+	cfg := g.busConfig(name)
+	if cfg.URL == "" {
+		url, srv, err := bus.OpenDataDir(ctx, g.embeddedConfig(""), log)
+		if err != nil {
+			return nil, err
+		}
+		cfg.URL, c.srv = url, srv
+	}
+	cat, err := schemas.NewCatalogue()
+	if err != nil {
+		return nil, err
+	}
+	b, err := bus.Connect(ctx, cfg, sourceName(name), cat, log)
+	if err != nil {
+		if c.srv != nil {
+			c.srv.Shutdown()
+		}
+		return nil, err
+	}
+	c.bus = b
+	return c, nil
+}
+
+func sourceName(service string) string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("loopbus/%s/%s-%d", service, host, os.Getpid())
+}
+
+// serviceSet is the services one process runs.
+type serviceSet struct {
+	orchestrator, validator, projector bool
+	workers                            int
+	worker                             agentworker.Config
+}
+
+// addServices puts one actor per service into the run group.
+func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, log zerolog.Logger) error {
+	type runner interface{ Run(context.Context) error }
+	var actors []struct {
+		name string
+		r    runner
+	}
+	add := func(name string, r runner) {
+		actors = append(actors, struct {
+			name string
+			r    runner
+		}{name, r})
+	}
+	if set.orchestrator {
+		o, err := orchestrator.New(orchestrator.Config{}, b, log.With().Str("service", "orchestrator").Logger(), time.Now)
+		if err != nil {
+			return err
+		}
+		add("orchestrator", o)
+	}
+	if set.validator {
+		v, err := validator.New(validator.Config{}, b, log.With().Str("service", "validator").Logger(), time.Now)
+		if err != nil {
+			return err
+		}
+		add("validator", v)
+	}
+	if set.projector {
+		p, err := projections.NewProjector(projections.ProjectorConfig{}, b, log.With().Str("service", "projector").Logger())
+		if err != nil {
+			return err
+		}
+		add("projector", p)
+	}
+	if set.workers > 0 {
+		wc := set.worker
+		wc.Concurrency = set.workers
+		w, err := agentworker.New(wc, b, log.With().Str("service", "agentworker").Logger(), time.Now)
+		if err != nil {
+			return err
+		}
+		add("agentworker", w)
+	}
+	for _, a := range actors {
+		actx, cancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			if err := a.r.Run(actx); err != nil {
+				return fmt.Errorf("%s: %w", a.name, err)
+			}
+			if actx.Err() == nil {
+				return fmt.Errorf("%s stopped", a.name)
+			}
+			return nil
+		}, func(error) { cancel() })
+	}
+	return nil
+}
+
+// addSignals adds the signal handler actor.
+func addSignals(g *run.Group, ctx context.Context) {
+	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
+}
+
+// isSignal reports whether the run group ended because of a signal.
+func isSignal(err error) bool {
+	var se run.SignalError
+	return errors.As(err, &se)
+}
+
+func notifyContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}

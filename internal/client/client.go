@@ -1,0 +1,300 @@
+// Package client holds what the loopbus command line does against a bus:
+// submitting a session, following it, and reading manifests, events and
+// artifacts back out of the stream.
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go"
+)
+
+// Bus is what the client needs from the event bus.
+type Bus interface {
+	Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error
+	PublishExpect(ctx context.Context, ev schemas.Event, expectLast uint64) (bus.Published, error)
+	PutArtifact(ctx context.Context, object, name string, r io.Reader) (schemas.ArtifactRef, error)
+	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
+	GetView(ctx context.Context, key string, v any) error
+	SessionLastSeq(ctx context.Context, session string) (uint64, error)
+	Encode(ev schemas.Event) (*nats.Msg, error)
+}
+
+// Errors the command line maps to messages and exit codes.
+var (
+	ErrSessionExists = errors.New("session already exists")
+	ErrNoSession     = errors.New("no such session")
+	ErrBadInput      = errors.New("invalid input")
+)
+
+// NewSessionID returns "<pipeline>-<yyyymmdd>-<4 hex>", shortened to fit
+// the 64-character limit.
+func NewSessionID(pipelineName string, now time.Time) string {
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	suffix := "-" + now.UTC().Format("20060102") + "-" + hex.EncodeToString(b[:])
+	name := pipelineName
+	if max := schemas.MaxIDLen - len(suffix); len(name) > max {
+		name = name[:max]
+	}
+	return name + suffix
+}
+
+// Submit stores the input file and publishes session.started. It fails with
+// ErrSessionExists if the session already has events, and with ErrBadInput
+// if the input's file name is unsafe or collides with a declared output.
+func Submit(ctx context.Context, b Bus, p schemas.Pipeline, inputPath, session string, now time.Time) (schemas.Event, error) {
+	if err := schemas.ValidateSessionID(session); err != nil {
+		return schemas.Event{}, fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	name := filepath.Base(inputPath)
+	if err := schemas.ValidateName(name); err != nil {
+		return schemas.Event{}, fmt.Errorf("%w: input file name: %v (rename the file)", ErrBadInput, err)
+	}
+	for _, st := range p.Steps {
+		for _, o := range st.Outputs {
+			if o.Name == name {
+				return schemas.Event{}, fmt.Errorf("%w: input %s has the name of step %s's output; rename the input file", ErrBadInput, name, st.Name)
+			}
+		}
+	}
+	f, err := os.Open(inputPath)
+	if err != nil {
+		return schemas.Event{}, fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return schemas.Event{}, fmt.Errorf("%w: %s is not a regular file", ErrBadInput, inputPath)
+	}
+	if last, err := b.SessionLastSeq(ctx, session); err != nil {
+		return schemas.Event{}, err
+	} else if last != 0 {
+		return schemas.Event{}, fmt.Errorf("%w: %s (use 'loopbus wait %s' or 'loopbus status %s')", ErrSessionExists, session, session, session)
+	}
+	ref, err := b.PutArtifact(ctx, session+"/input/"+name, name, f)
+	if err != nil {
+		return schemas.Event{}, err
+	}
+	ev := schemas.Event{
+		ID:      schemas.DeterministicID(session, schemas.TypeSessionStarted),
+		Type:    schemas.TypeSessionStarted,
+		Session: session,
+		Time:    now,
+		Data:    &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest)},
+	}
+	ev.Correlation = ev.ID
+	if _, err := b.PublishExpect(ctx, ev, 0); err != nil {
+		if errors.Is(err, bus.ErrStale) || errors.Is(err, bus.ErrDuplicate) {
+			return schemas.Event{}, fmt.Errorf("%w: %s", ErrSessionExists, session)
+		}
+		return schemas.Event{}, err
+	}
+	return ev, nil
+}
+
+// Watch folds a session's events into its manifest from the start, calling
+// onEvent after each (with the manifest so far), until the session ends or
+// ctx does. It returns the last manifest; ErrNoSession if, once caught up,
+// the session has no session.started.
+func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Event, *projections.Manifest)) (*projections.Manifest, error) {
+	var m *projections.Manifest
+	caught := false
+	err := b.Read(ctx, bus.ReadOptions{
+		Subjects:   []string{schemas.SessionSubjects(session)},
+		Follow:     true,
+		OnCaughtUp: func() { caught = true },
+	}, func(ev schemas.Event) error {
+		m = projections.FoldManifest(m, ev)
+		if onEvent != nil && m != nil {
+			onEvent(ev, m)
+		}
+		if m != nil && m.Terminal() {
+			return bus.ErrStop
+		}
+		return nil
+	})
+	if err != nil {
+		return m, err
+	}
+	if m == nil && caught && ctx.Err() == nil {
+		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
+	}
+	if m == nil {
+		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
+	}
+	return m, ctx.Err()
+}
+
+// Until bounds a replay: at most sequence Seq, or events stored at or
+// before Time. The zero value means no bound.
+type Until struct {
+	Seq  uint64
+	Time time.Time
+}
+
+// ParseUntil reads a stream sequence or an RFC 3339 time.
+func ParseUntil(s string) (Until, error) {
+	var n uint64
+	if _, err := fmt.Sscanf(s, "%d", &n); err == nil && fmt.Sprint(n) == s {
+		return Until{Seq: n}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return Until{}, fmt.Errorf("--until %q: want a stream sequence (e.g. 42) or an RFC 3339 time (e.g. 2026-11-22T10:00:00Z)", s)
+	}
+	return Until{Time: t}, nil
+}
+
+func (u Until) includes(ev schemas.Event) bool {
+	if u.Seq != 0 && ev.Seq > u.Seq {
+		return false
+	}
+	if !u.Time.IsZero() && ev.Time.After(u.Time) {
+		return false
+	}
+	return true
+}
+
+// Events returns a session's events in stream order, optionally bounded.
+func Events(ctx context.Context, b Bus, session string, until Until) ([]schemas.Event, error) {
+	var evs []schemas.Event
+	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}}, func(ev schemas.Event) error {
+		if !until.includes(ev) {
+			return bus.ErrStop
+		}
+		evs = append(evs, ev)
+		return nil
+	})
+	return evs, err
+}
+
+// Replay folds a session's events up to until into its manifest.
+func Replay(ctx context.Context, b Bus, session string, until Until) (*projections.Manifest, error) {
+	evs, err := Events(ctx, b, session, until)
+	if err != nil {
+		return nil, err
+	}
+	m := projections.BuildManifest(session, evs)
+	if m == nil {
+		return nil, fmt.Errorf("%w: %s (no session.started at or before that point)", ErrNoSession, session)
+	}
+	return m, nil
+}
+
+// Status returns the current manifest: the materialized view when it is up
+// to date with the stream, otherwise a fold of the stream (so status is
+// exact even while the projector lags or is not running).
+func Status(ctx context.Context, b Bus, session string) (*projections.Manifest, error) {
+	if err := schemas.ValidateSessionID(session); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	last, err := b.SessionLastSeq(ctx, session)
+	if err != nil {
+		return nil, err
+	}
+	if last == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
+	}
+	var m projections.Manifest
+	if err := b.GetView(ctx, projections.ManifestKey(session), &m); err == nil && m.LastSeq >= last {
+		return &m, nil
+	}
+	return Replay(ctx, b, session, Until{})
+}
+
+// EncodeLine returns ev as one line of structured CloudEvents JSON.
+func EncodeLine(b Bus, ev schemas.Event) ([]byte, error) {
+	m, err := b.Encode(ev)
+	if err != nil {
+		return nil, err
+	}
+	return append(m.Data, '\n'), nil
+}
+
+// Export writes session.json (the manifest), events.jsonl (every event),
+// the input and the artifacts of completed steps into dir, and every
+// stored artifact of every iteration under dir/jobs/<job>/.
+func Export(ctx context.Context, b Bus, session, dir string) (*projections.Manifest, error) {
+	evs, err := Events(ctx, b, session, Until{})
+	if err != nil {
+		return nil, err
+	}
+	m := projections.BuildManifest(session, evs)
+	if m == nil {
+		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var lines []byte
+	for _, ev := range evs {
+		line, err := EncodeLine(b, ev)
+		if err != nil {
+			return nil, err
+		}
+		lines = append(lines, line...)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "events.jsonl"), lines, 0o644); err != nil {
+		return nil, err
+	}
+	if err := writeJSON(filepath.Join(dir, "session.json"), m); err != nil {
+		return nil, err
+	}
+	fetch := func(ref schemas.ArtifactRef, sub ...string) error {
+		if err := schemas.ValidateName(ref.Name); err != nil {
+			return err
+		}
+		d := filepath.Join(append([]string{dir}, sub...)...)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		return b.GetArtifactFile(ctx, ref, filepath.Join(d, ref.Name))
+	}
+	if m.Input != nil {
+		if err := fetch(*m.Input); err != nil {
+			return nil, err
+		}
+	}
+	for _, name := range m.StepOrder {
+		if st := m.Steps[name]; st != nil && st.Status == projections.StepStatusCompleted {
+			for _, a := range st.Artifacts {
+				if err := fetch(a); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	for _, ev := range evs {
+		if as, ok := ev.Data.(*schemas.ArtifactStored); ok {
+			job := strings.ReplaceAll(as.JobID, "/", "_")
+			if err := schemas.ValidateName(job); err != nil {
+				return nil, err
+			}
+			if err := fetch(as.Artifact, "jobs", job); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func writeJSON(path string, v any) error {
+	raw, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(raw, '\n'), 0o644)
+}

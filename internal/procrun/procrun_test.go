@@ -1,0 +1,442 @@
+package procrun
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// want describes the expected Result of a run; empty fields are not checked
+// unless noted.
+type want struct {
+	exitCode     int
+	stdout       string // exact Stdout when checkStdout
+	checkStdout  bool
+	tailPrefix   string
+	tailSuffix   string
+	tailContains string
+	tailMaxLen   int // in bytes, 0: unchecked
+	timedOut     bool
+	canceled     bool
+}
+
+func checkResult(t *testing.T, got Result, w want) {
+	t.Helper()
+	if got.ExitCode != w.exitCode {
+		t.Errorf("ExitCode = %d, want %d (tail %q)", got.ExitCode, w.exitCode, got.Tail)
+	}
+	if w.checkStdout && string(got.Stdout) != w.stdout {
+		t.Errorf("Stdout = %q, want %q", got.Stdout, w.stdout)
+	}
+	if !strings.HasPrefix(got.Tail, w.tailPrefix) {
+		t.Errorf("Tail = %q, want prefix %q", got.Tail, w.tailPrefix)
+	}
+	if !strings.HasSuffix(got.Tail, w.tailSuffix) {
+		t.Errorf("Tail = %q, want suffix %q", got.Tail, w.tailSuffix)
+	}
+	if !strings.Contains(got.Tail, w.tailContains) {
+		t.Errorf("Tail = %q, want it to contain %q", got.Tail, w.tailContains)
+	}
+	if w.tailMaxLen > 0 && len(got.Tail) > w.tailMaxLen {
+		t.Errorf("len(Tail) = %d, want at most %d", len(got.Tail), w.tailMaxLen)
+	}
+	if !utf8.ValidString(got.Tail) {
+		t.Errorf("Tail is not valid UTF-8: %q", got.Tail)
+	}
+	if got.TimedOut != w.timedOut {
+		t.Errorf("TimedOut = %v, want %v", got.TimedOut, w.timedOut)
+	}
+	if got.Canceled != w.canceled {
+		t.Errorf("Canceled = %v, want %v", got.Canceled, w.canceled)
+	}
+	if got.Duration <= 0 && !w.canceled {
+		t.Errorf("Duration = %v, want > 0", got.Duration)
+	}
+}
+
+func TestRun(t *testing.T) {
+	t.Setenv("HOME", "/home/procrun-test")
+	t.Setenv("PROCRUN_CANARY", "must not leak")
+	dir := t.TempDir()
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("a", 5000) + "THE-END"
+
+	tests := []struct {
+		name    string
+		spec    Spec
+		want    want
+		wantErr error
+	}{
+		{
+			name: "exit 0 with stdout",
+			spec: Spec{Argv: []string{"sh", "-c", "echo hello; echo oops >&2"}},
+			want: want{exitCode: 0, stdout: "hello\n", checkStdout: true, tailContains: "oops"},
+		},
+		{
+			name: "exit 3",
+			spec: Spec{Argv: []string{"sh", "-c", "echo failing >&2; exit 3"}},
+			want: want{exitCode: 3, stdout: "", checkStdout: true, tailSuffix: "failing\n"},
+		},
+		{
+			name: "stdin delivered",
+			spec: Spec{Argv: []string{"cat"}, Stdin: []byte("from stdin\n")},
+			want: want{exitCode: 0, stdout: "from stdin\n", checkStdout: true},
+		},
+		{
+			name: "large stdin left unread",
+			spec: Spec{Argv: []string{"sh", "-c", "sleep 60 & echo started"}, Stdin: make([]byte, 1<<20)},
+			want: want{exitCode: 0, stdout: "started\n", checkStdout: true},
+		},
+		{
+			name: "no stdin is empty",
+			spec: Spec{Argv: []string{"wc", "-c"}},
+			want: want{exitCode: 0, stdout: "0\n", checkStdout: true},
+		},
+		{
+			name: "env delivered",
+			spec: Spec{
+				Argv: []string{"sh", "-c", `printf '%s|%s' "$FOO" "${HOME-unset}"`},
+				Env:  []string{"FOO=bar baz", "PATH=" + os.Getenv("PATH")},
+			},
+			want: want{exitCode: 0, stdout: "bar baz|unset", checkStdout: true},
+		},
+		{
+			name: "nil env has only PATH and HOME",
+			spec: Spec{Argv: []string{"sh", "-c", `env | grep -v '^PWD=' | grep -v '^SHLVL=' | grep -v '^_=' | cut -d= -f1 | sort | tr '\n' ' '`}},
+			want: want{exitCode: 0, stdout: "HOME PATH ", checkStdout: true},
+		},
+		{
+			name: "nil env passes HOME of the parent",
+			spec: Spec{Argv: []string{"sh", "-c", `printf %s "$HOME"`}},
+			want: want{exitCode: 0, stdout: "/home/procrun-test", checkStdout: true},
+		},
+		{
+			name: "dir honoured",
+			spec: Spec{Argv: []string{"pwd", "-P"}, Dir: dir},
+			want: want{exitCode: 0, stdout: realDir + "\n", checkStdout: true},
+		},
+		{
+			name: "tail keeps the last bytes",
+			spec: Spec{Argv: []string{"printf", "%s", long}, TailBytes: 100},
+			want: want{
+				exitCode: 0, stdout: long, checkStdout: true,
+				tailPrefix: "…", tailSuffix: long[len(long)-99:], tailMaxLen: len("…") + 100,
+			},
+		},
+		{
+			name: "short output is not marked",
+			spec: Spec{Argv: []string{"printf", "short"}, TailBytes: 100},
+			want: want{exitCode: 0, stdout: "short", checkStdout: true, tailPrefix: "short"},
+		},
+		{
+			name: "invalid UTF-8 is sanitized",
+			spec: Spec{Argv: []string{"printf", `ok\377\376done`}},
+			want: want{exitCode: 0, stdout: "ok\xff\xfedone", checkStdout: true, tailPrefix: "ok\uFFFD", tailSuffix: "done"},
+		},
+		{
+			name: "killed by a signal",
+			spec: Spec{Argv: []string{"sh", "-c", "kill -9 $$"}},
+			want: want{exitCode: -1},
+		},
+		{
+			name:    "nonexistent binary",
+			spec:    Spec{Argv: []string{"loopbus-no-such-binary-xyz"}},
+			want:    want{exitCode: -1},
+			wantErr: ErrStart,
+		},
+		{
+			name:    "nonexistent path",
+			spec:    Spec{Argv: []string{"/nonexistent/bin/tool"}},
+			want:    want{exitCode: -1},
+			wantErr: ErrStart,
+		},
+		{
+			name:    "nonexistent dir",
+			spec:    Spec{Argv: []string{"true"}, Dir: filepath.Join(dir, "missing")},
+			want:    want{exitCode: -1},
+			wantErr: ErrStart,
+		},
+		{
+			name:    "empty argv",
+			spec:    Spec{},
+			want:    want{exitCode: -1},
+			wantErr: ErrStart,
+		},
+		{
+			name:    "unwritable stdout file",
+			spec:    Spec{Argv: []string{"true"}, StdoutFile: filepath.Join(dir, "missing", "out")},
+			want:    want{exitCode: -1},
+			wantErr: ErrStart,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Run(context.Background(), tt.spec)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("Run error = %v, want %v", err, tt.wantErr)
+				}
+				if got.ExitCode != tt.want.exitCode {
+					t.Errorf("ExitCode = %d, want %d", got.ExitCode, tt.want.exitCode)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Run error = %v", err)
+			}
+			checkResult(t, got, tt.want)
+		})
+	}
+}
+
+func TestRunOutputFiles(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name       string
+		stdoutFile string
+		stderrFile string
+		want       map[string]string // file -> content
+	}{
+		{
+			name:       "separate files",
+			stdoutFile: "out.log",
+			stderrFile: "err.log",
+			want:       map[string]string{"out.log": "to out\n", "err.log": "to err\n"},
+		},
+		{
+			name:       "stdout only",
+			stdoutFile: "only.log",
+			want:       map[string]string{"only.log": "to out\n"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := Spec{Argv: []string{"sh", "-c", "echo to out; echo to err >&2"}}
+			if tt.stdoutFile != "" {
+				s.StdoutFile = filepath.Join(dir, tt.stdoutFile)
+			}
+			if tt.stderrFile != "" {
+				s.StderrFile = filepath.Join(dir, tt.stderrFile)
+			}
+			got, err := Run(context.Background(), s)
+			if err != nil {
+				t.Fatalf("Run error = %v", err)
+			}
+			checkResult(t, got, want{exitCode: 0, stdout: "to out\n", checkStdout: true, tailContains: "to err"})
+			for name, content := range tt.want {
+				p := filepath.Join(dir, name)
+				b, err := os.ReadFile(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if string(b) != content {
+					t.Errorf("%s = %q, want %q", name, b, content)
+				}
+				fi, err := os.Stat(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if perm := fi.Mode().Perm(); perm != 0o600 {
+					t.Errorf("%s mode = %o, want 600", name, perm)
+				}
+			}
+		})
+	}
+}
+
+func TestRunStdoutCap(t *testing.T) {
+	// 1.5 MiB of output: Stdout keeps the first MaxStdout bytes.
+	got, err := Run(context.Background(), Spec{
+		Argv:      []string{"sh", "-c", "head -c 1572864 /dev/zero | tr '\\0' x"},
+		TailBytes: 10,
+	})
+	if err != nil {
+		t.Fatalf("Run error = %v", err)
+	}
+	if len(got.Stdout) != MaxStdout {
+		t.Errorf("len(Stdout) = %d, want %d", len(got.Stdout), MaxStdout)
+	}
+	checkResult(t, got, want{exitCode: 0, tailPrefix: "…", tailSuffix: "xxxxxxxxxx"})
+}
+
+// TestRunKillsGroup runs `sh -c 'sleep 60 & sleep 60'`-like commands that
+// record the pid of the background grandchild, and checks that Run kills it
+// and returns without waiting for it, though it holds the output pipes.
+func TestRunKillsGroup(t *testing.T) {
+	tests := []struct {
+		name string
+		// script gets the pid file as $1.
+		script  string
+		timeout time.Duration
+		grace   time.Duration
+		cancel  bool // cancel ctx once the pid file exists
+		want    want
+	}{
+		{
+			name:    "timeout kills grandchild",
+			script:  `sleep 60 & echo $! > "$1"; sleep 60`,
+			timeout: time.Second,
+			want:    want{exitCode: -1, timedOut: true},
+		},
+		{
+			name:    "timeout with SIGTERM ignored needs SIGKILL after grace",
+			script:  `trap '' TERM; sleep 60 & echo $! > "$1"; sleep 60`,
+			timeout: time.Second,
+			grace:   200 * time.Millisecond,
+			want:    want{exitCode: -1, timedOut: true},
+		},
+		{
+			name:   "ctx cancel kills grandchild",
+			script: `sleep 60 & echo $! > "$1"; sleep 60`,
+			cancel: true,
+			want:   want{exitCode: -1, canceled: true},
+		},
+		{
+			name:   "background leftovers die after a normal exit",
+			script: `sleep 60 & echo $! > "$1"; echo done; exit 4`,
+			want:   want{exitCode: 4, stdout: "done\n", checkStdout: true},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pidFile := filepath.Join(t.TempDir(), "pid")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var wg sync.WaitGroup
+			if tt.cancel {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					waitForFile(t, pidFile)
+					cancel()
+				}()
+			}
+			got, err := Run(ctx, Spec{
+				Argv:    []string{"sh", "-c", tt.script, "sh", pidFile},
+				Timeout: tt.timeout,
+				Grace:   tt.grace,
+			})
+			wg.Wait()
+			if err != nil {
+				t.Fatalf("Run error = %v", err)
+			}
+			checkResult(t, got, tt.want)
+			// Generous bound: Run must not have waited for `sleep 60`.
+			if got.Duration > 30*time.Second {
+				t.Errorf("Duration = %v: Run waited for the grandchild", got.Duration)
+			}
+			pid := readPid(t, pidFile)
+			assertGone(t, pid)
+		})
+	}
+}
+
+// TestRunWithoutWaitid checks the fallback used when waitid(WNOWAIT) is
+// unusable: the results are the same, only slower to come when a grandchild
+// holds the pipes after a normal exit.
+func TestRunWithoutWaitid(t *testing.T) {
+	defer func(f func(int) error) { waitLeader = f }(waitLeader)
+	waitLeader = func(int) error { return syscall.ENOSYS }
+	tests := []struct {
+		name    string
+		script  string
+		timeout time.Duration
+		want    want
+	}{
+		{name: "exit 5", script: `echo out; exit 5`, want: want{exitCode: 5, stdout: "out\n", checkStdout: true}},
+		{name: "timeout", script: `sleep 60 & sleep 60`, timeout: 500 * time.Millisecond, want: want{exitCode: -1, timedOut: true}},
+		{name: "leftover", script: `sleep 60 & echo done`, want: want{exitCode: 0, stdout: "done\n", checkStdout: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Run(context.Background(), Spec{Argv: []string{"sh", "-c", tt.script}, Timeout: tt.timeout})
+			if err != nil {
+				t.Fatalf("Run error = %v", err)
+			}
+			checkResult(t, got, tt.want)
+			if got.Duration > 30*time.Second {
+				t.Errorf("Duration = %v: Run waited for the grandchild", got.Duration)
+			}
+		})
+	}
+}
+
+func TestRunCanceledBeforeStart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	marker := filepath.Join(t.TempDir(), "ran")
+	got, err := Run(ctx, Spec{Argv: []string{"touch", marker}})
+	if err != nil {
+		t.Fatalf("Run error = %v", err)
+	}
+	checkResult(t, got, want{exitCode: -1, canceled: true})
+	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the process ran although ctx was already done (stat: %v)", err)
+	}
+}
+
+// waitForFile polls until path exists and is not empty.
+func waitForFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 && b[len(b)-1] == '\n' {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Errorf("%s did not appear", path)
+}
+
+func readPid(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading pid file: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		t.Fatalf("bad pid file %q: %v", b, err)
+	}
+	return pid
+}
+
+// assertGone polls until pid no longer runs: kill(pid, 0) fails with ESRCH,
+// or the process is a zombie (dead, waiting for a reaper that may be slow or
+// absent in a container).
+func assertGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := syscall.Kill(pid, 0)
+		if errors.Is(err, syscall.ESRCH) || isZombie(pid) {
+			return
+		}
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL) // do not leak it
+			t.Fatalf("grandchild %d still alive (kill 0: %v)", pid, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isZombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesized command name.
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
+}

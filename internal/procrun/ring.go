@@ -1,0 +1,112 @@
+package procrun
+
+import (
+	"io"
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
+
+// ring keeps the last bytes written to it. It is safe for concurrent use, so
+// the stdout and stderr copiers can share one to build a combined tail.
+type ring struct {
+	mu    sync.Mutex
+	buf   []byte // fixed capacity; len(buf) == size
+	w     int    // next write position
+	full  bool   // buf has wrapped at least once
+	total int64  // bytes ever written
+}
+
+func newRing(size int) *ring {
+	return &ring{buf: make([]byte, size)}
+}
+
+// Write records p, dropping the oldest bytes beyond the capacity. It never
+// fails.
+func (r *ring) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := len(p)
+	r.total += int64(n)
+	size := len(r.buf)
+	if size == 0 {
+		return n, nil
+	}
+	if len(p) >= size {
+		copy(r.buf, p[len(p)-size:])
+		r.w = 0
+		r.full = true
+		return n, nil
+	}
+	k := copy(r.buf[r.w:], p)
+	if k < len(p) {
+		copy(r.buf, p[k:])
+		r.full = true
+	}
+	r.w = (r.w + len(p)) % size
+	if r.w == 0 && len(p) > 0 {
+		r.full = true
+	}
+	return n, nil
+}
+
+// Bytes returns a copy of the kept bytes, oldest first, and whether older
+// bytes were dropped.
+func (r *ring) Bytes() ([]byte, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.full {
+		return append([]byte(nil), r.buf[:r.w]...), false
+	}
+	out := make([]byte, 0, len(r.buf))
+	out = append(out, r.buf[r.w:]...)
+	out = append(out, r.buf[:r.w]...)
+	return out, r.total > int64(len(r.buf))
+}
+
+// truncMarker starts a tail whose older output was dropped.
+const truncMarker = "…"
+
+// String returns the kept bytes as valid UTF-8: invalid bytes become U+FFFD
+// and, when older output was dropped, a rune cut in half at the start is
+// removed and truncMarker is prepended.
+func (r *ring) String() string {
+	b, truncated := r.Bytes()
+	if !truncated {
+		return strings.ToValidUTF8(string(b), "\uFFFD")
+	}
+	// Skip continuation bytes of a rune whose first bytes were dropped.
+	for i := 0; i < utf8.UTFMax-1 && len(b) > 0 && !utf8.RuneStart(b[0]); i++ {
+		b = b[1:]
+	}
+	return truncMarker + strings.ToValidUTF8(string(b), "\uFFFD")
+}
+
+// capBuffer keeps the first max bytes written to it and silently drops the
+// rest. It is used by one goroutine at a time.
+type capBuffer struct {
+	buf []byte
+	max int
+}
+
+func (c *capBuffer) Write(p []byte) (int, error) {
+	if room := c.max - len(c.buf); room > 0 {
+		if len(p) < room {
+			room = len(p)
+		}
+		c.buf = append(c.buf, p[:room]...)
+	}
+	return len(p), nil
+}
+
+// sink fans one stream out to several writers. Its writes never fail: a
+// failing output file must not stop the copier, which would leave the child
+// blocked on a full pipe. File errors are therefore ignored.
+type sink []io.Writer
+
+func (s sink) Write(p []byte) (int, error) {
+	for _, w := range s {
+		_, _ = w.Write(p)
+	}
+	return len(p), nil
+}

@@ -1,0 +1,141 @@
+// Package workspace lays out the per-job directory an agent or validation
+// command runs in, fetches its inputs, builds its environment and reads its
+// outputs without following links out of it.
+package workspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// ErrUnsafeOutput: an output is missing, a link, not a regular file, or too
+// large. The message says which and what to do.
+var ErrUnsafeOutput = errors.New("unusable output")
+
+// Fetcher writes an artifact's bytes to a local file, checking its digest.
+type Fetcher interface {
+	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
+}
+
+// Workspace is one job's directory: Root with In/ (inputs), Out/ (outputs),
+// the prompt file and the feedback file.
+type Workspace struct {
+	Root, In, Out, PromptFile, FeedbackFile string
+}
+
+// Create makes a fresh workspace at base/session/name, removing any left by
+// an earlier delivery of the same job. session and name must be safe tokens.
+func Create(base, session, name string) (*Workspace, error) {
+	if err := schemas.ValidateSessionID(session); err != nil {
+		return nil, err
+	}
+	if err := schemas.ValidateName(name); err != nil {
+		return nil, err
+	}
+	abs, err := filepath.Abs(base)
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(abs, session, name)
+	if err := os.RemoveAll(root); err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
+	w := &Workspace{
+		Root: root, In: filepath.Join(root, "in"), Out: filepath.Join(root, "out"),
+		PromptFile: filepath.Join(root, "prompt.md"), FeedbackFile: filepath.Join(root, "feedback.md"),
+	}
+	for _, d := range []string{w.In, w.Out} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("workspace: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// Remove deletes the workspace.
+func (w *Workspace) Remove() error { return os.RemoveAll(w.Root) }
+
+// Fetch writes each artifact into dir under its own name. Names are
+// validated, so nothing lands outside dir.
+func (w *Workspace) Fetch(ctx context.Context, f Fetcher, refs []schemas.ArtifactRef, dir string) error {
+	for _, r := range refs {
+		if err := schemas.ValidateName(r.Name); err != nil {
+			return err
+		}
+		if err := f.GetArtifactFile(ctx, r, filepath.Join(dir, r.Name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteText writes the prompt and feedback files.
+func (w *Workspace) WriteText(prompt, feedback string) error {
+	if err := os.WriteFile(w.PromptFile, []byte(prompt), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(w.FeedbackFile, []byte(feedback), 0o600)
+}
+
+// Vars identify the job in the environment.
+type Vars struct {
+	Session, Step, Job string
+	Iteration          int
+}
+
+// Env returns base plus the LOOPBUS_* variables of the contract and extra
+// (later entries win).
+func (w *Workspace) Env(base []string, v Vars, extra map[string]string) []string {
+	env := append([]string{}, base...)
+	env = append(env,
+		"LOOPBUS_SESSION="+v.Session,
+		"LOOPBUS_STEP="+v.Step,
+		"LOOPBUS_JOB="+v.Job,
+		"LOOPBUS_ITERATION="+strconv.Itoa(v.Iteration),
+		"LOOPBUS_WORKSPACE="+w.Root,
+		"LOOPBUS_INPUT_DIR="+w.In,
+		"LOOPBUS_OUTPUT_DIR="+w.Out,
+		"LOOPBUS_PROMPT_FILE="+w.PromptFile,
+		"LOOPBUS_FEEDBACK_FILE="+w.FeedbackFile,
+	)
+	for k, val := range extra {
+		env = append(env, k+"="+val)
+	}
+	return env
+}
+
+// OpenOutput opens out/<name> for reading if it is a regular file of at
+// most maxBytes, refusing symbolic links (also as the final path element,
+// via O_NOFOLLOW) so an agent cannot make loopbus read outside its
+// workspace. Errors wrap ErrUnsafeOutput or schemas.ErrBadName.
+func (w *Workspace) OpenOutput(name string, maxBytes int64) (*os.File, int64, error) {
+	if err := schemas.ValidateName(name); err != nil {
+		return nil, 0, err
+	}
+	p := filepath.Join(w.Out, name)
+	fi, err := os.Lstat(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, 0, fmt.Errorf("%w: missing output %s: the agent must write it to $LOOPBUS_OUTPUT_DIR/%s (out/%s in its working directory)", ErrUnsafeOutput, name, name, name)
+	case err != nil:
+		return nil, 0, fmt.Errorf("%w: output %s: %v", ErrUnsafeOutput, name, err)
+	case fi.Mode()&os.ModeSymlink != 0:
+		return nil, 0, fmt.Errorf("%w: output %s is a symbolic link; write the file itself", ErrUnsafeOutput, name)
+	case !fi.Mode().IsRegular():
+		return nil, 0, fmt.Errorf("%w: output %s is not a regular file", ErrUnsafeOutput, name)
+	case fi.Size() > maxBytes:
+		return nil, 0, fmt.Errorf("%w: output %s is %d bytes, over the %d-byte limit", ErrUnsafeOutput, name, fi.Size(), maxBytes)
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: output %s: %v", ErrUnsafeOutput, name, err)
+	}
+	return f, fi.Size(), nil
+}

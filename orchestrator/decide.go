@@ -1,0 +1,220 @@
+package orchestrator
+
+import (
+	"bytes"
+	"slices"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// Decide returns the events that should follow, given st with trigger
+// already applied. It is level-triggered: it looks at the whole session, not
+// only at the trigger, so a decision lost to a crash or to a concurrent
+// writer is made again on the next event. It does not change st. Event ids
+// are derived from the session's logical position (step, iteration), so a
+// repeated decision de-duplicates. trigger supplies causation; now supplies
+// the event time.
+func Decide(st *State, trigger schemas.Event, now time.Time) []schemas.Event {
+	orig := st.Sessions[trigger.Session]
+	if orig == nil || orig.terminal() {
+		return nil
+	}
+	s := orig.clone()
+	var out []schemas.Event
+	emit := func(typ, step string, data any, idParts ...string) {
+		ev := schemas.Event{
+			ID:          schemas.DeterministicID(append([]string{s.ID, typ}, idParts...)...),
+			Type:        typ,
+			Session:     s.ID,
+			Step:        step,
+			Causation:   trigger.ID,
+			Correlation: s.StartID,
+			Time:        now,
+			Data:        data,
+		}
+		if jr, ok := data.(*schemas.JobRequested); ok {
+			ev.Job = jr.JobID
+		}
+		evolveSession(s, ev)
+		out = append(out, ev)
+	}
+	fail := func(step string, iterations int, reason string) {
+		emit(schemas.TypeStepFailed, step, &schemas.StepFailed{Step: step, Iterations: iterations, Error: reason}, step)
+		emit(schemas.TypeSessionFailed, "", &schemas.SessionFailed{Step: step, Reason: fmt.Sprintf("step %s failed: %s", step, reason)})
+	}
+	request := func(st *Step, iteration int, feedback []schemas.Feedback) bool {
+		jr, err := jobRequest(s, st, iteration, feedback)
+		if err != nil {
+			fail(st.Def.Name, st.Iteration, err.Error())
+			return false
+		}
+		emit(schemas.TypeJobRequested, st.Def.Name, jr, st.Def.Name, strconv.Itoa(iteration))
+		return true
+	}
+
+	for changed := true; changed && !s.terminal(); {
+		changed = false
+		for _, name := range s.stepNames() {
+			st := s.Steps[name]
+			switch {
+			case st.Status == StepRunning && st.Outcome == outcomePassed:
+				emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
+					Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
+					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: stepSchemaVersion(st.Def),
+				}, name)
+				changed = true
+			case st.Status == StepRunning && st.Outcome == outcomeFailed:
+				if st.Iteration >= st.Def.MaxIterations {
+					fail(name, st.Iteration, exhausted(st))
+					return out
+				}
+				fb := slices.Concat(st.Feedback, []schemas.Feedback{*st.Failure})
+				if !request(st, st.Iteration+1, fb) {
+					return out
+				}
+				changed = true
+			case st.Status == StepPending && s.ready(st):
+				if !request(st, 1, nil) {
+					return out
+				}
+				changed = true
+			}
+		}
+		if !changed && s.allCompleted() {
+			emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: s.finalArtifacts()})
+		}
+	}
+	return out
+}
+
+func (s *Session) ready(st *Step) bool {
+	for _, r := range st.Def.Requires {
+		if dep := s.Steps[r]; dep == nil || dep.Status != StepCompleted {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Session) allCompleted() bool {
+	for _, st := range s.Steps {
+		if st.Status != StepCompleted {
+			return false
+		}
+	}
+	return len(s.Steps) > 0
+}
+
+func (s *Session) finalArtifacts() []schemas.ArtifactRef {
+	for _, d := range s.Pipeline.Steps {
+		if d.Final {
+			return s.Steps[d.Name].Artifacts
+		}
+	}
+	last := s.Pipeline.Steps[len(s.Pipeline.Steps)-1].Name
+	return s.Steps[last].Artifacts
+}
+
+func exhausted(st *Step) string {
+	f := st.Failure
+	var detail string
+	switch {
+	case f == nil:
+	case len(f.Errors) > 0:
+		parts := make([]string, 0, len(f.Errors))
+		for _, e := range f.Errors {
+			ptr := e.Pointer
+			if ptr == "" {
+				ptr = "(root)"
+			}
+			if e.Artifact != "" {
+				parts = append(parts, fmt.Sprintf("%s %s: %s", e.Artifact, ptr, e.Message))
+			} else {
+				parts = append(parts, e.Message)
+			}
+		}
+		detail = strings.Join(parts, "; ")
+	default:
+		detail = firstLine(f.Message)
+	}
+	return fmt.Sprintf("no valid output after %d of %d iterations; last error: %s", st.Iteration, st.Def.MaxIterations, detail)
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func stepSchemaVersion(d schemas.Step) string {
+	var vs []string
+	for _, o := range d.Outputs {
+		if o.SchemaVersion != "" {
+			vs = append(vs, o.SchemaVersion)
+		}
+	}
+	return strings.Join(vs, ",")
+}
+
+// JobID names a job: session, step and iteration.
+func JobID(session, step string, iteration int) string {
+	return session + "." + step + "." + strconv.Itoa(iteration)
+}
+
+// PromptData is what a step's prompt template sees.
+type PromptData struct {
+	Input     schemas.ArtifactRef
+	Artifacts map[string]schemas.ArtifactRef
+	// Feedback is the formatted failures of earlier iterations ("" at first).
+	Feedback  string
+	Iteration int
+	Session   string
+	Step      string
+}
+
+func jobRequest(s *Session, st *Step, iteration int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
+	inputs := []schemas.ArtifactRef{s.Input}
+	arts := map[string]schemas.ArtifactRef{}
+	for _, r := range st.Def.Requires {
+		for _, a := range s.Steps[r].Artifacts {
+			inputs = append(inputs, a)
+			arts[a.Name] = a
+		}
+	}
+	data := PromptData{Input: s.Input, Artifacts: arts, Feedback: schemas.FormatFeedback(feedback), Iteration: iteration, Session: s.ID, Step: st.Def.Name}
+	prompt, err := RenderPrompt(st.Def.Prompt, data)
+	if err != nil {
+		return nil, err
+	}
+	return &schemas.JobRequested{
+		JobID: JobID(s.ID, st.Def.Name, iteration), Step: st.Def.Name, Iteration: iteration, Attempt: 1,
+		Agent: st.Def.Agent, Prompt: prompt, Inputs: inputs, Outputs: st.Def.Outputs,
+		Validate: st.Def.Validate, TimeoutMs: st.Def.TimeoutMs, ValidateTimeoutMs: st.Def.ValidateTimeoutMs,
+		Dir: s.Pipeline.Dir, Feedback: feedback,
+	}, nil
+}
+
+// RenderPrompt executes a prompt template. When the template does not use
+// .Feedback and there is feedback, it is appended under its own heading, so
+// an agent always learns why its previous iteration failed.
+func RenderPrompt(text string, data PromptData) (string, error) {
+	t, err := template.New("prompt").Option("missingkey=error").Parse(text)
+	if err != nil {
+		return "", fmt.Errorf("prompt template: %w", err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, data); err != nil {
+		return "", fmt.Errorf("prompt template: %w", err)
+	}
+	if data.Feedback != "" && !strings.Contains(text, ".Feedback") {
+		b.WriteString("\n\n## Feedback from earlier iterations\n\n")
+		b.WriteString(data.Feedback)
+	}
+	return b.String(), nil
+}

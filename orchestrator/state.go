@@ -1,0 +1,172 @@
+// Package orchestrator folds the event stream into state and decides what
+// happens next. Its core is pure: evolve applies one event to State, decide
+// returns the events that should follow. Service runs them against the bus.
+package orchestrator
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// Session and step statuses in the orchestrator's state.
+const (
+	StatusRunning   = "running"
+	StatusCompleted = "completed"
+	StatusFailed    = "failed"
+	StepPending     = "pending"
+	StepRunning     = "running"
+	StepCompleted   = "completed"
+	StepFailed      = "failed"
+)
+
+// Outcomes of a step's current job.
+const (
+	outcomeNone   = ""
+	outcomePassed = "passed"
+	outcomeFailed = "failed"
+)
+
+// State is everything the orchestrator knows: one Session per session id.
+type State struct {
+	Sessions map[string]*Session
+}
+
+// NewState returns an empty state.
+func NewState() *State { return &State{Sessions: map[string]*Session{}} }
+
+// Session is one session's state.
+type Session struct {
+	ID       string
+	Pipeline schemas.Pipeline
+	Input    schemas.ArtifactRef
+	// StartID is the id of session.started, the correlation of every event.
+	StartID string
+	Status  string
+	// LastSeq and LastID identify the newest event of the session.
+	LastSeq uint64
+	LastID  string
+	Steps   map[string]*Step
+}
+
+// Step is one step's state.
+type Step struct {
+	Def       schemas.Step
+	Status    string
+	Iteration int
+	JobID     string
+	// Outcome of the current job: passed, failed, or none yet.
+	Outcome string
+	// Passed holds the artifacts of a passed verdict until step.completed.
+	Passed []schemas.ArtifactRef
+	// Failure describes a failed current job until it is retried.
+	Failure *schemas.Feedback
+	// Feedback accumulates the failures of earlier iterations.
+	Feedback  []schemas.Feedback
+	Artifacts []schemas.ArtifactRef
+}
+
+func (s *Session) clone() *Session {
+	c := *s
+	c.Steps = make(map[string]*Step, len(s.Steps))
+	for k, v := range s.Steps {
+		sc := *v
+		sc.Feedback = slices.Clone(v.Feedback)
+		c.Steps[k] = &sc
+	}
+	return &c
+}
+
+// terminal reports whether the session has ended.
+func (s *Session) terminal() bool { return s.Status != StatusRunning }
+
+// Evolve applies ev to st. It never fails: events that do not fit the
+// state (unknown session, stale job) change nothing but LastSeq. It is the
+// only function that changes State.
+func Evolve(st *State, ev schemas.Event) {
+	if ev.Type == schemas.TypeSessionStarted {
+		if _, ok := st.Sessions[ev.Session]; !ok {
+			st.Sessions[ev.Session] = newSession(ev)
+		}
+	}
+	s := st.Sessions[ev.Session]
+	if s == nil {
+		return
+	}
+	if ev.Seq > s.LastSeq {
+		s.LastSeq, s.LastID = ev.Seq, ev.ID
+	}
+	evolveSession(s, ev)
+}
+
+func newSession(ev schemas.Event) *Session {
+	d := ev.Data.(*schemas.SessionStarted)
+	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{}}
+	for _, def := range d.Pipeline.Steps {
+		s.Steps[def.Name] = &Step{Def: def, Status: StepPending}
+	}
+	return s
+}
+
+func evolveSession(s *Session, ev schemas.Event) {
+	current := func(step, job string) *Step {
+		st := s.Steps[step]
+		if st == nil || st.Status != StepRunning || st.JobID != job || st.Outcome != outcomeNone {
+			return nil
+		}
+		return st
+	}
+	switch d := ev.Data.(type) {
+	case *schemas.JobRequested:
+		if st := s.Steps[d.Step]; st != nil && st.Status != StepCompleted && d.Iteration > st.Iteration {
+			st.Status, st.Iteration, st.JobID = StepRunning, d.Iteration, d.JobID
+			st.Outcome, st.Passed, st.Failure = outcomeNone, nil, nil
+			st.Feedback = slices.Clone(d.Feedback)
+		}
+	case *schemas.Verdict:
+		st := current(d.Step, d.JobID)
+		if st == nil {
+			return
+		}
+		if ev.Type == schemas.TypeValidationPassed {
+			st.Outcome, st.Passed = outcomePassed, d.Artifacts
+		} else {
+			st.Outcome = outcomeFailed
+			st.Failure = &schemas.Feedback{Iteration: d.Iteration, Kind: "validation", Errors: d.Errors, RetryHint: d.RetryHint}
+		}
+	case *schemas.JobFailed:
+		if st := current(d.Step, d.JobID); st != nil {
+			msg := d.Error
+			if d.OutputTail != "" {
+				msg += "\nLast output:\n" + d.OutputTail
+			}
+			st.Outcome = outcomeFailed
+			st.Failure = &schemas.Feedback{Iteration: d.Iteration, Kind: "job", Message: msg}
+		}
+	case *schemas.StepCompleted:
+		if st := s.Steps[d.Step]; st != nil {
+			st.Status, st.Artifacts, st.Outcome = StepCompleted, d.Artifacts, outcomeNone
+		}
+	case *schemas.StepFailed:
+		if st := s.Steps[d.Step]; st != nil {
+			st.Status = StepFailed
+		}
+	case *schemas.SessionCompleted:
+		s.Status = StatusCompleted
+	case *schemas.SessionFailed:
+		s.Status = StatusFailed
+	}
+}
+
+// stepNames returns the pipeline's steps in file order.
+func (s *Session) stepNames() []string {
+	out := make([]string, 0, len(s.Pipeline.Steps))
+	for _, d := range s.Pipeline.Steps {
+		out = append(out, d.Name)
+	}
+	if len(out) != len(s.Steps) { // defensive: never for a normalized pipeline
+		out = slices.Sorted(maps.Keys(s.Steps))
+	}
+	return out
+}

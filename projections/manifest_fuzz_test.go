@@ -1,0 +1,241 @@
+package projections
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"reflect"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// fuzzType is an event type and a constructor of its registered data (nil:
+// the type carries no data).
+type fuzzType struct {
+	typ     string
+	newData func() any
+}
+
+// fuzzTypes are the event types a fuzz input can pick.
+var fuzzTypes = []fuzzType{
+	{schemas.TypeSessionStarted, func() any { return new(schemas.SessionStarted) }},
+	{schemas.TypeSessionCompleted, func() any { return new(schemas.SessionCompleted) }},
+	{schemas.TypeSessionFailed, func() any { return new(schemas.SessionFailed) }},
+	{schemas.TypeJobRequested, func() any { return new(schemas.JobRequested) }},
+	{schemas.TypeJobStarted, func() any { return new(schemas.JobStarted) }},
+	{schemas.TypeJobCompleted, func() any { return new(schemas.JobCompleted) }},
+	{schemas.TypeJobFailed, func() any { return new(schemas.JobFailed) }},
+	{schemas.TypeToolStarted, func() any { return new(schemas.ToolStarted) }},
+	{schemas.TypeToolCompleted, func() any { return new(schemas.ToolCompleted) }},
+	{schemas.TypeArtifactStored, func() any { return new(schemas.ArtifactStored) }},
+	{schemas.TypeValidationPassed, func() any { return new(schemas.Verdict) }},
+	{schemas.TypeValidationFailed, func() any { return new(schemas.Verdict) }},
+	{schemas.TypeStepCompleted, func() any { return new(schemas.StepCompleted) }},
+	{schemas.TypeStepFailed, func() any { return new(schemas.StepFailed) }},
+	{"loopbus.session.paused", nil},
+}
+
+var fuzzSessions = []string{sessionID, otherSession, ""}
+var fuzzSteps = []string{"", "summary", "ideas", "writing-kit", "publish"}
+
+// fuzzReader consumes fuzz bytes; reads past the end yield zeros.
+type fuzzReader struct{ b []byte }
+
+func (r *fuzzReader) byte() byte {
+	if len(r.b) == 0 {
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+func (r *fuzzReader) bytes(n int) []byte {
+	n = min(n, len(r.b))
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out
+}
+
+// Event encoding, 7 header bytes then the JSON data:
+//
+//	type, session, step, data form, seq (2 bytes big endian), data length,
+//	data.
+//
+// The data form byte selects the Go value: 0 the registered pointer, 1 the
+// plain struct, 2 nil, 3 data of another type. Data that does not
+// unmarshal is left partly or wholly zero.
+func decodeEvents(data []byte) []schemas.Event {
+	r := &fuzzReader{b: data}
+	var evs []schemas.Event
+	for len(r.b) > 0 && len(evs) < 256 {
+		ft := fuzzTypes[int(r.byte())%len(fuzzTypes)]
+		session := fuzzSessions[int(r.byte())%len(fuzzSessions)]
+		step := fuzzSteps[int(r.byte())%len(fuzzSteps)]
+		form := r.byte() % 4
+		seq := uint64(binary.BigEndian.Uint16([]byte{r.byte(), r.byte()}))
+		raw := r.bytes(int(r.byte()) * 4)
+		var d any
+		if ft.newData != nil {
+			v := ft.newData()
+			_ = json.Unmarshal(raw, v) // errors ignored: partial data is fine
+			switch form {
+			case 1:
+				d = reflect.ValueOf(v).Elem().Interface()
+			case 2:
+				d = nil
+			case 3:
+				d = &schemas.ToolStarted{}
+			default:
+				d = v
+			}
+		}
+		evs = append(evs, schemas.Event{
+			Type: ft.typ, Session: session, Step: step,
+			Time: t0.Add(time.Duration(seq) * time.Second), Seq: seq, Data: d,
+		})
+	}
+	return evs
+}
+
+// encodeEvents is the inverse of decodeEvents, for seeds (sequences are
+// taken modulo 2^16). To keep seeds small, which keeps the fuzzer's
+// minimization of interesting inputs quick, the data keeps only the fields
+// the fold reads and job ids become short aliases.
+func encodeEvents(evs []schemas.Event) []byte {
+	jobs := map[string]string{}
+	job := func(id string) string {
+		if id == "" {
+			return ""
+		}
+		if _, ok := jobs[id]; !ok {
+			jobs[id] = "j" + strconv.Itoa(len(jobs)+1)
+		}
+		return jobs[id]
+	}
+	var out []byte
+	for _, ev := range evs {
+		ti := max(0, slices.IndexFunc(fuzzTypes, func(ft fuzzType) bool { return ft.typ == ev.Type }))
+		si := max(0, slices.Index(fuzzSessions, ev.Session))
+		pi := max(0, slices.Index(fuzzSteps, ev.Step))
+		raw, _ := json.Marshal(compactData(ev.Data, job))
+		// Pad to a multiple of 4 with spaces, which JSON ignores.
+		for len(raw)%4 != 0 {
+			raw = append(raw, ' ')
+		}
+		if len(raw) > 255*4 {
+			raw = []byte("{}  ")
+		}
+		out = append(out, byte(ti), byte(si), byte(pi), 0)
+		out = binary.BigEndian.AppendUint16(out, uint16(ev.Seq))
+		out = append(out, byte(len(raw)/4))
+		out = append(out, raw...)
+	}
+	return out
+}
+
+// compactData returns the members of d that the fold reads, as JSON the
+// registered type decodes; job maps job ids to their aliases.
+func compactData(d any, job func(string) string) any {
+	type obj = map[string]any
+	arts := func(as []schemas.ArtifactRef) []obj {
+		var out []obj
+		for _, a := range as {
+			out = append(out, obj{"name": a.Name, "digest": a.Digest[:15]})
+		}
+		return out
+	}
+	switch d := d.(type) {
+	case *schemas.SessionStarted:
+		var steps []obj
+		for _, st := range d.Pipeline.Steps {
+			steps = append(steps, obj{"name": st.Name, "requires": st.Requires, "final": st.Final})
+		}
+		return obj{"pipeline": obj{"name": d.Pipeline.Name, "steps": steps}, "input": obj{"name": d.Input.Name}, "sourceHash": d.SourceHash}
+	case *schemas.JobRequested:
+		return obj{"jobId": job(d.JobID), "step": d.Step, "iteration": d.Iteration}
+	case *schemas.JobStarted:
+		return obj{"jobId": job(d.JobID), "worker": d.Worker}
+	case *schemas.JobFailed:
+		return obj{"jobId": job(d.JobID), "error": d.Error[:min(len(d.Error), 40)], "exitCode": d.ExitCode}
+	case *schemas.Verdict:
+		if len(d.Errors) == 0 {
+			return obj{"jobId": job(d.JobID)}
+		}
+		return obj{"jobId": job(d.JobID), "errors": d.Errors[:1], "retryHint": "fix"}
+	case *schemas.StepCompleted:
+		return obj{"step": d.Step, "jobId": job(d.JobID), "iterations": d.Iterations, "artifacts": arts(d.Artifacts), "contentHash": d.ContentHash}
+	case *schemas.StepFailed:
+		return obj{"step": d.Step, "iterations": d.Iterations, "error": d.Error}
+	case *schemas.SessionCompleted:
+		return obj{"final": arts(d.Final)}
+	case *schemas.SessionFailed:
+		return obj{"step": d.Step, "reason": d.Reason}
+	}
+	return obj{}
+}
+
+func FuzzFoldManifest(f *testing.F) {
+	for _, tc := range goldenCases {
+		f.Add(encodeEvents(tc.events()))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0, 0, 1, 2, 0, 1, 0, 3, 1, 0, 0, 0, 0, 0})
+	f.Add(encodeEvents([]schemas.Event{
+		{Type: schemas.TypeSessionStarted, Session: sessionID, Seq: 9, Data: &schemas.SessionStarted{
+			Pipeline: schemas.Pipeline{Steps: []schemas.Step{{Name: "summary"}, {Name: "summary"}, {Name: ""}}}}},
+		{Type: schemas.TypeJobRequested, Session: sessionID, Seq: 0, Data: &schemas.JobRequested{Step: "summary"}},
+		{Type: schemas.TypeJobFailed, Session: sessionID, Seq: 3, Data: &schemas.JobFailed{}},
+		{Type: schemas.TypeStepCompleted, Session: sessionID, Seq: 10, Data: &schemas.StepCompleted{Step: "summary", Iterations: -4}},
+	}))
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		evs := decodeEvents(data)
+		var m *Manifest
+		for i, ev := range evs {
+			var before uint64
+			if m != nil {
+				before = m.LastSeq
+			}
+			next := FoldManifest(m, ev)
+			if m != nil && next != m {
+				t.Fatalf("event %d: FoldManifest replaced a non-nil manifest", i)
+			}
+			if m != nil && next.LastSeq < before {
+				t.Fatalf("event %d: LastSeq went from %d to %d", i, before, next.LastSeq)
+			}
+			m = next
+			if m == nil {
+				continue
+			}
+			if len(m.Steps) != len(m.StepOrder) {
+				t.Fatalf("event %d: %d steps but stepOrder %v", i, len(m.Steps), m.StepOrder)
+			}
+			for _, name := range m.StepOrder {
+				sv := m.Steps[name]
+				if sv == nil {
+					t.Fatalf("event %d: step %q of stepOrder has no view", i, name)
+				}
+				if len(sv.LastFeedback) > MaxFeedbackBytes {
+					t.Fatalf("event %d: feedback of %d bytes", i, len(sv.LastFeedback))
+				}
+			}
+		}
+		if m == nil {
+			return
+		}
+		if c := m.Clone(); !reflect.DeepEqual(c, m) {
+			t.Fatal("Clone differs from the manifest")
+		}
+		if _, err := json.Marshal(m); err != nil {
+			t.Fatalf("marshal: %v", err)
+		}
+		// Folding the same events again from scratch gives the same result.
+		if again := foldAll(evs); !reflect.DeepEqual(again, m) {
+			t.Fatal("the fold is not deterministic")
+		}
+	})
+}

@@ -1,0 +1,152 @@
+package projections
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/rs/zerolog"
+)
+
+// ManifestKey is the views-bucket key of a session's manifest.
+func ManifestKey(session string) string { return "session." + session }
+
+// checkpointKey holds the stream sequence up to which every manifest is
+// materialized.
+const checkpointKey = "_projector.manifests"
+
+// Bus is what the projector needs from the event bus.
+type Bus interface {
+	Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error
+	PutView(ctx context.Context, key string, v any) error
+	GetView(ctx context.Context, key string, v any) error
+}
+
+// ProjectorConfig of the projector service. The zero value is usable.
+type ProjectorConfig struct {
+	// CheckpointEvery is how many events pass between checkpoint writes;
+	// default 100. After a crash up to this many events are folded again,
+	// which is harmless: each manifest carries the sequence it reflects.
+	CheckpointEvery int
+}
+
+// Validate reports the first invalid value.
+func (c ProjectorConfig) Validate() error {
+	if c.CheckpointEvery < 0 {
+		return errors.New("projector: negative checkpoint interval")
+	}
+	return nil
+}
+
+// Projector keeps every session manifest in the views bucket current with
+// the stream. Views are derived data: Rebuild (or deleting the checkpoint)
+// recomputes them from the stream.
+type Projector struct {
+	cfg ProjectorConfig
+	bus Bus
+	log zerolog.Logger
+	// live caches manifests of running sessions; terminal ones are dropped
+	// after they are written.
+	live map[string]*Manifest
+}
+
+// NewProjector returns a projector.
+func NewProjector(cfg ProjectorConfig, b Bus, log zerolog.Logger) (*Projector, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if b == nil {
+		return nil, errors.New("projector: bus is required")
+	}
+	if cfg.CheckpointEvery == 0 {
+		cfg.CheckpointEvery = 100
+	}
+	return &Projector{cfg: cfg, bus: b, log: log, live: map[string]*Manifest{}}, nil
+}
+
+type checkpoint struct {
+	Seq uint64 `json:"seq"`
+}
+
+// Run materializes manifests from the checkpoint on until ctx ends.
+func (p *Projector) Run(ctx context.Context) error {
+	var cp checkpoint
+	if err := p.bus.GetView(ctx, checkpointKey, &cp); err != nil && !errors.Is(err, bus.ErrNotFound) {
+		return fmt.Errorf("projector: %w", err)
+	}
+	return p.run(ctx, cp.Seq, true)
+}
+
+// Rebuild recomputes every manifest from the start of the stream, then
+// returns (it does not follow).
+func (p *Projector) Rebuild(ctx context.Context) error {
+	p.live = map[string]*Manifest{}
+	return p.run(ctx, 0, false)
+}
+
+func (p *Projector) run(ctx context.Context, from uint64, follow bool) error {
+	n := 0
+	var last uint64
+	save := func() {
+		if last == 0 {
+			return
+		}
+		if err := p.bus.PutView(ctx, checkpointKey, checkpoint{Seq: last}); err != nil && ctx.Err() == nil {
+			p.log.Warn().Err(err).Msg("could not save projector checkpoint")
+		}
+	}
+	err := p.bus.Read(ctx, bus.ReadOptions{
+		StartSeq:   from + 1,
+		Follow:     follow,
+		DeadLetter: "projector",
+		OnCaughtUp: func() { p.log.Info().Uint64("seq", last).Msg("views caught up") },
+	}, func(ev schemas.Event) error {
+		if err := p.apply(ctx, ev, !follow); err != nil {
+			return err
+		}
+		last = ev.Seq
+		if n++; n%p.cfg.CheckpointEvery == 0 {
+			save()
+		}
+		return nil
+	})
+	save()
+	if err != nil {
+		return fmt.Errorf("projector: %w", err)
+	}
+	return nil
+}
+
+func (p *Projector) apply(ctx context.Context, ev schemas.Event, rebuilding bool) error {
+	m := p.live[ev.Session]
+	if m == nil && !rebuilding && ev.Type != schemas.TypeSessionStarted {
+		var stored Manifest
+		err := p.bus.GetView(ctx, ManifestKey(ev.Session), &stored)
+		switch {
+		case err == nil:
+			m = &stored
+		case errors.Is(err, bus.ErrNotFound):
+		default:
+			return err
+		}
+	}
+	before := uint64(0)
+	if m != nil {
+		before = m.LastSeq
+	}
+	m = FoldManifest(m, ev)
+	if m == nil || m.LastSeq == before {
+		return nil
+	}
+	if err := p.bus.PutView(ctx, ManifestKey(ev.Session), m); err != nil {
+		return err
+	}
+	if m.Terminal() {
+		delete(p.live, ev.Session)
+	} else {
+		p.live[ev.Session] = m
+	}
+	return nil
+}

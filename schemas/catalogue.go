@@ -1,0 +1,201 @@
+package schemas
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// Sentinel errors of the catalogue.
+var (
+	// ErrUnknownType: the event type is not in the catalogue.
+	ErrUnknownType = errors.New("unknown event type")
+	// ErrInvalidData: the event data does not satisfy its JSON Schema.
+	ErrInvalidData = errors.New("event data fails its schema")
+)
+
+// SchemaVersion is the version of every data schema in this catalogue.
+const SchemaVersion = "v1"
+
+//go:embed v1/*.json
+var schemaFiles embed.FS
+
+// entry ties an event type to its Go data type.
+type entry struct {
+	newData func() any
+}
+
+func catalogueEntries() map[string]entry {
+	return map[string]entry{
+		TypeSessionStarted:   {func() any { return new(SessionStarted) }},
+		TypeSessionCompleted: {func() any { return new(SessionCompleted) }},
+		TypeSessionFailed:    {func() any { return new(SessionFailed) }},
+		TypeJobRequested:     {func() any { return new(JobRequested) }},
+		TypeJobStarted:       {func() any { return new(JobStarted) }},
+		TypeJobCompleted:     {func() any { return new(JobCompleted) }},
+		TypeJobFailed:        {func() any { return new(JobFailed) }},
+		TypeToolStarted:      {func() any { return new(ToolStarted) }},
+		TypeToolCompleted:    {func() any { return new(ToolCompleted) }},
+		TypeArtifactStored:   {func() any { return new(ArtifactStored) }},
+		TypeValidationPassed: {func() any { return new(Verdict) }},
+		TypeValidationFailed: {func() any { return new(Verdict) }},
+		TypeStepCompleted:    {func() any { return new(StepCompleted) }},
+		TypeStepFailed:       {func() any { return new(StepFailed) }},
+	}
+}
+
+// DataSchemaURI returns the dataschema attribute for an event type: a URN
+// naming the file schemas/v1/<entity>.<verb>.json in this repository.
+func DataSchemaURI(typ string) string {
+	ev, _ := EntityVerb(typ)
+	return "urn:loopbus:schema:" + SchemaVersion + ":" + ev
+}
+
+// SchemaFile returns the embedded JSON Schema document of an event type.
+func SchemaFile(typ string) ([]byte, error) {
+	ev, err := EntityVerb(typ)
+	if err != nil {
+		return nil, err
+	}
+	b, err := schemaFiles.ReadFile(SchemaVersion + "/" + ev + ".json")
+	if err != nil {
+		return nil, fmt.Errorf("%w %q", ErrUnknownType, typ)
+	}
+	return b, nil
+}
+
+// Catalogue validates and decodes event data. It is immutable after
+// NewCatalogue and safe for concurrent use.
+type Catalogue struct {
+	entries  map[string]entry
+	compiled map[string]*jsonschema.Schema
+}
+
+// NewCatalogue compiles the embedded schema of every event type.
+func NewCatalogue() (*Catalogue, error) {
+	c := &Catalogue{entries: catalogueEntries(), compiled: map[string]*jsonschema.Schema{}}
+	comp := jsonschema.NewCompiler()
+	comp.DefaultDraft(jsonschema.Draft2020)
+	comp.UseLoader(noLoader{})
+	for typ := range c.entries {
+		raw, err := SchemaFile(typ)
+		if err != nil {
+			return nil, err
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+		if err != nil {
+			return nil, fmt.Errorf("schema of %s: %w", typ, err)
+		}
+		uri := DataSchemaURI(typ)
+		if err := comp.AddResource(uri, doc); err != nil {
+			return nil, fmt.Errorf("schema of %s: %w", typ, err)
+		}
+		sch, err := comp.Compile(uri)
+		if err != nil {
+			return nil, fmt.Errorf("schema of %s: %w", typ, err)
+		}
+		c.compiled[typ] = sch
+	}
+	return c, nil
+}
+
+// Types lists the catalogue's event types, sorted.
+func (c *Catalogue) Types() []string {
+	out := make([]string, 0, len(c.entries))
+	for t := range c.entries {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Known reports whether typ is in the catalogue.
+func (c *Catalogue) Known(typ string) bool {
+	_, ok := c.entries[typ]
+	return ok
+}
+
+// Decode validates raw JSON data against the schema of typ and decodes it
+// into the registered Go type. Errors wrap ErrUnknownType or ErrInvalidData.
+func (c *Catalogue) Decode(typ string, raw []byte) (any, error) {
+	e, ok := c.entries[typ]
+	if !ok {
+		return nil, fmt.Errorf("%w %q", ErrUnknownType, typ)
+	}
+	if err := c.validateRaw(typ, raw); err != nil {
+		return nil, err
+	}
+	v := e.newData()
+	if err := json.Unmarshal(raw, v); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidData, typ, err)
+	}
+	// encoding/json matches keys case-insensitively, so {"JOBID": ""} can
+	// overwrite a schema-valid "jobId". Validate what was actually decoded.
+	again, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidData, typ, err)
+	}
+	if err := c.validateRaw(typ, again); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Encode checks that data has the Go type registered for typ, validates it
+// against the schema and returns its JSON.
+func (c *Catalogue) Encode(typ string, data any) ([]byte, error) {
+	e, ok := c.entries[typ]
+	if !ok {
+		return nil, fmt.Errorf("%w %q", ErrUnknownType, typ)
+	}
+	if want := e.newData(); fmt.Sprintf("%T", want) != fmt.Sprintf("%T", data) {
+		return nil, fmt.Errorf("%w: %s wants data of type %T, got %T", ErrInvalidData, typ, want, data)
+	}
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidData, typ, err)
+	}
+	if err := c.validateRaw(typ, raw); err != nil {
+		return nil, err
+	}
+	return raw, nil
+}
+
+func (c *Catalogue) validateRaw(typ string, raw []byte) error {
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return fmt.Errorf("%w: %s: data is not JSON: %v", ErrInvalidData, typ, err)
+	}
+	if err := c.compiled[typ].Validate(inst); err != nil {
+		return fmt.Errorf("%w: %s: %s", ErrInvalidData, typ, summarize(err))
+	}
+	return nil
+}
+
+// summarize flattens a jsonschema error into "pointer: message" items.
+func summarize(err error) string {
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return err.Error()
+	}
+	var b bytes.Buffer
+	for i, le := range leafErrors(ve) {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s: %s", pointerOrRoot(le.Pointer), le.Message)
+	}
+	return b.String()
+}
+
+func pointerOrRoot(p string) string {
+	if p == "" {
+		return "(root)"
+	}
+	return p
+}

@@ -1,0 +1,577 @@
+package schemas
+
+import (
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// newTestCatalogue returns a compiled catalogue or stops the test.
+func newTestCatalogue(t *testing.T) *Catalogue {
+	t.Helper()
+	c, err := NewCatalogue()
+	if err != nil {
+		t.Fatalf("NewCatalogue: %v", err)
+	}
+	return c
+}
+
+// testArtifact returns a reference to an artifact holding content, as the
+// agent worker would store it for step (empty for the session input).
+func testArtifact(t *testing.T, name, step, content string) ArtifactRef {
+	t.Helper()
+	if err := ValidateName(name); err != nil {
+		t.Fatalf("test artifact: %v", err)
+	}
+	obj := "sess-1/input/" + name
+	if step != "" {
+		obj = "sess-1/" + step + "/" + name
+	}
+	return ArtifactRef{
+		Name:        name,
+		Object:      obj,
+		Digest:      Digest([]byte(content)),
+		Size:        int64(len(content)),
+		ContentType: "application/json",
+		Step:        step,
+	}
+}
+
+// samples returns a realistic value of the registered Go type of every event
+// type, with optional fields both set and unset somewhere.
+func samples(t *testing.T) map[string]any {
+	t.Helper()
+	input := testArtifact(t, "brief.md", "", "# Write a report about otters\n")
+	input.ContentType = "text/markdown"
+	outline := testArtifact(t, "outline.json", "outline", `{"title":"Otters","sections":["habitat","diet"]}`)
+	draft := testArtifact(t, "draft.json", "draft", `{"title":"Otters","body":"..."}`)
+	notes := testArtifact(t, "notes.txt", "draft", "sources: ...")
+	notes.ContentType = ""
+	agent := AgentSpec{
+		Backend: "exec",
+		Command: []string{"./agents/write.sh", "--model", "small"},
+		Env:     map[string]string{"LOOPBUS_MODE": "test"},
+	}
+	outlineSchema := json.RawMessage(`{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","required":["title","sections"],"properties":{"title":{"type":"string"},"sections":{"type":"array","items":{"type":"string"}}}}`)
+	outlineErrors := []ValidationError{
+		{Artifact: "outline.json", Pointer: "/sections/1", Message: "got number, want string", Source: "schema"},
+		{Artifact: "outline.json", Pointer: "", Message: "missing property 'title'", Source: "schema"},
+	}
+	return map[string]any{
+		TypeSessionStarted: &SessionStarted{
+			Pipeline: Pipeline{
+				Name:   "report",
+				Source: "pipelines/report.yaml",
+				Dir:    "/home/user/pipelines",
+				Steps: []Step{
+					{
+						Name:          "outline",
+						Agent:         agent,
+						Prompt:        "Outline a report from {{input}}.",
+						Outputs:       []Output{{Name: "outline.json", SchemaPath: "schemas/outline.json", Schema: outlineSchema, SchemaVersion: "outline-1"}},
+						Validate:      []string{"./check-outline.sh"},
+						MaxIterations: 3,
+						TimeoutMs:     600000,
+						Line:          4,
+					},
+					{
+						Name:              "draft",
+						Agent:             AgentSpec{Backend: "exec", Command: []string{"./agents/draft.sh"}},
+						Prompt:            "Write the report.",
+						Requires:          []string{"outline"},
+						Outputs:           []Output{{Name: "draft.json", Schema: json.RawMessage(`true`)}, {Name: "notes.txt"}},
+						MaxIterations:     1,
+						TimeoutMs:         300000,
+						ValidateTimeoutMs: 30000,
+						Final:             true,
+						Line:              17,
+					},
+				},
+			},
+			Input:      input,
+			SourceHash: ShortHash(input.Digest),
+		},
+		TypeSessionCompleted: &SessionCompleted{Final: []ArtifactRef{draft, notes}},
+		TypeSessionFailed:    &SessionFailed{Step: "outline", Reason: "step outline used up its 3 iterations"},
+		TypeJobRequested: &JobRequested{
+			JobID:     DeterministicID("sess-1", TypeJobRequested, "outline", "2"),
+			Step:      "outline",
+			Iteration: 2,
+			Attempt:   1,
+			Agent:     agent,
+			Prompt:    "Outline a report from brief.md.",
+			Inputs:    []ArtifactRef{input},
+			Outputs:   []Output{{Name: "outline.json", SchemaPath: "schemas/outline.json", Schema: outlineSchema, SchemaVersion: SchemaVersionOf(outlineSchema)}},
+			Validate:  []string{"/home/user/pipelines/check-outline.sh", "outline.json"},
+			TimeoutMs: 600000,
+			// ValidateTimeoutMs left unset: optional.
+			Dir: "/home/user/pipelines",
+			Feedback: []Feedback{
+				{Iteration: 1, Kind: "validation", Errors: outlineErrors, Message: "outline.json fails its schema", RetryHint: "Give every section as a string."},
+				{Iteration: 1, Kind: "job", Message: "agent exited 1"},
+			},
+		},
+		TypeJobStarted: &JobStarted{JobID: "job-1", Worker: "worker-a", Delivery: 2},
+		TypeJobCompleted: &JobCompleted{
+			JobID:      "job-1",
+			Step:       "outline",
+			Iteration:  2,
+			RequestSeq: 41,
+			Worker:     "worker-a",
+			ExitCode:   0,
+			DurationMs: 12345,
+			Artifacts:  []ArtifactRef{outline},
+			OutputTail: "wrote outline.json\n",
+			Usage:      &Usage{InputTokens: 1200, OutputTokens: 340, CostUSD: 0.0042},
+		},
+		TypeJobFailed: &JobFailed{
+			JobID:      "job-2",
+			Step:       "draft",
+			Iteration:  1,
+			Worker:     "worker-b",
+			ExitCode:   -1,
+			DurationMs: 300000,
+			Error:      "timed out after 5m0s",
+			Retryable:  true,
+			// Usage nil: omitted.
+		},
+		TypeToolStarted:   &ToolStarted{JobID: "job-1", ToolID: "job-1.0", Name: "exec", Lane: "agent", Input: "./agents/write.sh --model small"},
+		TypeToolCompleted: &ToolCompleted{JobID: "job-1", ToolID: "job-1.0", Name: "exec", Status: "error", ExitCode: 2, DurationMs: 75, Output: "usage: ...", Error: "exit status 2"},
+		TypeArtifactStored: &ArtifactStored{
+			JobID:    "job-1",
+			Artifact: outline,
+		},
+		TypeValidationPassed: &Verdict{JobID: "job-3", Step: "draft", Iteration: 1, Artifacts: []ArtifactRef{draft, notes}},
+		TypeValidationFailed: &Verdict{
+			JobID:     "job-1",
+			Step:      "outline",
+			Iteration: 1,
+			Artifacts: []ArtifactRef{outline},
+			Errors: append(outlineErrors, ValidationError{
+				Pointer: "", Message: "check-outline.sh: too few sections", Source: "command",
+			}),
+			RetryHint: "Give every section as a string.",
+		},
+		TypeStepCompleted: &StepCompleted{
+			Step:          "draft",
+			JobID:         "job-3",
+			Iterations:    1,
+			Artifacts:     []ArtifactRef{draft, notes},
+			ContentHash:   ContentHash([]ArtifactRef{draft, notes}),
+			SchemaVersion: "sha256:0123456789ab",
+		},
+		TypeStepFailed: &StepFailed{Step: "outline", Iterations: 3, Error: "validation failed 3 times"},
+	}
+}
+
+func TestNewCatalogue(t *testing.T) {
+	c := newTestCatalogue(t)
+	var want []string
+	for typ := range catalogueEntries() {
+		want = append(want, typ)
+	}
+	sort.Strings(want)
+	if got := c.Types(); !reflect.DeepEqual(got, want) {
+		t.Errorf("Types() = %v, want %v", got, want)
+	}
+	if len(want) != 14 {
+		t.Errorf("catalogue has %d types, want 14", len(want))
+	}
+	for _, typ := range want {
+		if !c.Known(typ) {
+			t.Errorf("Known(%q) = false", typ)
+		}
+	}
+	if c.Known("loopbus.session.paused") {
+		t.Error(`Known("loopbus.session.paused") = true`)
+	}
+}
+
+func TestCatalogueRoundTrip(t *testing.T) {
+	c := newTestCatalogue(t)
+	all := samples(t)
+	for _, typ := range c.Types() {
+		t.Run(typ, func(t *testing.T) {
+			want, ok := all[typ]
+			if !ok {
+				t.Fatalf("no sample for %s", typ)
+			}
+			raw, err := c.Encode(typ, want)
+			if err != nil {
+				t.Fatalf("Encode: %v", err)
+			}
+			got, err := c.Decode(typ, raw)
+			if err != nil {
+				t.Fatalf("Decode(%s): %v", raw, err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("round trip:\n got %#v\nwant %#v", got, want)
+			}
+		})
+	}
+}
+
+// TestCatalogueNilSlices checks that the zero-length slices of non-omitempty
+// fields, which encoding/json writes as null, pass their schemas.
+func TestCatalogueNilSlices(t *testing.T) {
+	c := newTestCatalogue(t)
+	tests := []struct {
+		name string
+		typ  string
+		data any
+		want string
+	}{
+		{"session.completed without final", TypeSessionCompleted, &SessionCompleted{}, `{"final":null}`},
+		{"job.completed without artifacts", TypeJobCompleted, &JobCompleted{JobID: "j", Step: "s", Iteration: 1, Worker: "w"},
+			`{"jobId":"j","step":"s","iteration":1,"requestSeq":0,"worker":"w","exitCode":0,"durationMs":0,"artifacts":null}`},
+		{"usage all zero", TypeJobFailed, &JobFailed{JobID: "j", Step: "s", Iteration: 1, Worker: "w", ExitCode: 1, Error: "e", Usage: &Usage{}},
+			`{"jobId":"j","step":"s","iteration":1,"worker":"w","exitCode":1,"durationMs":0,"error":"e","usage":{}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw, err := c.Encode(tt.typ, tt.data)
+			if err != nil {
+				t.Fatalf("Encode: %v", err)
+			}
+			if string(raw) != tt.want {
+				t.Errorf("Encode = %s, want %s", raw, tt.want)
+			}
+		})
+	}
+}
+
+func TestCatalogueDecode(t *testing.T) {
+	c := newTestCatalogue(t)
+	const digest = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+	const verdict = `{"jobId":"j","step":"s","iteration":1,"artifacts":[{"name":"a.json","object":"o","digest":"` + digest + `","size":0}]}`
+	tests := []struct {
+		name    string
+		typ     string
+		raw     string
+		want    any
+		wantErr error
+	}{
+		{
+			name: "valid",
+			typ:  TypeJobStarted,
+			raw:  `{"jobId":"j","worker":"w","delivery":1}`,
+			want: &JobStarted{JobID: "j", Worker: "w", Delivery: 1},
+		},
+		{
+			name: "unknown members are allowed",
+			typ:  TypeStepFailed,
+			raw:  `{"step":"s","iterations":0,"error":"cannot run","addedInV1_1":{"x":1}}`,
+			want: &StepFailed{Step: "s", Iterations: 0, Error: "cannot run"},
+		},
+		{
+			name: "verdict with artifact",
+			typ:  TypeValidationPassed,
+			raw:  verdict,
+			want: &Verdict{JobID: "j", Step: "s", Iteration: 1, Artifacts: []ArtifactRef{{Name: "a.json", Object: "o", Digest: digest}}},
+		},
+		{name: "missing required field", typ: TypeJobStarted, raw: `{"jobId":"j","delivery":1}`, wantErr: ErrInvalidData},
+		{name: "missing required array", typ: TypeSessionCompleted, raw: `{}`, wantErr: ErrInvalidData},
+		{name: "missing required nested field", typ: TypeArtifactStored, raw: `{"jobId":"j","artifact":{"name":"a.json","object":"o","size":1}}`, wantErr: ErrInvalidData},
+		{name: "wrong type", typ: TypeJobStarted, raw: `{"jobId":"j","worker":"w","delivery":"1"}`, wantErr: ErrInvalidData},
+		{name: "wrong type of data", typ: TypeJobStarted, raw: `["j","w",1]`, wantErr: ErrInvalidData},
+		{name: "null data", typ: TypeSessionFailed, raw: `null`, wantErr: ErrInvalidData},
+		{name: "empty id", typ: TypeJobStarted, raw: `{"jobId":"","worker":"w","delivery":1}`, wantErr: ErrInvalidData},
+		{name: "bad digest uppercase", typ: TypeArtifactStored, raw: `{"jobId":"j","artifact":{"name":"a.json","object":"o","digest":"` + strings.ToUpper(digest) + `","size":1}}`, wantErr: ErrInvalidData},
+		{name: "bad digest short", typ: TypeArtifactStored, raw: `{"jobId":"j","artifact":{"name":"a.json","object":"o","digest":"sha256:abc","size":1}}`, wantErr: ErrInvalidData},
+		{name: "bad digest algorithm", typ: TypeArtifactStored, raw: `{"jobId":"j","artifact":{"name":"a.json","object":"o","digest":"md5:` + digest[7:] + `","size":1}}`, wantErr: ErrInvalidData},
+		{name: "negative size", typ: TypeArtifactStored, raw: `{"jobId":"j","artifact":{"name":"a.json","object":"o","digest":"` + digest + `","size":-1}}`, wantErr: ErrInvalidData},
+		{name: "artifact name is a path", typ: TypeArtifactStored, raw: `{"jobId":"j","artifact":{"name":"../a.json","object":"o","digest":"` + digest + `","size":1}}`, wantErr: ErrInvalidData},
+		{name: "artifact name dot dot", typ: TypeArtifactStored, raw: `{"jobId":"j","artifact":{"name":"..","object":"o","digest":"` + digest + `","size":1}}`, wantErr: ErrInvalidData},
+		{name: "iteration 0", typ: TypeValidationFailed, raw: strings.Replace(verdict, `"iteration":1`, `"iteration":0`, 1), wantErr: ErrInvalidData},
+		{name: "fractional iteration", typ: TypeValidationFailed, raw: strings.Replace(verdict, `"iteration":1`, `"iteration":1.5`, 1), wantErr: ErrInvalidData},
+		{name: "step name with dot", typ: TypeStepFailed, raw: `{"step":"a.b","iterations":1,"error":"e"}`, wantErr: ErrInvalidData},
+		{name: "step name too long", typ: TypeStepFailed, raw: `{"step":"` + strings.Repeat("s", 65) + `","iterations":1,"error":"e"}`, wantErr: ErrInvalidData},
+		{name: "bad tool status", typ: TypeToolCompleted, raw: `{"jobId":"j","toolId":"t","name":"exec","status":"killed","exitCode":0,"durationMs":1}`, wantErr: ErrInvalidData},
+		{name: "negative duration", typ: TypeToolCompleted, raw: `{"jobId":"j","toolId":"t","name":"exec","status":"ok","exitCode":0,"durationMs":-1}`, wantErr: ErrInvalidData},
+		{name: "bad feedback kind", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":2,"attempt":0,"agent":{"backend":"exec"},"prompt":"p","inputs":[],"timeoutMs":1,"feedback":[{"iteration":1,"kind":"timeout"}]}`, wantErr: ErrInvalidData},
+		{name: "bad validation error source", typ: TypeValidationFailed, raw: strings.Replace(verdict, `}]}`, `}],"errors":[{"pointer":"","message":"m","source":"agent"}]}`, 1), wantErr: ErrInvalidData},
+		{name: "output schema is a string", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"exec"},"prompt":"p","inputs":[],"timeoutMs":1,"outputs":[{"name":"o.json","schema":"{}"}]}`, wantErr: ErrInvalidData},
+		{name: "bad content hash", typ: TypeStepCompleted, raw: `{"step":"s","jobId":"j","iterations":1,"artifacts":[],"contentHash":"xyz"}`, wantErr: ErrInvalidData},
+		{name: "not JSON", typ: TypeJobStarted, raw: `{"jobId":`, wantErr: ErrInvalidData},
+		{name: "not JSON at all", typ: TypeJobStarted, raw: "\xff\xfe", wantErr: ErrInvalidData},
+		{name: "empty", typ: TypeJobStarted, raw: ``, wantErr: ErrInvalidData},
+		{name: "trailing data", typ: TypeJobStarted, raw: `{"jobId":"j","worker":"w","delivery":1} {}`, wantErr: ErrInvalidData},
+		{name: "unknown type", typ: "loopbus.session.paused", raw: `{}`, wantErr: ErrUnknownType},
+		{name: "malformed type", typ: "session.started", raw: `{}`, wantErr: ErrUnknownType},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := c.Decode(tt.typ, []byte(tt.raw))
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("Decode(%s) error = %v, want %v", tt.raw, err, tt.wantErr)
+				}
+				if got != nil {
+					t.Errorf("Decode returned %#v with an error", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Decode = %#v, want %#v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestCatalogueEncodeErrors(t *testing.T) {
+	c := newTestCatalogue(t)
+	tests := []struct {
+		name    string
+		typ     string
+		data    any
+		wantErr error
+	}{
+		{"value instead of pointer", TypeJobStarted, JobStarted{JobID: "j", Worker: "w", Delivery: 1}, ErrInvalidData},
+		{"other event's type", TypeJobStarted, &JobCompleted{JobID: "j"}, ErrInvalidData},
+		{"map", TypeJobStarted, map[string]any{"jobId": "j", "worker": "w", "delivery": 1}, ErrInvalidData},
+		{"nil", TypeJobStarted, nil, ErrInvalidData},
+		{"nil pointer", TypeJobStarted, (*JobStarted)(nil), ErrInvalidData},
+		{"fails schema", TypeJobStarted, &JobStarted{JobID: "j", Delivery: 1}, ErrInvalidData},
+		{"bad digest", TypeArtifactStored, &ArtifactStored{JobID: "j", Artifact: ArtifactRef{Name: "a", Object: "o", Digest: "sha256:1234", Size: 4}}, ErrInvalidData},
+		{"iteration 0", TypeStepCompleted, &StepCompleted{Step: "s", JobID: "j", Iterations: 0, ContentHash: "0123456789abcdef"}, ErrInvalidData},
+		{"max iterations 0", TypeSessionStarted, &SessionStarted{
+			Pipeline:   Pipeline{Name: "p", Steps: []Step{{Name: "s", Agent: AgentSpec{Backend: "exec"}, TimeoutMs: 1}}},
+			Input:      ArtifactRef{Name: "in.txt", Object: "o", Digest: Digest(nil)},
+			SourceHash: ShortHash(Digest(nil)),
+		}, ErrInvalidData},
+		{"unmarshalable output schema", TypeJobRequested, &JobRequested{Outputs: []Output{{Name: "o", Schema: json.RawMessage(`{`)}}}, ErrInvalidData},
+		{"unknown type", "loopbus.job.paused", &JobStarted{}, ErrUnknownType},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw, err := c.Encode(tt.typ, tt.data)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("Encode error = %v, want %v", err, tt.wantErr)
+			}
+			if raw != nil {
+				t.Errorf("Encode returned %s with an error", raw)
+			}
+		})
+	}
+}
+
+// TestCatalogueConcurrent uses one catalogue from many goroutines (run with
+// -race).
+func TestCatalogueConcurrent(t *testing.T) {
+	c := newTestCatalogue(t)
+	all := samples(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8*len(all))
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for typ, data := range all {
+				raw, err := c.Encode(typ, data)
+				if err == nil {
+					_, err = c.Decode(typ, raw)
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// readSchemaFile parses the embedded schema of typ.
+func readSchemaFile(t *testing.T, typ string) map[string]any {
+	t.Helper()
+	raw, err := SchemaFile(typ)
+	if err != nil {
+		t.Fatalf("SchemaFile(%s): %v", typ, err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("schema of %s: %v", typ, err)
+	}
+	return doc
+}
+
+func TestSchemaFiles(t *testing.T) {
+	for typ := range catalogueEntries() {
+		t.Run(typ, func(t *testing.T) {
+			doc := readSchemaFile(t, typ)
+			want := map[string]string{
+				"$schema": "https://json-schema.org/draft/2020-12/schema",
+				"$id":     DataSchemaURI(typ),
+				"title":   typ,
+			}
+			for k, v := range want {
+				if doc[k] != v {
+					t.Errorf("%s = %v, want %q", k, doc[k], v)
+				}
+			}
+			if d, _ := doc["description"].(string); !strings.Contains(d, "Emitted by") {
+				t.Errorf("description %q does not say who emits the event", d)
+			}
+			for _, r := range refs(doc) {
+				if !strings.HasPrefix(r, "#/$defs/") {
+					t.Errorf("$ref %q is not local: schema files must be self-contained", r)
+				}
+			}
+		})
+	}
+}
+
+// refs returns every $ref value in a JSON document.
+func refs(v any) []string {
+	var out []string
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if s, ok := e.(string); ok && k == "$ref" {
+				out = append(out, s)
+				continue
+			}
+			out = append(out, refs(e)...)
+		}
+	case []any:
+		for _, e := range v {
+			out = append(out, refs(e)...)
+		}
+	}
+	return out
+}
+
+// TestSchemaFilesRequired checks each file's top-level required list against
+// the json tags of the Go type: exactly the fields without omitempty.
+func TestSchemaFilesRequired(t *testing.T) {
+	for typ, e := range catalogueEntries() {
+		t.Run(typ, func(t *testing.T) {
+			doc := readSchemaFile(t, typ)
+			var got []string
+			if req, ok := doc["required"].([]any); ok {
+				for _, r := range req {
+					got = append(got, r.(string))
+				}
+			}
+			props, _ := doc["properties"].(map[string]any)
+			var want, all []string
+			rt := reflect.TypeOf(e.newData()).Elem()
+			for i := range rt.NumField() {
+				f := rt.Field(i)
+				name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+				all = append(all, name)
+				if !strings.Contains(","+opts+",", ",omitempty,") {
+					want = append(want, name)
+				}
+			}
+			sort.Strings(got)
+			sort.Strings(want)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("required = %v, want %v", got, want)
+			}
+			var gotProps []string
+			for p := range props {
+				gotProps = append(gotProps, p)
+			}
+			sort.Strings(gotProps)
+			sort.Strings(all)
+			if !reflect.DeepEqual(gotProps, all) {
+				t.Errorf("properties = %v, want %v", gotProps, all)
+			}
+		})
+	}
+}
+
+// TestSchemaFilesNoOrphans checks that every file in v1/ is the schema of a
+// registered event type.
+func TestSchemaFilesNoOrphans(t *testing.T) {
+	entries := catalogueEntries()
+	check := func(t *testing.T, names []string) {
+		t.Helper()
+		if len(names) != len(entries) {
+			t.Errorf("%d files, %d event types", len(names), len(entries))
+		}
+		for _, n := range names {
+			ev, ok := strings.CutSuffix(n, ".json")
+			if _, known := entries["loopbus."+ev]; !ok || !known {
+				t.Errorf("v1/%s is not the schema of a registered event type", n)
+			}
+		}
+	}
+	t.Run("disk", func(t *testing.T) {
+		des, err := os.ReadDir(SchemaVersion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, de := range des {
+			names = append(names, de.Name())
+		}
+		check(t, names)
+	})
+	t.Run("embedded", func(t *testing.T) {
+		des, err := fs.ReadDir(schemaFiles, SchemaVersion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, de := range des {
+			names = append(names, de.Name())
+		}
+		check(t, names)
+	})
+}
+
+func TestSchemaFile(t *testing.T) {
+	tests := []struct {
+		name    string
+		typ     string
+		want    string
+		wantErr error
+	}{
+		{name: "known", typ: TypeValidationFailed, want: `"$id": "urn:loopbus:schema:v1:validation.failed"`},
+		{name: "unknown", typ: "loopbus.session.paused", wantErr: ErrUnknownType},
+		{name: "malformed", typ: "loopbus.session", wantErr: ErrBadType},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := SchemaFile(tt.typ)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("SchemaFile error = %v, want %v", err, tt.wantErr)
+			}
+			if !strings.Contains(string(got), tt.want) {
+				t.Errorf("SchemaFile = %s, want it to contain %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDataSchemaURI(t *testing.T) {
+	tests := []struct {
+		name string
+		typ  string
+		want string
+	}{
+		{"session started", TypeSessionStarted, "urn:loopbus:schema:v1:session.started"},
+		{"validation passed", TypeValidationPassed, "urn:loopbus:schema:v1:validation.passed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := DataSchemaURI(tt.typ); got != tt.want {
+				t.Errorf("DataSchemaURI(%q) = %q, want %q", tt.typ, got, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,59 @@
+package schemas
+
+import (
+	"fmt"
+	"strings"
+)
+
+// MaxFeedbackBytes bounds the feedback text given to an agent; the newest
+// iterations are kept when it is longer.
+const MaxFeedbackBytes = 16 << 10
+
+// FormatFeedback renders earlier failed iterations for an agent's prompt,
+// oldest first, newest last, keeping the newest when over MaxFeedbackBytes.
+// It returns "" when there is no feedback.
+func FormatFeedback(fb []Feedback) string {
+	parts := make([]string, 0, len(fb))
+	for _, f := range fb {
+		var b strings.Builder
+		switch f.Kind {
+		case "job":
+			fmt.Fprintf(&b, "Iteration %d: the agent run failed.\n", f.Iteration)
+		default:
+			fmt.Fprintf(&b, "Iteration %d: the outputs failed validation.\n", f.Iteration)
+		}
+		for _, e := range f.Errors {
+			ptr := e.Pointer
+			if ptr == "" {
+				ptr = "(root)"
+			}
+			if e.Artifact != "" {
+				fmt.Fprintf(&b, "- %s %s: %s\n", e.Artifact, ptr, e.Message)
+			} else {
+				fmt.Fprintf(&b, "- %s\n", e.Message)
+			}
+		}
+		if f.Message != "" {
+			fmt.Fprintf(&b, "%s\n", strings.TrimSpace(f.Message))
+		}
+		if f.RetryHint != "" {
+			fmt.Fprintf(&b, "Hint: %s\n", f.RetryHint)
+		}
+		parts = append(parts, b.String())
+	}
+	// Keep the newest parts that fit.
+	total, start := 0, len(parts)
+	for start > 0 && total+len(parts[start-1]) <= MaxFeedbackBytes {
+		start--
+		total += len(parts[start])
+	}
+	if start == len(parts) && len(parts) > 0 {
+		last := parts[len(parts)-1]
+		return "…" + last[len(last)-MaxFeedbackBytes+3:]
+	}
+	out := strings.Join(parts[start:], "\n")
+	if start > 0 {
+		out = fmt.Sprintf("(%d earlier iterations omitted)\n\n", start) + out
+	}
+	return out
+}

@@ -1,0 +1,301 @@
+// Package schemas is loopbus's event catalogue: event type names, the Go
+// types of every event's data, the versioned JSON Schemas external tools use
+// (embedded from v1/), and helpers to validate ids, names and artifacts.
+//
+// It depends on nothing else in loopbus; every other package depends on it.
+package schemas
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Event type names. The subject of an event is
+// loopbus.evt.<session>.<entity>.<verb> for type loopbus.<entity>.<verb>.
+const (
+	TypeSessionStarted   = "loopbus.session.started"
+	TypeSessionCompleted = "loopbus.session.completed"
+	TypeSessionFailed    = "loopbus.session.failed"
+	TypeJobRequested     = "loopbus.job.requested"
+	TypeJobStarted       = "loopbus.job.started"
+	TypeJobCompleted     = "loopbus.job.completed"
+	TypeJobFailed        = "loopbus.job.failed"
+	TypeToolStarted      = "loopbus.tool.started"
+	TypeToolCompleted    = "loopbus.tool.completed"
+	TypeArtifactStored   = "loopbus.artifact.stored"
+	TypeValidationPassed = "loopbus.validation.passed"
+	TypeValidationFailed = "loopbus.validation.failed"
+	TypeStepCompleted    = "loopbus.step.completed"
+	TypeStepFailed       = "loopbus.step.failed"
+)
+
+// Event is one loopbus event: the CloudEvent attributes loopbus uses plus the
+// typed data. Data is a pointer to the struct registered for Type (for
+// example *SessionStarted for TypeSessionStarted). Seq is the stream sequence
+// the event was stored at; it is zero for events not read from the stream.
+type Event struct {
+	ID          string
+	Source      string
+	Type        string
+	Session     string
+	Step        string
+	Job         string
+	Causation   string
+	Correlation string
+	Time        time.Time
+	Data        any
+	Seq         uint64
+}
+
+// Subject returns the CloudEvent subject: the session, or session/step when
+// the event concerns one step.
+func (e Event) Subject() string {
+	if e.Step == "" {
+		return e.Session
+	}
+	return e.Session + "/" + e.Step
+}
+
+// ArtifactRef names an artifact stored in the artifact object store. Events
+// carry references only, never artifact bytes.
+type ArtifactRef struct {
+	// Name is the artifact's file name (a safe base name, see ValidateName).
+	Name string `json:"name"`
+	// Object is the object-store key holding the bytes.
+	Object string `json:"object"`
+	// Digest is "sha256:" followed by 64 lowercase hex digits.
+	Digest string `json:"digest"`
+	// Size is the byte length.
+	Size int64 `json:"size"`
+	// ContentType is a MIME type guessed from the name when stored.
+	ContentType string `json:"contentType,omitempty"`
+	// Step is the step that produced it; empty for the session input.
+	Step string `json:"step,omitempty"`
+}
+
+// Pipeline is the normalized pipeline definition carried in session.started:
+// everything a service needs, with file references already resolved (schema
+// contents inlined), so services on other machines need only the bus.
+type Pipeline struct {
+	Name string `json:"name"`
+	// Source is the pipeline file as the user named it (for messages only).
+	Source string `json:"source,omitempty"`
+	// Dir is the absolute directory of the pipeline file; relative paths in
+	// agent and validate commands were resolved against it.
+	Dir string `json:"dir,omitempty"`
+	// Steps in file order.
+	Steps []Step `json:"steps"`
+}
+
+// Step is one normalized pipeline step.
+type Step struct {
+	Name     string    `json:"name"`
+	Agent    AgentSpec `json:"agent"`
+	Prompt   string    `json:"prompt"`
+	Requires []string  `json:"requires,omitempty"`
+	Outputs  []Output  `json:"outputs,omitempty"`
+	// Validate is an optional argv run by the validator after schema checks.
+	Validate []string `json:"validate,omitempty"`
+	// MaxIterations is the number of attempts allowed when a job fails or its
+	// validation fails; at least 1.
+	MaxIterations int `json:"maxIterations"`
+	// TimeoutMs bounds one agent run, in milliseconds.
+	TimeoutMs int64 `json:"timeoutMs"`
+	// ValidateTimeoutMs bounds the validate command, in milliseconds.
+	ValidateTimeoutMs int64 `json:"validateTimeoutMs,omitempty"`
+	Final             bool  `json:"final,omitempty"`
+	// Line is the line of the step in the pipeline file (for messages).
+	Line int `json:"line,omitempty"`
+}
+
+// AgentSpec selects an agent backend and its options.
+type AgentSpec struct {
+	// Backend names the backend; "exec" runs Command as argv.
+	Backend string `json:"backend"`
+	// Command is the argv for the exec backend.
+	Command []string `json:"command,omitempty"`
+	// Env adds variables to the agent's environment.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// Output declares one artifact a step must produce.
+type Output struct {
+	Name string `json:"name"`
+	// SchemaPath is the schema file as written in the pipeline (for messages).
+	SchemaPath string `json:"schemaPath,omitempty"`
+	// Schema is the JSON Schema document the artifact must satisfy, inlined.
+	Schema json.RawMessage `json:"schema,omitempty"`
+	// SchemaVersion identifies the schema: its "version" or "$id" member, or
+	// "sha256:" and 12 hex digits of its bytes.
+	SchemaVersion string `json:"schemaVersion,omitempty"`
+}
+
+// SessionStarted starts a session. Emitted by the CLI.
+type SessionStarted struct {
+	Pipeline Pipeline    `json:"pipeline"`
+	Input    ArtifactRef `json:"input"`
+	// SourceHash is the first 16 hex digits of the input's sha-256.
+	SourceHash string `json:"sourceHash"`
+}
+
+// Feedback is what an earlier failed iteration of a step left for the next.
+type Feedback struct {
+	Iteration int `json:"iteration"`
+	// Kind is "validation" (the validator rejected the outputs) or "job" (the
+	// agent run itself failed).
+	Kind   string            `json:"kind"`
+	Errors []ValidationError `json:"errors,omitempty"`
+	// Message summarizes the failure in one paragraph.
+	Message string `json:"message,omitempty"`
+	// RetryHint tells the agent what to change.
+	RetryHint string `json:"retryHint,omitempty"`
+}
+
+// JobRequested asks an agent worker to run one iteration of a step.
+// Emitted by the orchestrator.
+type JobRequested struct {
+	JobID     string        `json:"jobId"`
+	Step      string        `json:"step"`
+	Iteration int           `json:"iteration"`
+	Attempt   int           `json:"attempt"`
+	Agent     AgentSpec     `json:"agent"`
+	Prompt    string        `json:"prompt"`
+	Inputs    []ArtifactRef `json:"inputs"`
+	Outputs   []Output      `json:"outputs,omitempty"`
+	Validate  []string      `json:"validate,omitempty"`
+	TimeoutMs int64         `json:"timeoutMs"`
+	// ValidateTimeoutMs bounds the validate command, in milliseconds.
+	ValidateTimeoutMs int64 `json:"validateTimeoutMs,omitempty"`
+	// Dir is the pipeline directory (see Pipeline.Dir).
+	Dir      string     `json:"dir,omitempty"`
+	Feedback []Feedback `json:"feedback,omitempty"`
+}
+
+// JobStarted reports that a worker took a job. Emitted by agentworker.
+type JobStarted struct {
+	JobID  string `json:"jobId"`
+	Worker string `json:"worker"`
+	// Delivery is JetStream's delivery count: above 1, an earlier worker
+	// took the job and did not finish it.
+	Delivery int `json:"delivery"`
+}
+
+// ToolStarted reports one tool job (for the exec backend: the agent process).
+type ToolStarted struct {
+	JobID  string `json:"jobId"`
+	ToolID string `json:"toolId"`
+	Name   string `json:"name"`
+	Lane   string `json:"lane,omitempty"`
+	Input  string `json:"input,omitempty"`
+}
+
+// ToolCompleted reports the end of one tool job.
+type ToolCompleted struct {
+	JobID      string `json:"jobId"`
+	ToolID     string `json:"toolId"`
+	Name       string `json:"name"`
+	Lane       string `json:"lane,omitempty"`
+	Status     string `json:"status"` // ok | error | timeout
+	ExitCode   int    `json:"exitCode"`
+	DurationMs int64  `json:"durationMs"`
+	Output     string `json:"output,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// ArtifactStored reports an artifact written to the object store.
+type ArtifactStored struct {
+	JobID    string      `json:"jobId"`
+	Artifact ArtifactRef `json:"artifact"`
+}
+
+// Usage is the resources an agent run reported.
+type Usage struct {
+	InputTokens  int64   `json:"inputTokens,omitempty"`
+	OutputTokens int64   `json:"outputTokens,omitempty"`
+	CostUSD      float64 `json:"costUsd,omitempty"`
+}
+
+// JobCompleted reports an agent run that exited 0 and produced every
+// declared output. Emitted by agentworker.
+type JobCompleted struct {
+	JobID     string `json:"jobId"`
+	Step      string `json:"step"`
+	Iteration int    `json:"iteration"`
+	// RequestSeq is the stream sequence of the job.requested event, so the
+	// validator can read the declared outputs and validate command.
+	RequestSeq uint64        `json:"requestSeq"`
+	Worker     string        `json:"worker"`
+	ExitCode   int           `json:"exitCode"`
+	DurationMs int64         `json:"durationMs"`
+	Artifacts  []ArtifactRef `json:"artifacts"`
+	OutputTail string        `json:"outputTail,omitempty"`
+	Usage      *Usage        `json:"usage,omitempty"`
+}
+
+// JobFailed reports an agent run that failed: non-zero exit, time-out,
+// missing or unsafe outputs. Emitted by agentworker.
+type JobFailed struct {
+	JobID      string `json:"jobId"`
+	Step       string `json:"step"`
+	Iteration  int    `json:"iteration"`
+	Worker     string `json:"worker"`
+	ExitCode   int    `json:"exitCode"`
+	DurationMs int64  `json:"durationMs"`
+	Error      string `json:"error"`
+	OutputTail string `json:"outputTail,omitempty"`
+	Usage      *Usage `json:"usage,omitempty"`
+	// Retryable is true when the failure is not the agent's output's fault
+	// (for example the worker could not fetch an input).
+	Retryable bool `json:"retryable,omitempty"`
+}
+
+// ValidationError is one problem found in an artifact.
+type ValidationError struct {
+	Artifact string `json:"artifact,omitempty"`
+	// Pointer is the JSON pointer of the offending value ("" for the root).
+	Pointer string `json:"pointer"`
+	Message string `json:"message"`
+	// Source is "schema" or "command".
+	Source string `json:"source,omitempty"`
+}
+
+// Verdict is the data of validation.passed and validation.failed.
+type Verdict struct {
+	JobID     string            `json:"jobId"`
+	Step      string            `json:"step"`
+	Iteration int               `json:"iteration"`
+	Artifacts []ArtifactRef     `json:"artifacts"`
+	Errors    []ValidationError `json:"errors,omitempty"`
+	RetryHint string            `json:"retryHint,omitempty"`
+}
+
+// StepCompleted records a step whose outputs passed validation.
+// Emitted by the orchestrator.
+type StepCompleted struct {
+	Step       string        `json:"step"`
+	JobID      string        `json:"jobId"`
+	Iterations int           `json:"iterations"`
+	Artifacts  []ArtifactRef `json:"artifacts"`
+	// ContentHash is 16 hex digits identifying the artifacts (see
+	// schemas.ContentHash).
+	ContentHash   string `json:"contentHash"`
+	SchemaVersion string `json:"schemaVersion,omitempty"`
+}
+
+// StepFailed records a step that used up its iterations or cannot run.
+type StepFailed struct {
+	Step       string `json:"step"`
+	Iterations int    `json:"iterations"`
+	Error      string `json:"error"`
+}
+
+// SessionCompleted records a session whose every step completed.
+type SessionCompleted struct {
+	Final []ArtifactRef `json:"final"`
+}
+
+// SessionFailed records a session that cannot complete.
+type SessionFailed struct {
+	Step   string `json:"step,omitempty"`
+	Reason string `json:"reason"`
+}

@@ -1,0 +1,260 @@
+// Package validator checks the artifacts of completed jobs: each output that
+// names a JSON Schema is validated against it, then the step's optional
+// validate command runs with the outputs and inputs materialized. The
+// verdict, validation.passed or validation.failed, lists every error with
+// its JSON pointer and a hint for the next iteration.
+package validator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/procrun"
+	"github.com/loopbus/loopbus/internal/workspace"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/rs/zerolog"
+)
+
+// Bus is what the validator needs from the event bus.
+type Bus interface {
+	Consume(ctx context.Context, cfg bus.ConsumerConfig, h bus.Handler) error
+	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
+	GetEvent(ctx context.Context, seq uint64) (schemas.Event, error)
+	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
+}
+
+// Config of the validator. The zero value is usable.
+type Config struct {
+	// Concurrency is the number of verdicts worked on at once; default 2.
+	Concurrency int
+	// WorkDir holds validation workspaces; default $TMPDIR/loopbus-validate.
+	WorkDir string
+	// KeepWorkspaces leaves workspaces on disk for debugging.
+	KeepWorkspaces bool
+	// DefaultTimeout bounds a validate command whose step sets none; 1m.
+	DefaultTimeout time.Duration
+	// Env is the base environment of validate commands; nil means this
+	// process's.
+	Env []string
+}
+
+// Validate reports the first invalid value.
+func (c Config) Validate() error {
+	if c.Concurrency < 0 || c.DefaultTimeout < 0 {
+		return errors.New("validator: negative setting")
+	}
+	return nil
+}
+
+// Service is the validator.
+type Service struct {
+	cfg Config
+	bus Bus
+	log zerolog.Logger
+	now func() time.Time
+}
+
+// New returns a validator.
+func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if b == nil || now == nil {
+		return nil, errors.New("validator: bus and clock are required")
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 2
+	}
+	if cfg.WorkDir == "" {
+		cfg.WorkDir = filepath.Join(os.TempDir(), "loopbus-validate")
+	}
+	if cfg.DefaultTimeout == 0 {
+		cfg.DefaultTimeout = time.Minute
+	}
+	if cfg.Env == nil {
+		cfg.Env = os.Environ()
+	}
+	return &Service{cfg: cfg, bus: b, log: log, now: now}, nil
+}
+
+// ConsumerName is the durable consumer validator replicas share.
+const ConsumerName = "validator"
+
+// Run validates completed jobs until ctx ends. A job.completed is
+// acknowledged after its verdict is published.
+func (s *Service) Run(ctx context.Context) error {
+	s.log.Info().Msg("validator ready")
+	return s.bus.Consume(ctx, bus.ConsumerConfig{
+		Durable:     ConsumerName,
+		Subjects:    []string{schemas.SubjectPrefix + ".*.job.completed"},
+		Concurrency: s.cfg.Concurrency,
+	}, s.handle)
+}
+
+func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
+	ev := d.Event
+	jc, ok := ev.Data.(*schemas.JobCompleted)
+	if !ok {
+		return fmt.Errorf("%w: %s is not a job completion", bus.ErrPermanent, ev.Type)
+	}
+	reqEv, err := s.bus.GetEvent(ctx, jc.RequestSeq)
+	if err != nil {
+		if errors.Is(err, bus.ErrMalformed) {
+			return fmt.Errorf("%w: request of job %s: %v", bus.ErrPermanent, jc.JobID, err)
+		}
+		return err
+	}
+	jr, ok := reqEv.Data.(*schemas.JobRequested)
+	if !ok || jr.JobID != jc.JobID || reqEv.Session != ev.Session {
+		return fmt.Errorf("%w: event %d is not the request of job %s", bus.ErrPermanent, jc.RequestSeq, jc.JobID)
+	}
+	errs, err := s.check(ctx, ev.Session, jr, jc)
+	if err != nil {
+		return err
+	}
+	v := &schemas.Verdict{JobID: jc.JobID, Step: jc.Step, Iteration: jc.Iteration, Artifacts: jc.Artifacts, Errors: errs}
+	typ := schemas.TypeValidationPassed
+	if len(errs) > 0 {
+		typ = schemas.TypeValidationFailed
+		v.RetryHint = retryHint(errs)
+	}
+	_, err = s.bus.Publish(ctx, schemas.Event{
+		ID:          schemas.DeterministicID(ev.Session, "verdict", jc.JobID),
+		Type:        typ,
+		Session:     ev.Session,
+		Step:        ev.Step,
+		Job:         jc.JobID,
+		Causation:   ev.ID,
+		Correlation: ev.Correlation,
+		Time:        s.now(),
+		Data:        v,
+	})
+	if err == nil {
+		s.log.Info().Str("session", ev.Session).Str("job", jc.JobID).Str("verdict", typ).Int("errors", len(errs)).Msg("validated")
+	}
+	return err
+}
+
+// check returns the validation errors of a job's outputs. The error return
+// is for failures to check (fetching, disk), which are retried.
+func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequested, jc *schemas.JobCompleted) ([]schemas.ValidationError, error) {
+	ws, err := workspace.Create(s.cfg.WorkDir, session, fmt.Sprintf("%s-%d", jr.Step, jr.Iteration))
+	if err != nil {
+		return nil, err
+	}
+	if !s.cfg.KeepWorkspaces {
+		defer ws.Remove()
+	}
+	byName := map[string]schemas.ArtifactRef{}
+	for _, a := range jc.Artifacts {
+		byName[a.Name] = a
+	}
+	var errs []schemas.ValidationError
+	var present []schemas.ArtifactRef
+	for _, out := range jr.Outputs {
+		a, ok := byName[out.Name]
+		if !ok {
+			errs = append(errs, schemas.ValidationError{Artifact: out.Name, Message: "declared output was not produced", Source: "schema"})
+			continue
+		}
+		present = append(present, a)
+	}
+	if err := ws.Fetch(ctx, s.bus, present, ws.Out); err != nil {
+		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) {
+			return []schemas.ValidationError{{Message: "cannot read outputs: " + err.Error()}}, nil
+		}
+		return nil, err
+	}
+	for _, out := range jr.Outputs {
+		if len(out.Schema) == 0 {
+			continue
+		}
+		if _, ok := byName[out.Name]; !ok {
+			continue
+		}
+		sch, err := schemas.CompileArtifactSchema(out.Name, out.Schema)
+		if err != nil {
+			errs = append(errs, schemas.ValidationError{Artifact: out.Name, Message: "the step's schema does not compile: " + err.Error(), Source: "schema"})
+			continue
+		}
+		doc, err := os.ReadFile(filepath.Join(ws.Out, out.Name))
+		if err != nil {
+			return nil, err
+		}
+		errs = append(errs, sch.Validate(out.Name, doc)...)
+	}
+	// The command runs on schema-valid outputs only: its errors would
+	// otherwise bury the schema's more precise ones.
+	if len(errs) > 0 || len(jr.Validate) == 0 {
+		return errs, nil
+	}
+	if err := ws.Fetch(ctx, s.bus, jr.Inputs, ws.In); err != nil {
+		return nil, err
+	}
+	if err := ws.WriteText(jr.Prompt, schemas.FormatFeedback(jr.Feedback)); err != nil {
+		return nil, err
+	}
+	timeout := time.Duration(jr.ValidateTimeoutMs) * time.Millisecond
+	if timeout == 0 {
+		timeout = s.cfg.DefaultTimeout
+	}
+	res, err := procrun.Run(ctx, procrun.Spec{
+		Argv:    jr.Validate,
+		Dir:     ws.Root,
+		Env:     ws.Env(s.cfg.Env, workspace.Vars{Session: session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, nil),
+		Timeout: timeout,
+	})
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	cmd := strings.Join(jr.Validate, " ")
+	switch {
+	case err != nil:
+		errs = append(errs, schemas.ValidationError{Message: fmt.Sprintf("validate command %q could not start: %v", cmd, err), Source: "command"})
+	case res.TimedOut:
+		errs = append(errs, schemas.ValidationError{Message: fmt.Sprintf("validate command %q timed out after %s", cmd, timeout), Source: "command"})
+	case res.ExitCode != 0:
+		msg := fmt.Sprintf("validate command %q exited with code %d", cmd, res.ExitCode)
+		if t := strings.TrimSpace(res.Tail); t != "" {
+			msg += ": " + t
+		}
+		errs = append(errs, schemas.ValidationError{Message: msg, Source: "command"})
+	}
+	return errs, nil
+}
+
+func retryHint(errs []schemas.ValidationError) string {
+	var b bytes.Buffer
+	arts := map[string]bool{}
+	var names []string
+	cmd := false
+	for _, e := range errs {
+		if e.Source == "command" {
+			cmd = true
+		}
+		if e.Artifact != "" && !arts[e.Artifact] {
+			arts[e.Artifact] = true
+			names = append(names, e.Artifact)
+		}
+	}
+	if len(names) > 0 {
+		fmt.Fprintf(&b, "Fix the listed problems in %s and write the file(s) again in full.", strings.Join(names, ", "))
+	}
+	if cmd {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString("The step's validation command rejected the outputs; its output above says why.")
+	}
+	if b.Len() == 0 {
+		b.WriteString("Produce every declared output again.")
+	}
+	return b.String()
+}
