@@ -2,8 +2,8 @@ package orchestrator
 
 import (
 	"bytes"
-	"slices"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
