@@ -4,6 +4,8 @@ package testnats
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,7 +49,31 @@ func Bus(t testing.TB) (*bus.Bus, *bus.Embedded) {
 	return Connect(t, srv.URL(), "test/"+t.Name()), srv
 }
 
-// Logger writes warnings and errors to the test log.
+// Logger writes warnings and errors to the test log. Lines logged by
+// goroutines after the test has finished are dropped instead of panicking.
 func Logger(t testing.TB) zerolog.Logger {
-	return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	w := &testWriter{t: t}
+	t.Cleanup(w.stop)
+	return zerolog.New(w).Level(zerolog.WarnLevel)
+}
+
+type testWriter struct {
+	mu   sync.Mutex
+	t    testing.TB
+	done bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *testWriter) stop() {
+	w.mu.Lock()
+	w.done = true
+	w.mu.Unlock()
 }
