@@ -31,7 +31,7 @@ run-example: build
 # fuzz: each fuzz target briefly.
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s ./internal/pipeline/
-	$(GO) test -run '^$$' -fuzz FuzzFoldManifest -fuzztime 20s ./projections/
+	$(GO) test -run '^$$' -fuzz FuzzFoldManifest -fuzztime 20s -fuzzminimizetime 3s ./projections/
 
 clean:
 	rm -rf bin

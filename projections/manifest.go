@@ -100,7 +100,8 @@ type StepView struct {
 // events after a crash is idempotent); ignored events return m unchanged.
 // Every other event sets UpdatedAt to ev.Time (unless ev.Time is zero) and,
 // when ev.Seq != 0, LastSeq to ev.Seq; event types that do not concern the
-// manifest change nothing else. LastSeq therefore never decreases.
+// manifest, and a repeated session.started, change nothing else. LastSeq
+// therefore never decreases.
 //
 // The fold is tolerant: data of an unexpected Go type (the registered
 // pointer type and the plain struct are both accepted), nil data and step

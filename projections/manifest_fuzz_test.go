@@ -178,6 +178,13 @@ func compactData(d any, job func(string) string) any {
 	return obj{}
 }
 
+// FuzzFoldManifest folds event sequences decoded from fuzz bytes and checks
+// that the fold never panics, never replaces a live manifest, never lowers
+// LastSeq, keeps Steps and StepOrder in step and bounds feedback; and that
+// Clone, json.Marshal and a second fold agree. Minimizing a new input can
+// take the whole default minute, so run it with a short minimize time:
+//
+//	go test -run '^$' -fuzz FuzzFoldManifest -fuzzminimizetime 3s ./projections
 func FuzzFoldManifest(f *testing.F) {
 	for _, tc := range goldenCases {
 		f.Add(encodeEvents(tc.events()))

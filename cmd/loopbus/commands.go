@@ -311,6 +311,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var listen string
 	var workers int
 	var keep bool
+	var ackWait time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run NATS (embedded, unless --nats) and every service in one process",
@@ -336,7 +337,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			defer c.bus.Close()
 			var group run.Group
 			if err := addServices(&group, ctx, c.bus, serviceSet{orchestrator: true, validator: true, projector: true, workers: workers,
-				worker: agentworker.Config{KeepWorkspaces: keep}}, log); err != nil {
+				worker: agentworker.Config{KeepWorkspaces: keep, AckWait: ackWait}}, log); err != nil {
 				return err
 			}
 			addSignals(&group, ctx)
@@ -349,6 +350,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", defaultPort, "address of the embedded NATS server")
 	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the agent worker")
 	cmd.Flags().BoolVar(&keep, "keep-workspaces", false, "keep job workspaces on disk for debugging")
+	cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")
 	return cmd
 }
 
@@ -408,6 +410,7 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.ID, "id", "", "worker id shown in job.started (default host-pid)")
 	cmd.Flags().StringVar(&cfg.WorkDir, "work-dir", "", "directory for job workspaces (default $TMPDIR/loopbus-work)")
 	cmd.Flags().BoolVar(&cfg.KeepWorkspaces, "keep-workspaces", false, "keep job workspaces on disk for debugging")
+	cmd.Flags().DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")
 	return cmd
 }
 

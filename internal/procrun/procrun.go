@@ -161,7 +161,9 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 		Env:         env,
 		Stdout:      outW,
 		Stderr:      errW,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+		// Pdeathsig: if this process is killed (even with SIGKILL), the
+		// agent does not live on unsupervised.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
 		WaitDelay:   pipeDrain,
 	}
 	if len(s.Stdin) > 0 {

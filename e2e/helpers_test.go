@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// binary is the loopbus binary built once for the package by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "loopbus-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "loopbus")
+	args := []string{"build", "-o", binary}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "../cmd/loopbus")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building loopbus:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// result of one command.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// loopbus runs the binary to completion with a time limit.
+func loopbus(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = testEnv(t)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("loopbus %v: %v", args, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("loopbus %v: timed out\nstderr:\n%s", args, errb.String())
+	}
+	return result{code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+// testEnv isolates config files and temp dirs from the user's.
+func testEnv(t *testing.T) []string {
+	t.Helper()
+	env := []string{}
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "LOOPBUS_") || strings.HasPrefix(kv, "XDG_CONFIG_HOME=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, "XDG_CONFIG_HOME="+t.TempDir())
+}
+
+// manifest is the part of the session manifest the tests read.
+type manifest struct {
+	ContentID  string `json:"contentId"`
+	Status     string `json:"status"`
+	Error      string `json:"error"`
+	FailedStep string `json:"failedStep"`
+	LastSeq    uint64 `json:"lastSeq"`
+	SourceHash string `json:"sourceHash"`
+	Steps      map[string]struct {
+		Status       string `json:"status"`
+		ContentHash  string `json:"contentHash"`
+		Iterations   int    `json:"iterations"`
+		ErrorMessage string `json:"errorMessage"`
+		LastFeedback string `json:"lastFeedback"`
+	} `json:"steps"`
+}
+
+func parseManifest(t *testing.T, s string) manifest {
+	t.Helper()
+	var m manifest
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		t.Fatalf("manifest: %v\n%s", err, s)
+	}
+	return m
+}
+
+// cloudEvent is a decoded line of `events --json`.
+type cloudEvent struct {
+	SpecVersion string          `json:"specversion"`
+	ID          string          `json:"id"`
+	Source      string          `json:"source"`
+	Type        string          `json:"type"`
+	Subject     string          `json:"subject"`
+	Time        string          `json:"time"`
+	Step        string          `json:"step"`
+	Data        json.RawMessage `json:"data"`
+}
+
+// events reads a session's events through the CLI.
+func events(t *testing.T, global []string, session string) []cloudEvent {
+	t.Helper()
+	r := loopbus(t, append([]string{"events", "--session", session, "--json"}, global...)...)
+	if r.code != 0 {
+		t.Fatalf("events: exit %d\n%s", r.code, r.stderr)
+	}
+	var evs []cloudEvent
+	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	sc.Buffer(make([]byte, 1<<20), 4<<20)
+	for sc.Scan() {
+		var e cloudEvent
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("events --json line is not JSON: %v\n%s", err, sc.Text())
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+func count(evs []cloudEvent, typ, step string) int {
+	n := 0
+	for _, e := range evs {
+		if e.Type == typ && (step == "" || e.Step == step) {
+			n++
+		}
+	}
+	return n
+}
+
+// writeFiles creates files under dir from a map of relative path → content.
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// eventually polls cond every 100ms until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
