@@ -131,8 +131,12 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 				break fill
 			}
 		}
-		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(time.Second))
+		// The fetch context ends the pull as soon as we stop, rather than
+		// after its expiry, so shutdown is prompt.
+		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
 		if err != nil {
+			fcancel()
 			for range n {
 				<-slots
 			}
@@ -155,6 +159,7 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 				b.handle(ctx, cfg, msg, h)
 			}()
 		}
+		fcancel()
 		for range n - got {
 			<-slots
 		}
