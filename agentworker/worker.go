@@ -155,16 +155,19 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return fmt.Errorf("%w: %s is not a job request", bus.ErrPermanent, req.Type)
 	}
 	log := s.log.With().Str("session", req.Session).Str("job", jr.JobID).Logger()
-	fail := func(msg string, exit int, dur time.Duration, tail string) error {
+	failWith := func(msg string, exit int, dur time.Duration, tail string, retryable bool) error {
 		_, err := s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobFailed{
 			JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: s.cfg.ID,
-			ExitCode: exit, DurationMs: dur.Milliseconds(), Error: msg, OutputTail: tail,
+			ExitCode: exit, DurationMs: dur.Milliseconds(), Error: msg, OutputTail: tail, Retryable: retryable,
 		}))
 		log.Warn().Str("error", msg).Msg("job failed")
 		return err
 	}
+	fail := func(msg string, exit int, dur time.Duration, tail string) error {
+		return failWith(msg, exit, dur, tail, false)
+	}
 	if int(d.NumDelivered) > s.cfg.MaxAttempts {
-		return fail(fmt.Sprintf("job abandoned: started %d times without finishing (its workers stopped or crashed)", d.NumDelivered-1), -1, 0, "")
+		return failWith(fmt.Sprintf("job abandoned: it was handed to a worker %d time(s) and never finished (its workers stopped or crashed)", d.NumDelivered-1), -1, 0, "", true)
 	}
 	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, &schemas.JobStarted{
 		JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(d.NumDelivered),
@@ -182,7 +185,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	}
 	if err := ws.Fetch(ctx, s.bus, jr.Inputs, ws.In); err != nil {
 		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) || errors.Is(err, schemas.ErrBadName) {
-			return fail("cannot provide inputs: "+err.Error(), -1, 0, "")
+			return failWith("cannot provide inputs: "+err.Error(), -1, 0, "", true)
 		}
 		return err
 	}

@@ -146,6 +146,15 @@ func startLocked(cfg EmbeddedConfig, lock *os.File, log zerolog.Logger) (*Embedd
 		host, port = opts.Host, opts.Port
 	}
 	opts.Host, opts.Port = host, port
+	if port > 0 {
+		// nats-server reports a busy port through its Fatalf logger and then
+		// never becomes ready; say so at once instead.
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return nil, fmt.Errorf("cannot listen on %s:%d (is another NATS or loopbus server running? choose another --listen): %w", host, port, err)
+		}
+		_ = l.Close()
+	}
 	opts.JetStream = true
 	opts.StoreDir = filepath.Join(cfg.DataDir, "jetstream")
 	opts.NoSigs = true

@@ -28,6 +28,10 @@ type ReadOptions struct {
 	// dead-letter stream; empty means malformed events are only logged and
 	// skipped (read-only tools must not write).
 	DeadLetter string
+	// OnSkip, if set, is called for every malformed message skipped, with
+	// its subject and stream sequence. Writers that guard on a session's
+	// last sequence need it: the server counts those messages too.
+	OnSkip func(subject string, seq uint64)
 }
 
 // ErrStop may be returned by a Read callback to end the read without error.
@@ -106,6 +110,9 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 				b.deadLetter(ctx, opts.DeadLetter, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), derr.Error())
 			} else {
 				b.log.Debug().Err(derr).Uint64("seq", meta.Sequence.Stream).Msg("skipping malformed event")
+			}
+			if opts.OnSkip != nil {
+				opts.OnSkip(msg.Subject(), meta.Sequence.Stream)
 			}
 		} else {
 			ev.Seq = meta.Sequence.Stream

@@ -73,7 +73,7 @@ func Decide(st *State, trigger schemas.Event, now time.Time) []schemas.Event {
 					fail(name, st.Iteration, exhausted(st))
 					return out
 				}
-				fb := slices.Concat(st.Feedback, []schemas.Feedback{*st.Failure})
+				fb := schemas.BoundFeedback(slices.Concat(st.Feedback, []schemas.Feedback{*st.Failure}))
 				if !request(st, st.Iteration+1, fb) {
 					return out
 				}

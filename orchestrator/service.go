@@ -64,6 +64,17 @@ func (s *Service) Run(ctx context.Context) error {
 	err := s.bus.Read(ctx, bus.ReadOptions{
 		Follow:     true,
 		DeadLetter: s.cfg.Name,
+		OnSkip: func(subject string, seq uint64) {
+			session, ok := schemas.SessionOfSubject(subject)
+			if !ok {
+				return
+			}
+			Skip(s.state, session, seq)
+			if sess := s.state.Sessions[session]; s.caughtUp && sess != nil {
+				// A decision refused because of this message is made again.
+				s.decide(ctx, schemas.Event{ID: sess.LastID, Session: session})
+			}
+		},
 		OnCaughtUp: func() {
 			s.caughtUp = true
 			s.log.Info().Int("sessions", len(s.state.Sessions)).Dur("took", time.Since(start)).Msg("caught up with the stream")

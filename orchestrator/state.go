@@ -100,6 +100,16 @@ func Evolve(st *State, ev schemas.Event) {
 	evolveSession(s, ev)
 }
 
+// Skip records that a message which is not a valid event was stored at seq
+// on a subject of session. It changes only LastSeq: the stream's
+// per-session sequence counts such messages, and decisions are guarded by
+// it.
+func Skip(st *State, session string, seq uint64) {
+	if s := st.Sessions[session]; s != nil && seq > s.LastSeq {
+		s.LastSeq = seq
+	}
+}
+
 func newSession(ev schemas.Event) *Session {
 	d := ev.Data.(*schemas.SessionStarted)
 	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{}}

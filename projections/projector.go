@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/schemas"
@@ -83,6 +84,7 @@ func (p *Projector) Run(ctx context.Context) error {
 // returns (it does not follow).
 func (p *Projector) Rebuild(ctx context.Context) error {
 	p.live = map[string]*Manifest{}
+	defer func() { p.live = map[string]*Manifest{} }()
 	return p.run(ctx, 0, false)
 }
 
@@ -93,7 +95,10 @@ func (p *Projector) run(ctx context.Context, from uint64, follow bool) error {
 		if last == 0 {
 			return
 		}
-		if err := p.bus.PutView(ctx, checkpointKey, checkpoint{Seq: last}); err != nil && ctx.Err() == nil {
+		// Saved also while stopping, so a restart resumes where this ended.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := p.bus.PutView(sctx, checkpointKey, checkpoint{Seq: last}); err != nil {
 			p.log.Warn().Err(err).Msg("could not save projector checkpoint")
 		}
 	}
@@ -113,7 +118,7 @@ func (p *Projector) run(ctx context.Context, from uint64, follow bool) error {
 		return nil
 	})
 	save()
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
 		return fmt.Errorf("projector: %w", err)
 	}
 	return nil
@@ -143,7 +148,9 @@ func (p *Projector) apply(ctx context.Context, ev schemas.Event, rebuilding bool
 	if err := p.bus.PutView(ctx, ManifestKey(ev.Session), m); err != nil {
 		return err
 	}
-	if m.Terminal() {
+	// While rebuilding there is no stored view to fall back on, so ended
+	// sessions stay cached (events may follow their end).
+	if m.Terminal() && !rebuilding {
 		delete(p.live, ev.Session)
 	} else {
 		p.live[ev.Session] = m

@@ -9,6 +9,52 @@ import (
 // iterations are kept when it is longer.
 const MaxFeedbackBytes = 16 << 10
 
+// Bounds of the feedback carried in job requests, which must stay far below
+// the event size limit however many iterations a step runs.
+const (
+	MaxFeedbackEntries = 10
+	maxFeedbackMessage = 4 << 10
+	maxFeedbackErrors  = 50
+	maxErrorMessage    = 512
+)
+
+// BoundFeedback keeps the newest MaxFeedbackEntries entries, at most 50
+// errors each, and shortens long messages (keeping their ends, where
+// output tails put the useful lines). It returns a new slice.
+func BoundFeedback(fb []Feedback) []Feedback {
+	if len(fb) > MaxFeedbackEntries {
+		fb = fb[len(fb)-MaxFeedbackEntries:]
+	}
+	out := make([]Feedback, len(fb))
+	for i, f := range fb {
+		if len(f.Message) > maxFeedbackMessage {
+			f.Message = "…" + f.Message[len(f.Message)-maxFeedbackMessage:]
+		}
+		if len(f.RetryHint) > maxFeedbackMessage {
+			f.RetryHint = f.RetryHint[:maxFeedbackMessage] + "…"
+		}
+		errs := f.Errors
+		if len(errs) > maxFeedbackErrors {
+			errs = errs[:maxFeedbackErrors]
+		}
+		f.Errors = nil
+		if errs != nil {
+			f.Errors = make([]ValidationError, len(errs))
+		}
+		for j, e := range errs {
+			if len(e.Message) > maxErrorMessage {
+				e.Message = e.Message[:maxErrorMessage] + "…"
+			}
+			f.Errors[j] = e
+		}
+		if n := len(fb[i].Errors) - len(errs); n > 0 {
+			f.Message = strings.TrimSpace(f.Message + fmt.Sprintf("\n(%d more errors not shown)", n))
+		}
+		out[i] = f
+	}
+	return out
+}
+
 // FormatFeedback renders earlier failed iterations for an agent's prompt,
 // oldest first, newest last, keeping the newest when over MaxFeedbackBytes.
 // It returns "" when there is no feedback.

@@ -121,6 +121,18 @@ func SessionSubjects(session string) string {
 	return SubjectPrefix + "." + session + ".>"
 }
 
+// SessionOfSubject returns the session token of any subject under
+// loopbus.evt (valid or not), i.e. what the filter loopbus.evt.<session>.>
+// matches on.
+func SessionOfSubject(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, SubjectPrefix+".")
+	if !ok {
+		return "", false
+	}
+	session, _, more := strings.Cut(rest, ".")
+	return session, more && session != ""
+}
+
 // ParseSubject splits an event subject into session and "<entity>.<verb>".
 func ParseSubject(subject string) (session, entityVerb string, err error) {
 	rest, ok := strings.CutPrefix(subject, SubjectPrefix+".")

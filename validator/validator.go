@@ -196,6 +196,9 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 		return errs, nil
 	}
 	if err := ws.Fetch(ctx, s.bus, jr.Inputs, ws.In); err != nil {
+		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) || errors.Is(err, schemas.ErrBadName) {
+			return []schemas.ValidationError{{Message: "cannot read inputs for the validate command: " + err.Error(), Source: "command"}}, nil
+		}
 		return nil, err
 	}
 	if err := ws.WriteText(jr.Prompt, schemas.FormatFeedback(jr.Feedback)); err != nil {

@@ -155,12 +155,12 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	}
 
 	cmd := &exec.Cmd{
-		Path:        path,
-		Args:        append([]string(nil), s.Argv...),
-		Dir:         s.Dir,
-		Env:         env,
-		Stdout:      outW,
-		Stderr:      errW,
+		Path:   path,
+		Args:   append([]string(nil), s.Argv...),
+		Dir:    s.Dir,
+		Env:    env,
+		Stdout: outW,
+		Stderr: errW,
 		// Pdeathsig: if this process is killed (even with SIGKILL), the
 		// agent does not live on unsupervised.
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},

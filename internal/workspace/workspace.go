@@ -119,8 +119,18 @@ func (w *Workspace) OpenOutput(name string, maxBytes int64) (*os.File, int64, er
 	if err := schemas.ValidateName(name); err != nil {
 		return nil, 0, err
 	}
-	p := filepath.Join(w.Out, name)
-	fi, err := os.Lstat(p)
+	// Resolve inside an os.Root: even if the agent replaced out/ (or a
+	// parent) with a link, nothing outside the workspace can be opened.
+	root, err := os.OpenRoot(w.Root)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: workspace: %v", ErrUnsafeOutput, err)
+	}
+	defer root.Close()
+	if di, err := root.Lstat("out"); err != nil || !di.IsDir() {
+		return nil, 0, fmt.Errorf("%w: the output directory out/ was removed or replaced (by a link?); write outputs into it", ErrUnsafeOutput)
+	}
+	p := filepath.Join("out", name)
+	fi, err := root.Lstat(p)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return nil, 0, fmt.Errorf("%w: missing output %s: the agent must write it to $LOOPBUS_OUTPUT_DIR/%s (out/%s in its working directory)", ErrUnsafeOutput, name, name, name)
@@ -133,9 +143,14 @@ func (w *Workspace) OpenOutput(name string, maxBytes int64) (*os.File, int64, er
 	case fi.Size() > maxBytes:
 		return nil, 0, fmt.Errorf("%w: output %s is %d bytes, over the %d-byte limit", ErrUnsafeOutput, name, fi.Size(), maxBytes)
 	}
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := root.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: output %s: %v", ErrUnsafeOutput, name, err)
+	}
+	// Check what was opened, not the path, which may have changed since.
+	if fi, err = f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() > maxBytes {
+		_ = f.Close()
+		return nil, 0, fmt.Errorf("%w: output %s changed while it was being read", ErrUnsafeOutput, name)
 	}
 	return f, fi.Size(), nil
 }

@@ -329,11 +329,15 @@ func TestOpenOutput(t *testing.T) {
 	}{
 		{
 			name: "regular", output: "summary.json", want: `{"a":1}`,
-			setup: func(t *testing.T, w *workspace.Workspace) { writeFile(t, filepath.Join(w.Out, "summary.json"), `{"a":1}`) },
+			setup: func(t *testing.T, w *workspace.Workspace) {
+				writeFile(t, filepath.Join(w.Out, "summary.json"), `{"a":1}`)
+			},
 		},
 		{
 			name: "exactly the limit", output: "ten.txt", want: "0123456789",
-			setup: func(t *testing.T, w *workspace.Workspace) { writeFile(t, filepath.Join(w.Out, "ten.txt"), "0123456789") },
+			setup: func(t *testing.T, w *workspace.Workspace) {
+				writeFile(t, filepath.Join(w.Out, "ten.txt"), "0123456789")
+			},
 		},
 		{
 			name: "empty file", output: "empty.txt", want: "",

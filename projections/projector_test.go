@@ -1,0 +1,526 @@
+package projections_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/testnats"
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+const waitTimeout = 30 * time.Second
+
+var epoch = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+
+// spec is one event to publish; data may refer to the stream sequences of
+// earlier job.requested events through reqSeq.
+type spec struct {
+	session, typ, step, job string
+	data                    func(reqSeq map[string]uint64) any
+}
+
+// publisher publishes specs in order with distinct ids and times.
+type publisher struct {
+	t      *testing.T
+	b      *bus.Bus
+	n      int
+	reqSeq map[string]uint64
+	last   map[string]uint64 // newest sequence per session
+}
+
+func newPublisher(t *testing.T, b *bus.Bus) *publisher {
+	return &publisher{t: t, b: b, reqSeq: map[string]uint64{}, last: map[string]uint64{}}
+}
+
+func (p *publisher) publish(specs ...spec) {
+	p.t.Helper()
+	for _, s := range specs {
+		p.n++
+		res, err := p.b.Publish(context.Background(), schemas.Event{
+			ID:          schemas.DeterministicID("projector-test", s.session, s.typ, strconv.Itoa(p.n)),
+			Type:        s.typ,
+			Session:     s.session,
+			Step:        s.step,
+			Job:         s.job,
+			Correlation: s.session,
+			Time:        epoch.Add(time.Duration(p.n) * time.Second),
+			Data:        s.data(p.reqSeq),
+		})
+		if err != nil {
+			p.t.Fatalf("publish %s of %s: %v", s.typ, s.session, err)
+		}
+		if res.Duplicate {
+			p.t.Fatalf("publish %s of %s: duplicate", s.typ, s.session)
+		}
+		if s.typ == schemas.TypeJobRequested {
+			p.reqSeq[s.job] = res.Seq
+		}
+		p.last[s.session] = res.Seq
+	}
+}
+
+func ref(name, object, content, step string) schemas.ArtifactRef {
+	return schemas.ArtifactRef{
+		Name: name, Object: object, Digest: schemas.Digest([]byte(content)),
+		Size: int64(len(content)), ContentType: "application/json", Step: step,
+	}
+}
+
+func pipeline() schemas.Pipeline {
+	step := func(name string, requires []string, final bool) schemas.Step {
+		return schemas.Step{
+			Name:          name,
+			Agent:         schemas.AgentSpec{Backend: "exec", Command: []string{"sh", "agents/" + name + ".sh"}},
+			Prompt:        "Do " + name + ".",
+			Requires:      requires,
+			Outputs:       []schemas.Output{{Name: name + ".json"}},
+			MaxIterations: 2,
+			TimeoutMs:     60000,
+			Final:         final,
+		}
+	}
+	return schemas.Pipeline{Name: "kit", Dir: "/srv/kit", Steps: []schemas.Step{
+		step("summary", nil, false),
+		step("ideas", []string{"summary"}, true),
+	}}
+}
+
+func constant(v any) func(map[string]uint64) any { return func(map[string]uint64) any { return v } }
+
+// completeSession is the whole history of a session that completes: the
+// summary step fails once, then passes; ideas fails validation once, then
+// passes; the session completes with ideas.json.
+func completeSession(sess string) []spec {
+	in := ref("talk.md", sess+"/input/talk.md", "# talk\n", "")
+	in.ContentType = "text/markdown"
+	var out []spec
+	add := func(typ, step, job string, data func(map[string]uint64) any) {
+		out = append(out, spec{session: sess, typ: typ, step: step, job: job, data: data})
+	}
+	add(schemas.TypeSessionStarted, "", "", constant(&schemas.SessionStarted{
+		Pipeline: pipeline(), Input: in, SourceHash: schemas.ShortHash(in.Digest),
+	}))
+	runStep := func(step string, iteration int, content string, outcome string) []schemas.ArtifactRef {
+		job := fmt.Sprintf("%s.%s.%d", sess, step, iteration)
+		add(schemas.TypeJobRequested, step, job, constant(&schemas.JobRequested{
+			JobID: job, Step: step, Iteration: iteration, Attempt: 1,
+			Agent:  schemas.AgentSpec{Backend: "exec", Command: []string{"sh", "agents/" + step + ".sh"}},
+			Prompt: "Do " + step + ".", Inputs: []schemas.ArtifactRef{in},
+			Outputs: []schemas.Output{{Name: step + ".json"}}, TimeoutMs: 60000,
+		}))
+		add(schemas.TypeJobStarted, step, job, constant(&schemas.JobStarted{JobID: job, Worker: "worker-" + step, Delivery: 1}))
+		if outcome == "job-fails" {
+			add(schemas.TypeJobFailed, step, job, constant(&schemas.JobFailed{
+				JobID: job, Step: step, Iteration: iteration, Worker: "worker-" + step, ExitCode: 2,
+				Error: "agent exited with code 2", OutputTail: "rate limited",
+			}))
+			return nil
+		}
+		art := ref(step+".json", job+"/"+step+".json", content, step)
+		arts := []schemas.ArtifactRef{art}
+		add(schemas.TypeArtifactStored, step, job, constant(&schemas.ArtifactStored{JobID: job, Artifact: art}))
+		add(schemas.TypeJobCompleted, step, job, func(reqSeq map[string]uint64) any {
+			return &schemas.JobCompleted{
+				JobID: job, Step: step, Iteration: iteration, RequestSeq: reqSeq[job], Worker: "worker-" + step,
+				DurationMs: 1200, Artifacts: arts,
+			}
+		})
+		if outcome == "invalid" {
+			add(schemas.TypeValidationFailed, step, job, constant(&schemas.Verdict{
+				JobID: job, Step: step, Iteration: iteration, Artifacts: arts,
+				Errors:    []schemas.ValidationError{{Artifact: art.Name, Pointer: "/ideas", Message: "minItems: got 1, want 3", Source: "schema"}},
+				RetryHint: "Fix the listed problems in " + art.Name + ".",
+			}))
+			return nil
+		}
+		add(schemas.TypeValidationPassed, step, job, constant(&schemas.Verdict{JobID: job, Step: step, Iteration: iteration, Artifacts: arts}))
+		add(schemas.TypeStepCompleted, step, job, constant(&schemas.StepCompleted{
+			Step: step, JobID: job, Iterations: iteration, Artifacts: arts, ContentHash: schemas.ContentHash(arts),
+		}))
+		return arts
+	}
+	runStep("summary", 1, "", "job-fails")
+	runStep("summary", 2, `{"title":"talk"}`, "passes")
+	runStep("ideas", 1, `{"ideas":[1]}`, "invalid")
+	final := runStep("ideas", 2, `{"ideas":[1,2,3]}`, "passes")
+	add(schemas.TypeSessionCompleted, "", "", constant(&schemas.SessionCompleted{Final: final}))
+	return out
+}
+
+// interleave merges the sessions' histories round-robin.
+func interleave(histories ...[]spec) []spec {
+	var out []spec
+	for i := 0; ; i++ {
+		any := false
+		for _, h := range histories {
+			if i < len(h) {
+				out = append(out, h[i])
+				any = true
+			}
+		}
+		if !any {
+			return out
+		}
+	}
+}
+
+// startProjector runs a projector until the returned stop is called (or
+// the test ends).
+//
+// An error wrapping context.Canceled from Run is only logged here:
+// TestRunReturnsNilWhenStopped covers it, the tests using startProjector
+// are about the views.
+func startProjector(t *testing.T, b projections.Bus, cfg projections.ProjectorConfig) (stop func()) {
+	t.Helper()
+	p, err := projections.NewProjector(cfg, b, testnats.Logger(t))
+	if err != nil {
+		t.Fatalf("NewProjector: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				switch {
+				case errors.Is(err, context.Canceled):
+					t.Logf("projector Run returned %v after cancel", err)
+				case err != nil:
+					t.Errorf("projector Run: %v", err)
+				}
+			case <-time.After(waitTimeout):
+				t.Errorf("projector did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func allEvents(t *testing.T, b *bus.Bus) []schemas.Event {
+	t.Helper()
+	var evs []schemas.Event
+	if err := b.Read(context.Background(), bus.ReadOptions{}, func(ev schemas.Event) error {
+		evs = append(evs, ev)
+		return nil
+	}); err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return evs
+}
+
+func view(t *testing.T, b *bus.Bus, sess string) (*projections.Manifest, json.RawMessage) {
+	t.Helper()
+	var raw json.RawMessage
+	if err := b.GetView(context.Background(), projections.ManifestKey(sess), &raw); err != nil {
+		return nil, nil
+	}
+	var m projections.Manifest
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, raw // garbage: not (yet) a manifest
+	}
+	return &m, raw
+}
+
+// waitView waits until the session's view reflects the stream up to seq.
+func waitView(t *testing.T, b *bus.Bus, sess string, seq uint64) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		m, raw := view(t, b, sess)
+		if m != nil && m.LastSeq == seq {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("view of %s never reached seq %d; it is %s", sess, seq, raw)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// assertViewIsFold compares the stored view of sess with BuildManifest
+// over every event in the stream, as JSON.
+func assertViewIsFold(t *testing.T, b *bus.Bus, sess string) {
+	t.Helper()
+	want := projections.BuildManifest(sess, allEvents(t, b))
+	if want == nil {
+		t.Fatalf("BuildManifest(%s) is nil", sess)
+	}
+	wantRaw, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, gotRaw := view(t, b, sess)
+	var got, exp any
+	if err := json.Unmarshal(gotRaw, &got); err != nil {
+		t.Fatalf("view of %s is not JSON: %s", sess, gotRaw)
+	}
+	if err := json.Unmarshal(wantRaw, &exp); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, exp) {
+		t.Errorf("view of %s differs from BuildManifest over the stream:\n got %s\nwant %s", sess, gotRaw, wantRaw)
+	}
+}
+
+func TestProjectorFollowsCompleteSession(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	history := completeSession("s1")
+	// Half before the projector starts, half while it follows.
+	p.publish(history[:len(history)/2]...)
+	startProjector(t, b, projections.ProjectorConfig{})
+	p.publish(history[len(history)/2:]...)
+
+	waitView(t, b, "s1", p.last["s1"])
+	m, _ := view(t, b, "s1")
+	if m.Status != projections.StatusCompleted {
+		t.Errorf("status %q, want completed", m.Status)
+	}
+	if sv := m.Steps["ideas"]; sv == nil || sv.Status != projections.StepStatusCompleted || sv.Iterations != 2 || len(m.Final) != 1 {
+		t.Errorf("manifest does not show the completed session: %+v", m)
+	}
+	assertViewIsFold(t, b, "s1")
+}
+
+func TestProjectorResumesAfterStop(t *testing.T) {
+	tests := []struct {
+		name            string
+		checkpointEvery int
+		// waitAll: stop the first projector once it caught up with the first
+		// half; otherwise as soon as the first view exists.
+		waitAll bool
+	}{
+		{name: "stopped after catching up, checkpoint every 3", checkpointEvery: 3, waitAll: true},
+		{name: "stopped after catching up, default checkpoint", waitAll: true},
+		{name: "stopped mid-way, checkpoint every 2", checkpointEvery: 2},
+		{name: "stopped mid-way, checkpoint every event", checkpointEvery: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b, _ := testnats.Bus(t)
+			p := newPublisher(t, b)
+			history := interleave(completeSession("s1"), completeSession("s2")[:9])
+			rest := completeSession("s2")[9:]
+			cfg := projections.ProjectorConfig{CheckpointEvery: tt.checkpointEvery}
+
+			p.publish(history...)
+			stop := startProjector(t, b, cfg)
+			if tt.waitAll {
+				waitView(t, b, "s1", p.last["s1"])
+				waitView(t, b, "s2", p.last["s2"])
+			} else {
+				deadline := time.Now().Add(waitTimeout)
+				for m, _ := view(t, b, "s1"); m == nil; m, _ = view(t, b, "s1") {
+					if time.Now().After(deadline) {
+						t.Fatal("no view appeared")
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			stop()
+
+			p.publish(rest...)
+			startProjector(t, b, cfg)
+			waitView(t, b, "s1", p.last["s1"])
+			waitView(t, b, "s2", p.last["s2"])
+			assertViewIsFold(t, b, "s1")
+			assertViewIsFold(t, b, "s2")
+		})
+	}
+}
+
+func TestRebuildRestoresViews(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	p.publish(interleave(completeSession("s1"), completeSession("s2"))...)
+	stop := startProjector(t, b, projections.ProjectorConfig{})
+	waitView(t, b, "s1", p.last["s1"])
+	waitView(t, b, "s2", p.last["s2"])
+	stop()
+
+	ctx := context.Background()
+	if err := b.PutView(ctx, projections.ManifestKey("s1"), map[string]any{"status": "garbage", "lastSeq": 1 << 40}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PutView(ctx, projections.ManifestKey("s2"), "not a manifest"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := projections.NewProjector(projections.ProjectorConfig{}, b, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	if err := r.Rebuild(rctx); err != nil {
+		t.Fatalf("Rebuild: %v", err)
+	}
+	assertViewIsFold(t, b, "s1")
+	assertViewIsFold(t, b, "s2")
+}
+
+// Events can follow a session's terminal event (a job still running when
+// the session failed reports later). Run folds them into the view; Rebuild
+// must produce the same view.
+func TestRebuildFoldsEventsAfterTheEnd(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	h := completeSession("s1")
+	// Up to summary's second job.started, then the session fails, then the
+	// running job reports.
+	var cut int
+	for i, s := range h {
+		if s.typ == schemas.TypeJobStarted && s.job == "s1.summary.2" {
+			cut = i + 1
+		}
+	}
+	p.publish(h[:cut]...)
+	p.publish(spec{session: "s1", typ: schemas.TypeSessionFailed, data: constant(&schemas.SessionFailed{Reason: "cancelled by the user"})})
+	p.publish(spec{session: "s1", typ: schemas.TypeJobFailed, step: "summary", job: "s1.summary.2", data: constant(&schemas.JobFailed{
+		JobID: "s1.summary.2", Step: "summary", Iteration: 2, Worker: "worker-summary", ExitCode: -1, Error: "agent was stopped",
+	})})
+
+	stop := startProjector(t, b, projections.ProjectorConfig{})
+	waitView(t, b, "s1", p.last["s1"])
+	stop()
+	assertViewIsFold(t, b, "s1")
+
+	r, err := projections.NewProjector(projections.ProjectorConfig{}, b, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := r.Rebuild(ctx); err != nil {
+		t.Fatalf("Rebuild: %v", err)
+	}
+	assertViewIsFold(t, b, "s1")
+}
+
+func TestNewProjectorRejectsBadConfig(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	tests := []struct {
+		name    string
+		cfg     projections.ProjectorConfig
+		nilBus  bool
+		wantErr bool
+	}{
+		{name: "zero value"},
+		{name: "negative checkpoint", cfg: projections.ProjectorConfig{CheckpointEvery: -1}, wantErr: true},
+		{name: "no bus", nilBus: true, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var bb projections.Bus = b
+			if tt.nilBus {
+				bb = nil
+			}
+			if _, err := projections.NewProjector(tt.cfg, bb, testnats.Logger(t)); (err != nil) != tt.wantErr {
+				t.Fatalf("NewProjector error = %v, wantErr %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// recordingBus is the real bus, with the start of every Read recorded and
+// a hook run before every PutView.
+type recordingBus struct {
+	*bus.Bus
+	mu     sync.Mutex
+	starts []uint64
+	onPut  func(key string)
+}
+
+func (r *recordingBus) Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error {
+	r.mu.Lock()
+	r.starts = append(r.starts, opts.StartSeq)
+	r.mu.Unlock()
+	return r.Bus.Read(ctx, opts, fn)
+}
+
+func (r *recordingBus) PutView(ctx context.Context, key string, v any) error {
+	if r.onPut != nil {
+		r.onPut(key)
+	}
+	return r.Bus.PutView(ctx, key, v)
+}
+
+// A projector stopped after it caught up resumes where it stopped: Run
+// saves its checkpoint on the way out (only a crash may cost up to
+// CheckpointEvery events folded again).
+func TestRunResumesFromItsCheckpointAfterStop(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	p.publish(completeSession("s1")...)
+	stop := startProjector(t, b, projections.ProjectorConfig{})
+	waitView(t, b, "s1", p.last["s1"])
+	stop()
+
+	rb := &recordingBus{Bus: b}
+	stop = startProjector(t, rb, projections.ProjectorConfig{})
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		rb.mu.Lock()
+		n := len(rb.starts)
+		rb.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second projector never read")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if want := p.last["s1"] + 1; rb.starts[0] != want {
+		t.Errorf("restarted projector reads from seq %d, want %d (after the %d events already folded)", rb.starts[0], want, p.last["s1"])
+	}
+}
+
+// Stopping the projector while it writes a view is a normal shutdown: Run
+// returns nil, as it does when stopped while idle.
+func TestRunReturnsNilWhenStopped(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	p.publish(completeSession("s1")...)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	puts := 0
+	rb := &recordingBus{Bus: b, onPut: func(key string) {
+		if key == projections.ManifestKey("s1") {
+			if puts++; puts == 3 {
+				cancel() // the shutdown signal arrives during this write
+			}
+		}
+	}}
+	proj, err := projections.NewProjector(projections.ProjectorConfig{}, rb, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- proj.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run returned %v after its context was cancelled, want nil", err)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatal("Run did not return after cancel")
+	}
+}
