@@ -242,7 +242,7 @@ func TestReadSkipsMalformed(t *testing.T) {
 	t.Parallel()
 	b, _ := testnats.Bus(t)
 	publish(t, b, jobStarted("s1", "e1"))
-	publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte("not an event"))
+	firstBad := publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte("not an event"))
 	publish(t, b, jobStarted("s1", "e2"))
 	lastBad := publishRaw(t, b, "loopbus.evt.s1.job.started", []byte(`{"specversion":"0.3"}`)) // malformed last event
 
@@ -257,7 +257,18 @@ func TestReadSkipsMalformed(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := b.DeadLettered()
-			ids, _, caughtUp := readAll(t, b, bus.ReadOptions{DeadLetter: tt.deadLetter})
+			var skipped []string
+			ids, _, caughtUp := readAll(t, b, bus.ReadOptions{
+				DeadLetter: tt.deadLetter,
+				OnSkip:     func(subject string, seq uint64) { skipped = append(skipped, fmt.Sprintf("%s@%d", subject, seq)) },
+			})
+			wantSkipped := []string{
+				fmt.Sprintf("loopbus.evt.s1.job.requested@%d", firstBad),
+				fmt.Sprintf("loopbus.evt.s1.job.started@%d", lastBad),
+			}
+			if !reflect.DeepEqual(skipped, wantSkipped) {
+				t.Errorf("OnSkip saw %v, want %v", skipped, wantSkipped)
+			}
 			if want := []string{"e1", "e2"}; !reflect.DeepEqual(ids, want) {
 				t.Errorf("read %v, want %v", ids, want)
 			}

@@ -106,7 +106,7 @@ func (p *Projector) run(ctx context.Context, from uint64, follow bool) error {
 		StartSeq:   from + 1,
 		Follow:     follow,
 		DeadLetter: "projector",
-		OnCaughtUp: func() { p.log.Info().Uint64("seq", last).Msg("views caught up") },
+		OnCaughtUp: func() { p.log.Info().Uint64("seq", max(last, from)).Msg("views caught up") },
 	}, func(ev schemas.Event) error {
 		if err := p.apply(ctx, ev, !follow); err != nil {
 			return err

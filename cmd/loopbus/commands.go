@@ -396,6 +396,20 @@ func newServiceCmd(g *globals, name string) *cobra.Command {
 	}
 }
 
+func newProjectorCmd(g *globals) *cobra.Command {
+	var rebuild bool
+	cmd := &cobra.Command{
+		Use:   "projector",
+		Short: "Run the projector: keep session manifests in the views bucket current",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.runServices(cmd.Context(), "projector", serviceSet{projector: true, rebuildViews: rebuild})
+		},
+	}
+	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "first recompute every view from the whole stream")
+	return cmd
+}
+
 func newAgentworkerCmd(g *globals) *cobra.Command {
 	var cfg agentworker.Config
 	cmd := &cobra.Command{

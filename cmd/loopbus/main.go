@@ -135,7 +135,7 @@ server another loopbus command already runs there).`,
 	root.AddCommand(
 		newRunCmd(g), newWaitCmd(g), newStatusCmd(g), newEventsCmd(g), newReplayCmd(g), newExportCmd(g),
 		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
-		newServiceCmd(g, "validator"), newServiceCmd(g, "projector"), newDoctorCmd(g),
+		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g),
 	)
 	return root
 }
@@ -222,7 +222,9 @@ func sourceName(service string) string {
 // serviceSet is the services one process runs.
 type serviceSet struct {
 	orchestrator, validator, projector bool
-	workers                            int
+	// rebuildViews recomputes every view from the stream before projecting.
+	rebuildViews bool
+	workers      int
 	worker                             agentworker.Config
 }
 
@@ -258,7 +260,11 @@ func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, 
 		if err != nil {
 			return err
 		}
-		add("projector", p)
+		if set.rebuildViews {
+			add("projector", rebuildFirst{p})
+		} else {
+			add("projector", p)
+		}
 	}
 	if set.workers > 0 {
 		wc := set.worker
@@ -282,6 +288,16 @@ func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, 
 		}, func(error) { cancel() })
 	}
 	return nil
+}
+
+// rebuildFirst rebuilds every view, then keeps them current.
+type rebuildFirst struct{ p *projections.Projector }
+
+func (r rebuildFirst) Run(ctx context.Context) error {
+	if err := r.p.Rebuild(ctx); err != nil {
+		return err
+	}
+	return r.p.Run(ctx)
 }
 
 // addSignals adds the signal handler actor.
