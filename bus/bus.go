@@ -119,9 +119,11 @@ func redactURL(u string) string {
 	parts := strings.Split(u, ",")
 	for i, p := range parts {
 		if at := strings.LastIndex(p, "@"); at >= 0 {
+			start := len(p) - len(strings.TrimLeft(p, " "))
 			if s := strings.Index(p, "://"); s >= 0 && s < at {
-				parts[i] = p[:s+3] + "REDACTED@" + p[at+1:]
+				start = s + 3
 			}
+			parts[i] = p[:start] + "REDACTED@" + p[at+1:]
 		}
 	}
 	return strings.Join(parts, ",")

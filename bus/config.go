@@ -81,6 +81,10 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DuplicateWindow == 0 {
 		c.DuplicateWindow = DefaultDuplicateWindow
+		if c.MaxAge > 0 {
+			// The server refuses a window longer than the retention.
+			c.DuplicateWindow = min(DefaultDuplicateWindow, c.MaxAge)
+		}
 	}
 	return c
 }
@@ -96,6 +100,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: negative retention", ErrConfig)
 	case (c.TLSCert == "") != (c.TLSKey == ""):
 		return fmt.Errorf("%w: TLS client cert and key must be given together", ErrConfig)
+	case c.MaxAge > 0 && c.DuplicateWindow > c.MaxAge:
+		return fmt.Errorf("%w: duplicate window %s is longer than max age %s", ErrConfig, c.DuplicateWindow, c.MaxAge)
 	case c.Token != "" && c.User != "":
 		return fmt.Errorf("%w: give a token or a user, not both", ErrConfig)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,6 +69,11 @@ func (c ConsumerConfig) Validate() error {
 	if c.Durable == "" || len(c.Subjects) == 0 {
 		return fmt.Errorf("%w: consumer needs a durable name and subjects", ErrConfig)
 	}
+	for _, s := range c.Subjects {
+		if !strings.HasPrefix(s, schemas.SubjectPrefix+".") {
+			return fmt.Errorf("%w: consumer %s: subject %q is not under %s.>", ErrConfig, c.Durable, s, schemas.SubjectPrefix)
+		}
+	}
 	if c.Concurrency < 0 || c.MaxDeliver < 0 || c.AckWait < 0 {
 		return fmt.Errorf("%w: consumer %s: negative setting", ErrConfig, c.Durable)
 	}
@@ -90,26 +96,19 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 		FilterSubjects: cfg.Subjects,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        cfg.AckWait,
-		MaxDeliver:     cfg.MaxDeliver,
-		MaxAckPending:  -1,
-		Replicas:       0,
+		// One more than ours: deliveries that end by ack timeout (a crashed
+		// handler) count too, and the last one must reach handle to be
+		// dead-lettered rather than dropped by the server.
+		MaxDeliver:    cfg.MaxDeliver + 1,
+		MaxAckPending: -1,
+		Replicas:      0,
 	}
 	if cfg.DeliverNew {
 		cc.DeliverPolicy = jetstream.DeliverNewPolicy
 	}
-	var cons jetstream.Consumer
-	for attempt := 0; ; attempt++ {
-		var err error
-		cons, err = b.js.CreateOrUpdateConsumer(ctx, b.cfg.Stream, cc)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if werr := b.backoff(ctx, attempt, fmt.Errorf("consumer %s: %w", cfg.Durable, err)); werr != nil {
-			return nil
-		}
+	cons, err := b.ensureConsumer(ctx, cc)
+	if err != nil || cons == nil {
+		return err
 	}
 	slots := make(chan struct{}, cfg.Concurrency)
 	var wg sync.WaitGroup
@@ -150,7 +149,8 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 			continue
 		}
 		got := 0
-		for msg := range batch.Messages() {
+		msgs := batch.Messages()
+		for msg := range msgs {
 			got++
 			wg.Add(1)
 			go func() {
@@ -163,8 +163,50 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 		for range n - got {
 			<-slots
 		}
+		if berr := batch.Error(); berr != nil && ctx.Err() == nil && !errors.Is(berr, context.DeadlineExceeded) && !errors.Is(berr, context.Canceled) {
+			if errors.Is(berr, nats.ErrNoResponders) || errors.Is(berr, jetstream.ErrConsumerNotFound) || errors.Is(berr, jetstream.ErrConsumerDeleted) {
+				// The durable is gone (deleted by an operator?): create it again.
+				b.log.Warn().Err(berr).Str("consumer", cfg.Durable).Msg("consumer lost; re-creating it")
+				if cons, err = b.ensureConsumer(ctx, cc); err != nil || cons == nil {
+					return err
+				}
+				continue
+			}
+			b.log.Debug().Err(berr).Str("consumer", cfg.Durable).Msg("pull ended with an error")
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
 	}
 	return nil
+}
+
+// ensureConsumer creates or updates a durable, retrying while the server is
+// unreachable. A configuration the server refuses is returned as an error;
+// (nil, nil) means ctx ended.
+func (b *Bus) ensureConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	for attempt := 0; ; attempt++ {
+		cons, err := b.js.CreateOrUpdateConsumer(ctx, b.cfg.Stream, cc)
+		if err == nil {
+			return cons, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.Code != 503 {
+			return nil, fmt.Errorf("consumer %s: %w", cc.Durable, err)
+		}
+		if attempt == 3 {
+			b.log.Warn().Err(err).Str("consumer", cc.Durable).Msg("cannot create consumer yet; retrying")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(time.Duration(50*(1<<min(attempt, 5))) * time.Millisecond):
+		}
+	}
 }
 
 func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg, h Handler) {
@@ -172,6 +214,12 @@ func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg,
 	if err != nil {
 		b.log.Error().Err(err).Str("subject", msg.Subject()).Msg("message without metadata; terminating")
 		_ = msg.Term()
+		return
+	}
+	if int(meta.NumDelivered) > cfg.MaxDeliver {
+		reason := fmt.Sprintf("gave up after %d deliveries: no handler finished it (crashed or stopped)", meta.NumDelivered-1)
+		b.deadLetter(ctx, cfg.Durable, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), reason)
+		_ = msg.TermWithReason(truncate(reason, 200))
 		return
 	}
 	ev, err := b.decode(msg.Subject(), msg.Data())

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -63,6 +64,7 @@ type Embedded struct {
 	lock *os.File
 	url  string
 	dir  string
+	once sync.Once
 }
 
 // URL is the client URL of the server.
@@ -72,11 +74,15 @@ func (e *Embedded) URL() string { return e.url }
 func (e *Embedded) Server() *server.Server { return e.srv }
 
 // Shutdown stops the server, waits for it and releases the data directory.
+// Calling it again does nothing (in particular it never removes the URL
+// file of a server started later on the same directory).
 func (e *Embedded) Shutdown() {
-	e.srv.Shutdown()
-	e.srv.WaitForShutdown()
-	_ = os.Remove(filepath.Join(e.dir, urlFile))
-	_ = e.lock.Close()
+	e.once.Do(func() {
+		e.srv.Shutdown()
+		e.srv.WaitForShutdown()
+		_ = os.Remove(filepath.Join(e.dir, urlFile)) // still ours: we hold the lock
+		_ = e.lock.Close()
+	})
 }
 
 const (
@@ -156,7 +162,7 @@ func startLocked(cfg EmbeddedConfig, lock *os.File, log zerolog.Logger) (*Embedd
 		_ = l.Close()
 	}
 	opts.JetStream = true
-	opts.StoreDir = filepath.Join(cfg.DataDir, "jetstream")
+	opts.StoreDir = cfg.DataDir // the server adds its own jetstream/ folder
 	opts.NoSigs = true
 	if cfg.ServerName != "" {
 		opts.ServerName = cfg.ServerName

@@ -98,7 +98,11 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 	if len(msgs) == 1 {
 		msgs[0].Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
 		msgs[0].Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
-		return b.request(ctx, msgs[0])
+		res, err := b.request(ctx, msgs[0])
+		if err == nil && res.Duplicate {
+			return res, fmt.Errorf("%w (%s)", ErrDuplicate, evs[0].ID)
+		}
+		return res, err
 	}
 	for attempt := 0; ; attempt++ {
 		id := nuid.Next()

@@ -128,7 +128,7 @@ server another loopbus command already runs there).`,
 	pf.StringVar(&g.tlsKey, "tls-key", "", "client key for mutual TLS")
 	pf.BoolVar(&g.fsync, "fsync", true, "embedded server: fsync every write before acknowledging it (--fsync=false flushes every --sync-interval)")
 	pf.DurationVar(&g.syncInterval, "sync-interval", 0, "embedded server with --fsync=false: flush interval (default 2m)")
-	pf.IntVar(&g.replicas, "replicas", 1, "replicas of the stream and buckets when creating them (1, 3 or 5; needs a cluster)")
+	pf.IntVar(&g.replicas, "replicas", 1, "replicas of the stream and buckets (1 to 5; above 1 needs a NATS cluster)")
 	pf.DurationVar(&g.maxAge, "max-age", 0, "retention: drop events older than this (0 keeps them forever)")
 	pf.Int64Var(&g.maxBytes, "max-bytes", 0, "retention: maximum stream size in bytes (0 is unlimited)")
 

@@ -31,6 +31,7 @@ type Bus interface {
 	GetView(ctx context.Context, key string, v any) error
 	SessionLastSeq(ctx context.Context, session string) (uint64, error)
 	Encode(ev schemas.Event) (*nats.Msg, error)
+	Source() string
 }
 
 // Errors the command line maps to messages and exit codes.
@@ -97,10 +98,15 @@ func Submit(ctx context.Context, b Bus, p schemas.Pipeline, inputPath, session s
 	}
 	ev.Correlation = ev.ID
 	if _, err := b.PublishExpect(ctx, ev, 0); err != nil {
-		if errors.Is(err, bus.ErrStale) || errors.Is(err, bus.ErrDuplicate) {
+		if !errors.Is(err, bus.ErrStale) && !errors.Is(err, bus.ErrDuplicate) {
+			return schemas.Event{}, err
+		}
+		// A retry after a lost ack is refused by the guard although the
+		// first attempt landed: then the stored session.started is ours.
+		first, rerr := Events(ctx, b, session, Until{Seq: 0})
+		if rerr != nil || len(first) == 0 || first[0].ID != ev.ID || first[0].Source != b.Source() {
 			return schemas.Event{}, fmt.Errorf("%w: %s", ErrSessionExists, session)
 		}
-		return schemas.Event{}, err
 	}
 	return ev, nil
 }
