@@ -225,7 +225,7 @@ type serviceSet struct {
 	// rebuildViews recomputes every view from the stream before projecting.
 	rebuildViews bool
 	workers      int
-	worker                             agentworker.Config
+	worker       agentworker.Config
 }
 
 // addServices puts one actor per service into the run group.
