@@ -45,3 +45,6 @@ func (s *StepView) Clone() *StepView {
 func (m *Manifest) Terminal() bool {
 	return m != nil && (m.Status == StatusCompleted || m.Status == StatusFailed)
 }
+
+// ManifestKey is the views-bucket key of a session's manifest.
+func ManifestKey(session string) string { return "session." + session }

@@ -17,7 +17,7 @@ import (
 	"github.com/loopbus/loopbus/agentworker"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/orchestrator"
-	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/projections/projector"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/validator"
 	"github.com/mattn/go-isatty"
@@ -256,7 +256,7 @@ func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, 
 		add("validator", v)
 	}
 	if set.projector {
-		p, err := projections.NewProjector(projections.ProjectorConfig{}, b, log.With().Str("service", "projector").Logger())
+		p, err := projector.New(projector.Config{}, b, log.With().Str("service", "projector").Logger())
 		if err != nil {
 			return err
 		}
@@ -291,7 +291,7 @@ func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, 
 }
 
 // rebuildFirst rebuilds every view, then keeps them current.
-type rebuildFirst struct{ p *projections.Projector }
+type rebuildFirst struct{ p *projector.Service }
 
 func (r rebuildFirst) Run(ctx context.Context) error {
 	if err := r.p.Rebuild(ctx); err != nil {

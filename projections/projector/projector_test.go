@@ -1,4 +1,4 @@
-package projections_test
+package projector_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/projections/projector"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -179,11 +180,11 @@ func interleave(histories ...[]spec) []spec {
 // An error wrapping context.Canceled from Run is only logged here:
 // TestRunReturnsNilWhenStopped covers it, the tests using startProjector
 // are about the views.
-func startProjector(t *testing.T, b projections.Bus, cfg projections.ProjectorConfig) (stop func()) {
+func startProjector(t *testing.T, b projector.Bus, cfg projector.Config) (stop func()) {
 	t.Helper()
-	p, err := projections.NewProjector(cfg, b, testnats.Logger(t))
+	p, err := projector.New(cfg, b, testnats.Logger(t))
 	if err != nil {
-		t.Fatalf("NewProjector: %v", err)
+		t.Fatalf("projector.New: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -281,7 +282,7 @@ func TestProjectorFollowsCompleteSession(t *testing.T) {
 	history := completeSession("s1")
 	// Half before the projector starts, half while it follows.
 	p.publish(history[:len(history)/2]...)
-	startProjector(t, b, projections.ProjectorConfig{})
+	startProjector(t, b, projector.Config{})
 	p.publish(history[len(history)/2:]...)
 
 	waitView(t, b, "s1", p.last["s1"])
@@ -315,7 +316,7 @@ func TestProjectorResumesAfterStop(t *testing.T) {
 			p := newPublisher(t, b)
 			history := interleave(completeSession("s1"), completeSession("s2")[:9])
 			rest := completeSession("s2")[9:]
-			cfg := projections.ProjectorConfig{CheckpointEvery: tt.checkpointEvery}
+			cfg := projector.Config{CheckpointEvery: tt.checkpointEvery}
 
 			p.publish(history...)
 			stop := startProjector(t, b, cfg)
@@ -347,7 +348,7 @@ func TestRebuildRestoresViews(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	p := newPublisher(t, b)
 	p.publish(interleave(completeSession("s1"), completeSession("s2"))...)
-	stop := startProjector(t, b, projections.ProjectorConfig{})
+	stop := startProjector(t, b, projector.Config{})
 	waitView(t, b, "s1", p.last["s1"])
 	waitView(t, b, "s2", p.last["s2"])
 	stop()
@@ -359,7 +360,7 @@ func TestRebuildRestoresViews(t *testing.T) {
 	if err := b.PutView(ctx, projections.ManifestKey("s2"), "not a manifest"); err != nil {
 		t.Fatal(err)
 	}
-	r, err := projections.NewProjector(projections.ProjectorConfig{}, b, testnats.Logger(t))
+	r, err := projector.New(projector.Config{}, b, testnats.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,12 +394,12 @@ func TestRebuildFoldsEventsAfterTheEnd(t *testing.T) {
 		JobID: "s1.summary.2", Step: "summary", Iteration: 2, Worker: "worker-summary", ExitCode: -1, Error: "agent was stopped",
 	})})
 
-	stop := startProjector(t, b, projections.ProjectorConfig{})
+	stop := startProjector(t, b, projector.Config{})
 	waitView(t, b, "s1", p.last["s1"])
 	stop()
 	assertViewIsFold(t, b, "s1")
 
-	r, err := projections.NewProjector(projections.ProjectorConfig{}, b, testnats.Logger(t))
+	r, err := projector.New(projector.Config{}, b, testnats.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,22 +415,22 @@ func TestNewProjectorRejectsBadConfig(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	tests := []struct {
 		name    string
-		cfg     projections.ProjectorConfig
+		cfg     projector.Config
 		nilBus  bool
 		wantErr bool
 	}{
 		{name: "zero value"},
-		{name: "negative checkpoint", cfg: projections.ProjectorConfig{CheckpointEvery: -1}, wantErr: true},
+		{name: "negative checkpoint", cfg: projector.Config{CheckpointEvery: -1}, wantErr: true},
 		{name: "no bus", nilBus: true, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var bb projections.Bus = b
+			var bb projector.Bus = b
 			if tt.nilBus {
 				bb = nil
 			}
-			if _, err := projections.NewProjector(tt.cfg, bb, testnats.Logger(t)); (err != nil) != tt.wantErr {
-				t.Fatalf("NewProjector error = %v, wantErr %v", err, tt.wantErr)
+			if _, err := projector.New(tt.cfg, bb, testnats.Logger(t)); (err != nil) != tt.wantErr {
+				t.Fatalf("projector.New error = %v, wantErr %v", err, tt.wantErr)
 			}
 		})
 	}
@@ -465,12 +466,12 @@ func TestRunResumesFromItsCheckpointAfterStop(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	p := newPublisher(t, b)
 	p.publish(completeSession("s1")...)
-	stop := startProjector(t, b, projections.ProjectorConfig{})
+	stop := startProjector(t, b, projector.Config{})
 	waitView(t, b, "s1", p.last["s1"])
 	stop()
 
 	rb := &recordingBus{Bus: b}
-	stop = startProjector(t, rb, projections.ProjectorConfig{})
+	stop = startProjector(t, rb, projector.Config{})
 	deadline := time.Now().Add(waitTimeout)
 	for {
 		rb.mu.Lock()
@@ -509,7 +510,7 @@ func TestRunReturnsNilWhenStopped(t *testing.T) {
 			}
 		}
 	}}
-	proj, err := projections.NewProjector(projections.ProjectorConfig{}, rb, testnats.Logger(t))
+	proj, err := projector.New(projector.Config{}, rb, testnats.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package projections
+// Package projector keeps the projections' views current in the views
+// bucket: it folds the event stream with the pure folds of package
+// projections and writes the results, each tagged with the stream sequence
+// it reflects.
+package projector
 
 import (
 	"context"
@@ -7,12 +11,10 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/rs/zerolog"
 )
-
-// ManifestKey is the views-bucket key of a session's manifest.
-func ManifestKey(session string) string { return "session." + session }
 
 // checkpointKey holds the stream sequence up to which every manifest is
 // materialized.
@@ -25,8 +27,8 @@ type Bus interface {
 	GetView(ctx context.Context, key string, v any) error
 }
 
-// ProjectorConfig of the projector service. The zero value is usable.
-type ProjectorConfig struct {
+// Config of the projector service. The zero value is usable.
+type Config struct {
 	// CheckpointEvery is how many events pass between checkpoint writes;
 	// default 100. After a crash up to this many events are folded again,
 	// which is harmless: each manifest carries the sequence it reflects.
@@ -34,27 +36,27 @@ type ProjectorConfig struct {
 }
 
 // Validate reports the first invalid value.
-func (c ProjectorConfig) Validate() error {
+func (c Config) Validate() error {
 	if c.CheckpointEvery < 0 {
 		return errors.New("projector: negative checkpoint interval")
 	}
 	return nil
 }
 
-// Projector keeps every session manifest in the views bucket current with
+// Service keeps every session manifest in the views bucket current with
 // the stream. Views are derived data: Rebuild (or deleting the checkpoint)
 // recomputes them from the stream.
-type Projector struct {
-	cfg ProjectorConfig
+type Service struct {
+	cfg Config
 	bus Bus
 	log zerolog.Logger
 	// live caches manifests of running sessions; terminal ones are dropped
 	// after they are written.
-	live map[string]*Manifest
+	live map[string]*projections.Manifest
 }
 
-// NewProjector returns a projector.
-func NewProjector(cfg ProjectorConfig, b Bus, log zerolog.Logger) (*Projector, error) {
+// New returns a projector.
+func New(cfg Config, b Bus, log zerolog.Logger) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -64,7 +66,7 @@ func NewProjector(cfg ProjectorConfig, b Bus, log zerolog.Logger) (*Projector, e
 	if cfg.CheckpointEvery == 0 {
 		cfg.CheckpointEvery = 100
 	}
-	return &Projector{cfg: cfg, bus: b, log: log, live: map[string]*Manifest{}}, nil
+	return &Service{cfg: cfg, bus: b, log: log, live: map[string]*projections.Manifest{}}, nil
 }
 
 type checkpoint struct {
@@ -72,7 +74,7 @@ type checkpoint struct {
 }
 
 // Run materializes manifests from the checkpoint on until ctx ends.
-func (p *Projector) Run(ctx context.Context) error {
+func (p *Service) Run(ctx context.Context) error {
 	var cp checkpoint
 	if err := p.bus.GetView(ctx, checkpointKey, &cp); err != nil && !errors.Is(err, bus.ErrNotFound) {
 		return fmt.Errorf("projector: %w", err)
@@ -82,13 +84,13 @@ func (p *Projector) Run(ctx context.Context) error {
 
 // Rebuild recomputes every manifest from the start of the stream, then
 // returns (it does not follow).
-func (p *Projector) Rebuild(ctx context.Context) error {
-	p.live = map[string]*Manifest{}
-	defer func() { p.live = map[string]*Manifest{} }()
+func (p *Service) Rebuild(ctx context.Context) error {
+	p.live = map[string]*projections.Manifest{}
+	defer func() { p.live = map[string]*projections.Manifest{} }()
 	return p.run(ctx, 0, false)
 }
 
-func (p *Projector) run(ctx context.Context, from uint64, follow bool) error {
+func (p *Service) run(ctx context.Context, from uint64, follow bool) error {
 	n := 0
 	var last uint64
 	save := func() {
@@ -124,11 +126,11 @@ func (p *Projector) run(ctx context.Context, from uint64, follow bool) error {
 	return nil
 }
 
-func (p *Projector) apply(ctx context.Context, ev schemas.Event, rebuilding bool) error {
+func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) error {
 	m := p.live[ev.Session]
 	if m == nil && !rebuilding && ev.Type != schemas.TypeSessionStarted {
-		var stored Manifest
-		err := p.bus.GetView(ctx, ManifestKey(ev.Session), &stored)
+		var stored projections.Manifest
+		err := p.bus.GetView(ctx, projections.ManifestKey(ev.Session), &stored)
 		switch {
 		case err == nil:
 			m = &stored
@@ -141,11 +143,11 @@ func (p *Projector) apply(ctx context.Context, ev schemas.Event, rebuilding bool
 	if m != nil {
 		before = m.LastSeq
 	}
-	m = FoldManifest(m, ev)
+	m = projections.FoldManifest(m, ev)
 	if m == nil || m.LastSeq == before {
 		return nil
 	}
-	if err := p.bus.PutView(ctx, ManifestKey(ev.Session), m); err != nil {
+	if err := p.bus.PutView(ctx, projections.ManifestKey(ev.Session), m); err != nil {
 		return err
 	}
 	// While rebuilding there is no stored view to fall back on, so ended
