@@ -42,28 +42,8 @@ out=$LOOPBUS_OUTPUT_DIR/summary.json
 tmp=$LOOPBUS_OUTPUT_DIR/.summary.json.tmp
 trap 'rm -f "$tmp"' EXIT
 
-# jesc(s) returns s as the body of a JSON string: backslash, double quote
-# and every control character escaped. The same function is in ideas.sh and
-# kit.sh.
-json_awk=$(cat <<'EOF'
-function jinit(    i) {
-	for (i = 1; i < 32; i++) JESC[sprintf("%c", i)] = sprintf("\\u%04x", i)
-	JESC["\b"] = "\\b"; JESC["\f"] = "\\f"; JESC["\n"] = "\\n"
-	JESC["\r"] = "\\r"; JESC["\t"] = "\\t"
-	JESC["\\"] = "\\\\"; JESC["\""] = "\\\""
-}
-function jesc(s,    out, i, n, c) {
-	out = ""
-	n = length(s)
-	for (i = 1; i <= n; i++) {
-		c = substr(s, i, 1)
-		if (c in JESC) out = out JESC[c]
-		else out = out c
-	}
-	return out
-}
-EOF
-)
+# JSON helpers (jinit, jesc, jval), shared by the three agents.
+json_awk=$(cat "$(dirname "$0")/json.awk")
 
 summary_awk=$(cat <<'EOF'
 function trim(s) {
