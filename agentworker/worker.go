@@ -48,7 +48,8 @@ type Config struct {
 	// AckWait is the heartbeat horizon: a job whose worker is silent this
 	// long goes to another worker; default 30s.
 	AckWait time.Duration
-	// Env is the base environment of agents; nil means this process's.
+	// Env is the base environment of agents; nil means this process's,
+	// without its LOOPBUS_* settings.
 	Env []string
 }
 
@@ -81,7 +82,7 @@ func (c Config) withDefaults() Config {
 		c.AckWait = 30 * time.Second
 	}
 	if c.Env == nil {
-		c.Env = os.Environ()
+		c.Env = workspace.BaseEnv()
 	}
 	return c
 }
@@ -208,7 +209,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 
 	arts := make([]schemas.ArtifactRef, 0, len(jr.Outputs))
 	for _, out := range jr.Outputs {
-		ref, err := s.storeOutput(ctx, req, jr, ws, out.Name)
+		ref, err := s.storeOutput(ctx, req, jr, ws, out.Name, d.NumDelivered)
 		if err != nil {
 			if errors.Is(err, workspace.ErrUnsafeOutput) || errors.Is(err, schemas.ErrBadName) {
 				return fail(err.Error(), res.ExitCode, res.Duration, res.Tail)
@@ -268,13 +269,17 @@ func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.J
 	return res, err
 }
 
-func (s *Service) storeOutput(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, name string) (schemas.ArtifactRef, error) {
+func (s *Service) storeOutput(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, name string, delivery uint64) (schemas.ArtifactRef, error) {
 	f, _, err := ws.OpenOutput(name, s.cfg.MaxOutputBytes)
 	if err != nil {
 		return schemas.ArtifactRef{}, err
 	}
 	defer f.Close()
-	ref, err := s.bus.PutArtifact(ctx, jr.JobID+"/"+name, name, io.LimitReader(f, s.cfg.MaxOutputBytes))
+	// One key per request message and delivery: a job run again (a lost
+	// ack, a repeated request) must not overwrite the bytes that the result
+	// which did land points to.
+	object := fmt.Sprintf("%s/r%d-d%d/%s", jr.JobID, req.Seq, delivery, name)
+	ref, err := s.bus.PutArtifact(ctx, object, name, io.LimitReader(f, s.cfg.MaxOutputBytes))
 	if err != nil {
 		return schemas.ArtifactRef{}, err
 	}

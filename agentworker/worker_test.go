@@ -359,10 +359,15 @@ echo "agent done"
 		got[ref.Name] = data
 	}
 
-	root := filepath.Join(workDir, session, "summary-2-1")
+	// The workspace is a fresh directory summary-2-1-<random> under
+	// workDir/<session>, named by LOOPBUS_WORKSPACE; cwd must be it.
+	root := envMap(got["env.txt"])["LOOPBUS_WORKSPACE"]
+	if filepath.Dir(root) != filepath.Join(workDir, session) || !strings.HasPrefix(filepath.Base(root), "summary-2-1-") {
+		t.Fatalf("LOOPBUS_WORKSPACE = %q, want a directory summary-2-1-* under %s", root, filepath.Join(workDir, session))
+	}
 	realRoot := root
 	if r, err := filepath.EvalSymlinks(workDir); err == nil {
-		realRoot = filepath.Join(r, session, "summary-2-1")
+		realRoot = filepath.Join(r, session, filepath.Base(root))
 	}
 	checks := []struct {
 		name, want string
@@ -890,5 +895,41 @@ ln -s "$ELSEWHERE" "$LOOPBUS_OUTPUT_DIR"
 		}
 		t.Fatalf("result %s, want job.failed: the worker stored %q read through the out/ symlink from %s; events:%s",
 			res.Type, stored, elsewhere, describe(ofJob(all, jr.JobID)))
+	}
+}
+
+// TestRepeatedJobKeepsLandedArtifacts: a job that runs twice (here: its
+// request published twice, as after a lost ack or a repeated decision)
+// produces different bytes each time; only one result lands, and the
+// artifact it names must still have the bytes of its digest.
+func TestRepeatedJobKeepsLandedArtifacts(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	argv := writeScript(t, `date +%s%N > "$LOOPBUS_OUTPUT_DIR/out.txt"; echo "$$" >> "$LOOPBUS_OUTPUT_DIR/out.txt"`)
+	jr := request("s1.step.1", "step", 1, argv, "out.txt")
+	publishRequest(t, b, jr)
+	ctx := context.Background()
+	// The same job again under another event id (past the dedupe window).
+	if _, err := b.Publish(ctx, schemas.Event{
+		ID: "second-request", Type: schemas.TypeJobRequested, Session: session, Step: jr.Step, Job: jr.JobID,
+		Correlation: session, Time: time.Now(), Data: jr,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, b, agentworker.Config{ID: "w1"})
+	evs := waitEvents(t, b, "both runs to store their artifact", func(evs []schemas.Event) bool {
+		return len(ofType(evs, schemas.TypeArtifactStored)) == 2
+	})
+	waitAcked(t, b)
+	results := ofType(sessionEvents(t, b), schemas.TypeJobCompleted)
+	if len(results) != 1 {
+		t.Fatalf("%d job.completed, want 1 (the second is de-duplicated)", len(results))
+	}
+	stored := ofType(evs, schemas.TypeArtifactStored)
+	a0, a1 := stored[0].Data.(*schemas.ArtifactStored).Artifact, stored[1].Data.(*schemas.ArtifactStored).Artifact
+	if a0.Object == a1.Object {
+		t.Errorf("both runs stored under %s", a0.Object)
+	}
+	for _, ref := range results[0].Data.(*schemas.JobCompleted).Artifacts {
+		fetch(t, b, ref) // fails on a digest mismatch
 	}
 }

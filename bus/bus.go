@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +15,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
+
+// ErrConnectionLost: the connection to NATS was down for longer than
+// Config.GiveUpAfter, so the Bus closed it; every later operation fails
+// with an error wrapping this one.
+var ErrConnectionLost = errors.New("lost the connection to NATS")
 
 // Bus is a connection to NATS with loopbus's stream, dead-letter stream,
 // view bucket and artifact store provisioned. It is safe for concurrent use.
@@ -28,65 +35,222 @@ type Bus struct {
 	views     jetstream.KeyValue
 	artifacts jetstream.ObjectStore
 
-	deadLettered atomic.Int64
+	// Shared with every Bus derived by WithSource.
+	deadLettered *atomic.Int64
+	conn         *connState
 }
 
-// Connect dials NATS, provisions the streams and buckets (idempotently: an
-// existing stream keeps its data, its config is updated to match cfg) and
-// returns a Bus. source is the CloudEvent source of events this process
-// publishes, e.g. "agentworker/host-1234". Connect keeps retrying the
-// initial connection until ctx ends, so services may start before NATS.
+// connState follows the connection's life: it closes the connection once
+// it has been down for giveUpAfter, and closed is closed when the
+// connection is closed for good (by Close or by giving up).
+type connState struct {
+	giveUpAfter time.Duration
+	url         string // redacted
+	log         zerolog.Logger
+
+	lost      atomic.Bool
+	closed    chan struct{}
+	closeOnce sync.Once
+
+	mu    sync.Mutex
+	timer *time.Timer
+	gen   uint64 // bumped on reconnect, so a timer that fired late does nothing
+}
+
+func newConnState(cfg Config, log zerolog.Logger) *connState {
+	return &connState{giveUpAfter: cfg.GiveUpAfter, url: redactURL(cfg.URL), log: log, closed: make(chan struct{})}
+}
+
+// disconnected starts the give-up timer (if GiveUpAfter is set and it is
+// not already running).
+func (c *connState) disconnected(nc *nats.Conn) {
+	if c.giveUpAfter <= 0 || nc.IsClosed() {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		return
+	}
+	gen := c.gen
+	c.timer = time.AfterFunc(c.giveUpAfter, func() { c.giveUp(nc, gen) })
+}
+
+// reconnected stops the give-up timer.
+func (c *connState) reconnected() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+}
+
+func (c *connState) giveUp(nc *nats.Conn, gen uint64) {
+	c.mu.Lock()
+	current := gen == c.gen
+	if current {
+		c.timer = nil
+	}
+	c.mu.Unlock()
+	if !current || nc.IsConnected() || nc.IsClosed() {
+		return
+	}
+	if c.lost.CompareAndSwap(false, true) {
+		c.log.Error().Str("url", c.url).Dur("disconnected_for", c.giveUpAfter).Msg("lost the connection to NATS")
+	}
+	nc.Close()
+	c.markClosed()
+}
+
+func (c *connState) markClosed() { c.closeOnce.Do(func() { close(c.closed) }) }
+
+// Connect dials NATS, provisions the streams and buckets and returns a Bus.
+// source is the CloudEvent source of events this process publishes, e.g.
+// "agentworker/host-1234".
+//
+// Provisioning never destroys anything: a missing stream or bucket is
+// created from cfg; an existing one keeps its retention and replicas unless
+// cfg.Reconfigure is set, and the event stream's invariants (subjects,
+// deny delete and purge, atomic publish, file storage) are restored if
+// someone changed them.
+//
+// With cfg.ConnectTimeout 0, Connect keeps retrying the initial connection
+// until ctx ends, so services may start before NATS; otherwise it gives up
+// after ConnectTimeout. Wrong credentials and TLS errors fail at once.
 func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalogue, log zerolog.Logger) (*Bus, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	opts, err := natsOptions(cfg, log)
+	cs := newConnState(cfg, log)
+	opts, err := natsOptions(cfg, log, cs)
 	if err != nil {
 		return nil, err
 	}
-	var nc *nats.Conn
-	for {
-		nc, err = nats.Connect(cfg.URL, opts...)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || strings.Contains(err.Error(), "tls:") {
-			return nil, fmt.Errorf("connect %s: %w", redactURL(cfg.URL), err)
-		}
-		log.Warn().Err(err).Str("url", redactURL(cfg.URL)).Msg("NATS not reachable yet; retrying")
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("connect %s: %w (last error: %v)", redactURL(cfg.URL), ctx.Err(), err)
-		case <-time.After(time.Second):
-		}
+	nc, err := connect(ctx, cfg, opts, log)
+	if err != nil {
+		return nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	b := &Bus{cfg: cfg, nc: nc, js: js, cat: cat, log: log, source: source}
+	b := &Bus{cfg: cfg, nc: nc, js: js, cat: cat, log: log, source: source, deadLettered: new(atomic.Int64), conn: cs}
 	if err := b.provision(ctx); err != nil {
+		err = b.connErr(err)
 		nc.Close()
 		return nil, err
 	}
 	return b, nil
 }
 
-func natsOptions(cfg Config, log zerolog.Logger) ([]nats.Option, error) {
+// connect makes the initial connection, retrying until ctx ends or
+// cfg.ConnectTimeout passes.
+func connect(ctx context.Context, cfg Config, opts []nats.Option, log zerolog.Logger) (*nats.Conn, error) {
+	url := redactURL(cfg.URL)
+	cctx := ctx
+	if cfg.ConnectTimeout > 0 {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, cfg.ConnectTimeout)
+		defer cancel()
+	}
+	var last error
+	for attempt := 0; cctx.Err() == nil; attempt++ {
+		nc, err := dial(cctx, cfg.URL, opts)
+		if err == nil {
+			return nc, nil
+		}
+		if cctx.Err() != nil {
+			break
+		}
+		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || strings.Contains(err.Error(), "tls:") {
+			return nil, fmt.Errorf("connect %s: %w", url, err)
+		}
+		last = err
+		if attempt%10 == 0 {
+			log.Warn().Err(err).Str("url", url).Msg("NATS not reachable yet; retrying")
+		}
+		sleep(cctx, backoffDelay(attempt))
+	}
+	switch {
+	case ctx.Err() != nil && last != nil:
+		return nil, fmt.Errorf("connect %s: %w (last error: %v)", url, ctx.Err(), last)
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("connect %s: %w", url, ctx.Err())
+	case last != nil:
+		return nil, fmt.Errorf("connect %s: NATS server unreachable, gave up after %s: %w", url, cfg.ConnectTimeout, last)
+	default: // the first attempt was still dialling
+		return nil, fmt.Errorf("connect %s: NATS server unreachable: no answer within %s", url, cfg.ConnectTimeout)
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// dial is nats.Connect that returns when ctx ends. A connection that
+// completes after that is closed.
+func dial(ctx context.Context, url string, opts []nats.Option) (*nats.Conn, error) {
+	type result struct {
+		nc  *nats.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		nc, err := nats.Connect(url, opts...)
+		ch <- result{nc, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.nc, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.nc != nil {
+				r.nc.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// backoffDelay is the pause before retry number attempt (from 0) in every
+// retry loop of this package: 50ms, doubling up to 1.6s.
+func backoffDelay(attempt int) time.Duration {
+	return 50 * time.Millisecond << min(max(attempt, 0), 5)
+}
+
+func natsOptions(cfg Config, log zerolog.Logger, cs *connState) ([]nats.Option, error) {
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
 		nats.Timeout(5 * time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if err != nil {
-				log.Warn().Err(err).Msg("disconnected from NATS; reconnecting")
+				ev := log.Warn().Err(err)
+				if cfg.GiveUpAfter > 0 {
+					ev = ev.Dur("give_up_after", cfg.GiveUpAfter)
+				}
+				ev.Msg("disconnected from NATS; reconnecting")
 			}
+			cs.disconnected(nc)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			cs.reconnected()
 			log.Info().Str("url", redactURL(nc.ConnectedUrl())).Msg("reconnected to NATS")
+		}),
+		nats.ClosedHandler(func(*nats.Conn) {
+			cs.reconnected() // stops the give-up timer
+			cs.markClosed()
 		}),
 	}
 	if cfg.User != "" {
@@ -131,7 +295,7 @@ func redactURL(u string) string {
 
 func (b *Bus) provision(ctx context.Context) error {
 	cfg := b.cfg
-	sc := jetstream.StreamConfig{
+	s, err := b.ensureStream(ctx, jetstream.StreamConfig{
 		Name:               cfg.Stream,
 		Description:        "loopbus events: the append-only source of truth",
 		Subjects:           []string{schemas.SubjectPrefix + ".>"},
@@ -145,13 +309,22 @@ func (b *Bus) provision(ctx context.Context) error {
 		DenyPurge:          true,
 		AllowAtomicPublish: true,
 		Discard:            jetstream.DiscardOld,
-	}
-	s, err := b.js.CreateOrUpdateStream(ctx, sc)
+	}, func(want, next *jetstream.StreamConfig) {
+		// Invariants loopbus relies on, whatever the stream was created with.
+		next.Subjects = want.Subjects
+		next.Storage = want.Storage
+		next.DenyDelete = true
+		next.DenyPurge = true
+		next.AllowAtomicPublish = true
+		if cfg.Reconfigure {
+			next.MaxAge, next.MaxBytes, next.Replicas, next.Duplicates = want.MaxAge, want.MaxBytes, want.Replicas, want.Duplicates
+		}
+	})
 	if err != nil {
-		return fmt.Errorf("provision stream %s: %w", cfg.Stream, err)
+		return err
 	}
 	b.stream = s
-	if _, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if _, err := b.ensureStream(ctx, jetstream.StreamConfig{
 		Name:        cfg.DLQStream,
 		Description: "loopbus dead letters: events a consumer could not accept, with the reason",
 		Subjects:    []string{DLQSubjectPrefix + ".>"},
@@ -159,28 +332,168 @@ func (b *Bus) provision(ctx context.Context) error {
 		Replicas:    cfg.Replicas,
 		Duplicates:  cfg.DuplicateWindow,
 		MaxAge:      cfg.MaxAge,
+	}, func(want, next *jetstream.StreamConfig) {
+		if cfg.Reconfigure {
+			next.MaxAge, next.Replicas, next.Duplicates = want.MaxAge, want.Replicas, want.Duplicates
+		}
 	}); err != nil {
-		return fmt.Errorf("provision stream %s: %w", cfg.DLQStream, err)
+		return err
 	}
-	b.views, err = b.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      cfg.ViewsBucket,
-		Description: "loopbus views (projections); rebuildable from the event stream",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
-	})
+
+	b.views, err = b.js.KeyValue(ctx, cfg.ViewsBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		b.views, err = b.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      cfg.ViewsBucket,
+			Description: "loopbus views (projections); rebuildable from the event stream",
+			History:     1,
+			Storage:     jetstream.FileStorage,
+			Replicas:    cfg.Replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently
+			b.views, err = b.js.KeyValue(ctx, cfg.ViewsBucket)
+		}
+	} else if err == nil && cfg.Reconfigure {
+		var st jetstream.KeyValueStatus
+		if st, err = b.views.Status(ctx); err == nil {
+			err = b.reconfigureBucket(ctx, "KV", cfg.ViewsBucket, st)
+		}
+		if err == nil {
+			b.views, err = b.js.KeyValue(ctx, cfg.ViewsBucket)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("provision KV %s: %w", cfg.ViewsBucket, err)
 	}
-	b.artifacts, err = b.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket:      cfg.ArtifactsBucket,
-		Description: "loopbus artifacts: session inputs and step outputs",
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
-	})
+
+	b.artifacts, err = b.js.ObjectStore(ctx, cfg.ArtifactsBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		b.artifacts, err = b.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket:      cfg.ArtifactsBucket,
+			Description: "loopbus artifacts: session inputs and step outputs",
+			Storage:     jetstream.FileStorage,
+			Replicas:    cfg.Replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			b.artifacts, err = b.js.ObjectStore(ctx, cfg.ArtifactsBucket)
+		}
+	} else if err == nil && cfg.Reconfigure {
+		var st jetstream.ObjectStoreStatus
+		if st, err = b.artifacts.Status(ctx); err == nil {
+			err = b.reconfigureBucket(ctx, "object store", cfg.ArtifactsBucket, st)
+		}
+		if err == nil {
+			b.artifacts, err = b.js.ObjectStore(ctx, cfg.ArtifactsBucket)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("provision object store %s: %w", cfg.ArtifactsBucket, err)
 	}
+	return nil
+}
+
+// ensureStream creates the stream from want if it does not exist. If it
+// does, adjust gets want and a copy of the stored config to change, and the
+// stream is updated only if adjust changed something.
+func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig, adjust func(want, next *jetstream.StreamConfig)) (jetstream.Stream, error) {
+	s, err := b.js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = b.js.CreateStream(ctx, want)
+		if err == nil {
+			b.log.Info().Str("stream", want.Name).Dur("max_age", want.MaxAge).Int64("max_bytes", want.MaxBytes).
+				Int("replicas", want.Replicas).Dur("duplicate_window", want.Duplicates).Msg("created stream")
+			return s, nil
+		}
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // created concurrently
+			s, err = b.js.Stream(ctx, want.Name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provision stream %s: %w", want.Name, err)
+	}
+	cur := s.CachedInfo().Config
+	next := cur
+	next.Subjects = slices.Clone(cur.Subjects)
+	adjust(&want, &next)
+	invariants, retention := streamChanges(cur, next)
+	if len(invariants)+len(retention) == 0 {
+		if kept := retentionChanges(cur, want); len(kept) > 0 {
+			b.log.Debug().Str("stream", want.Name).Strs("kept", kept).Msg("existing stream keeps its retention; set Reconfigure to change it")
+		}
+		return s, nil
+	}
+	s, err = b.js.UpdateStream(ctx, next)
+	if err != nil {
+		return nil, fmt.Errorf("update stream %s (%s): %w", want.Name, strings.Join(append(invariants, retention...), ", "), err)
+	}
+	if len(invariants) > 0 {
+		b.log.Warn().Str("stream", want.Name).Strs("restored", invariants).Msg("restored the stream's invariants")
+	}
+	if len(retention) > 0 {
+		b.log.Info().Str("stream", want.Name).Strs("changed", retention).Msg("reconfigured stream")
+	}
+	return s, nil
+}
+
+// streamChanges lists how next differs from cur: invariants (subjects,
+// storage, deny delete/purge, atomic publish) and retention settings.
+func streamChanges(cur, next jetstream.StreamConfig) (invariants, retention []string) {
+	change := func(list *[]string, name string, from, to any) {
+		*list = append(*list, fmt.Sprintf("%s %v -> %v", name, from, to))
+	}
+	if !slices.Equal(cur.Subjects, next.Subjects) {
+		change(&invariants, "subjects", cur.Subjects, next.Subjects)
+	}
+	if cur.Storage != next.Storage {
+		change(&invariants, "storage", cur.Storage, next.Storage)
+	}
+	if cur.DenyDelete != next.DenyDelete {
+		change(&invariants, "deny_delete", cur.DenyDelete, next.DenyDelete)
+	}
+	if cur.DenyPurge != next.DenyPurge {
+		change(&invariants, "deny_purge", cur.DenyPurge, next.DenyPurge)
+	}
+	if cur.AllowAtomicPublish != next.AllowAtomicPublish {
+		change(&invariants, "allow_atomic_publish", cur.AllowAtomicPublish, next.AllowAtomicPublish)
+	}
+	return invariants, retentionChanges(cur, next)
+}
+
+// retentionChanges lists the retention and replica settings of next that
+// differ from cur (a zero MaxBytes in next means "not set", not a change).
+func retentionChanges(cur, next jetstream.StreamConfig) []string {
+	var out []string
+	if cur.MaxAge != next.MaxAge {
+		out = append(out, fmt.Sprintf("max_age %v -> %v", cur.MaxAge, next.MaxAge))
+	}
+	if cur.MaxBytes != next.MaxBytes && next.MaxBytes != 0 {
+		out = append(out, fmt.Sprintf("max_bytes %d -> %d", cur.MaxBytes, next.MaxBytes))
+	}
+	if cur.Replicas != next.Replicas {
+		out = append(out, fmt.Sprintf("replicas %d -> %d", cur.Replicas, next.Replicas))
+	}
+	if cur.Duplicates != next.Duplicates {
+		out = append(out, fmt.Sprintf("duplicate_window %v -> %v", cur.Duplicates, next.Duplicates))
+	}
+	return out
+}
+
+// reconfigureBucket applies cfg.Replicas to an existing bucket by updating
+// only the replicas of its backing stream.
+func (b *Bus) reconfigureBucket(ctx context.Context, kind, bucket string, st any) error {
+	si, ok := st.(interface{ StreamInfo() *jetstream.StreamInfo })
+	if !ok {
+		return fmt.Errorf("%s %s: no stream info in its status", kind, bucket)
+	}
+	sc := si.StreamInfo().Config
+	if sc.Replicas == b.cfg.Replicas {
+		return nil
+	}
+	from := sc.Replicas
+	sc.Replicas = b.cfg.Replicas
+	if _, err := b.js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("replicas %d -> %d: %w", from, sc.Replicas, err)
+	}
+	b.log.Info().Str(strings.ReplaceAll(kind, " ", "_"), bucket).Strs("changed", []string{fmt.Sprintf("replicas %d -> %d", from, sc.Replicas)}).Msg("reconfigured bucket")
 	return nil
 }
 
@@ -191,11 +504,65 @@ func orUnlimited(n int64) int64 {
 	return n
 }
 
-// Close drains and closes the connection.
+// WithSource returns a Bus that shares b's connection, streams, stores and
+// dead-letter count but publishes with another CloudEvent source, so that
+// services running in one process each carry their own
+// (loopbus/<service>/<host-pid>). Close only the Bus that Connect returned,
+// and only once nothing uses its derived Buses: they have no connection of
+// their own.
+func (b *Bus) WithSource(source string) *Bus {
+	d := *b
+	d.source = source
+	return &d
+}
+
+// Close drains and closes the connection. Call it only on the Bus that
+// Connect returned, never on one derived by WithSource (that would close
+// the connection every derived Bus shares).
 func (b *Bus) Close() {
 	if err := b.nc.Drain(); err != nil {
 		b.nc.Close()
 	}
+}
+
+// closedErr says why the connection can no longer be used, or nil if it
+// can: an error wrapping ErrConnectionLost after GiveUpAfter, else
+// nats.ErrConnectionClosed once Close ran.
+func (b *Bus) closedErr() error {
+	if b.conn.lost.Load() {
+		return fmt.Errorf("%w (%s, disconnected for more than %s)", ErrConnectionLost, b.conn.url, b.conn.giveUpAfter)
+	}
+	if b.nc.IsClosed() {
+		return nats.ErrConnectionClosed
+	}
+	return nil
+}
+
+// connErr makes err wrap ErrConnectionLost too when the connection was
+// given up, so callers can tell a dead bus from a failed operation.
+func (b *Bus) connErr(err error) error {
+	if err == nil || errors.Is(err, ErrConnectionLost) {
+		return err
+	}
+	cerr := b.closedErr()
+	if cerr == nil || errors.Is(err, cerr) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", cerr, err)
+}
+
+// untilClosed returns a context that also ends when the connection is
+// closed for good, so loops waiting on NATS return instead of hanging.
+func (b *Bus) untilClosed(ctx context.Context) (context.Context, context.CancelFunc) {
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-b.conn.closed:
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	return cctx, cancel
 }
 
 // Conn exposes the NATS connection (for raw access in tests and benchmarks).
@@ -207,20 +574,21 @@ func (b *Bus) JetStream() jetstream.JetStream { return b.js }
 // StreamName is the event stream's name.
 func (b *Bus) StreamName() string { return b.cfg.Stream }
 
-// Source is the CloudEvent source of this process's events.
+// Source is the CloudEvent source of this Bus's events.
 func (b *Bus) Source() string { return b.source }
 
 // Catalogue is the event catalogue used to validate events.
 func (b *Bus) Catalogue() *schemas.Catalogue { return b.cat }
 
-// DeadLettered counts events this Bus copied to the dead-letter stream.
+// DeadLettered counts events copied to the dead-letter stream through this
+// Bus or any Bus sharing its connection (see WithSource).
 func (b *Bus) DeadLettered() int64 { return b.deadLettered.Load() }
 
 // LastSeq returns the sequence of the newest event in the stream.
 func (b *Bus) LastSeq(ctx context.Context) (uint64, error) {
 	info, err := b.stream.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("stream info: %w", err)
+		return 0, fmt.Errorf("stream info: %w", b.connErr(err))
 	}
 	return info.State.LastSeq, nil
 }
@@ -233,7 +601,7 @@ func (b *Bus) SessionLastSeq(ctx context.Context, session string) (uint64, error
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("last event of %s: %w", session, err)
+		return 0, fmt.Errorf("last event of %s: %w", session, b.connErr(err))
 	}
 	return m.Sequence, nil
 }
@@ -242,12 +610,13 @@ func (b *Bus) SessionLastSeq(ctx context.Context, session string) (uint64, error
 func (b *Bus) GetEvent(ctx context.Context, seq uint64) (schemas.Event, error) {
 	m, err := b.stream.GetMsg(ctx, seq)
 	if err != nil {
-		return schemas.Event{}, fmt.Errorf("event %d: %w", seq, err)
+		return schemas.Event{}, fmt.Errorf("event %d: %w", seq, b.connErr(err))
 	}
 	ev, err := b.decode(m.Subject, m.Data)
 	if err != nil {
 		return schemas.Event{}, err
 	}
 	ev.Seq = m.Sequence
+	ev.Stored = m.Time.UTC()
 	return ev, nil
 }

@@ -57,6 +57,21 @@ type Config struct {
 	MaxBytes int64
 	// DuplicateWindow for Nats-Msg-Id de-duplication; 0 means 10 minutes.
 	DuplicateWindow time.Duration
+	// Reconfigure applies Replicas, MaxAge, MaxBytes and DuplicateWindow to
+	// streams and buckets that already exist. Without it provisioning only
+	// creates what is missing (from these values) and leaves the retention
+	// and replicas of existing ones alone, so that a command run with
+	// default flags never shortens or resets the history.
+	Reconfigure bool
+
+	// ConnectTimeout bounds the initial connection: 0 retries until the
+	// context ends (services may start before NATS); >0 gives up after that
+	// long with an error saying the server is unreachable (commands).
+	ConnectTimeout time.Duration
+	// GiveUpAfter closes the connection once it has been disconnected for
+	// that long; from then on every operation fails with an error wrapping
+	// ErrConnectionLost. 0 reconnects forever (services).
+	GiveUpAfter time.Duration
 }
 
 // ErrConfig: a configuration value is invalid.
@@ -98,6 +113,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
 	case c.MaxAge < 0 || c.MaxBytes < 0 || c.DuplicateWindow < 0:
 		return fmt.Errorf("%w: negative retention", ErrConfig)
+	case c.ConnectTimeout < 0 || c.GiveUpAfter < 0:
+		return fmt.Errorf("%w: negative timeout", ErrConfig)
 	case (c.TLSCert == "") != (c.TLSKey == ""):
 		return fmt.Errorf("%w: TLS client cert and key must be given together", ErrConfig)
 	case c.MaxAge > 0 && c.DuplicateWindow > c.MaxAge:

@@ -85,12 +85,17 @@ func (c ConsumerConfig) Validate() error {
 // has free handler slots, so no message waits in a local buffer while its
 // ack timer runs. Malformed events are dead-lettered and terminated without
 // reaching h. Ack semantics: see Handler and ErrPermanent; a transiently
-// failing message is dead-lettered after MaxDeliver deliveries.
+// failing message is dead-lettered after MaxDeliver deliveries. If the
+// connection is given up (Config.GiveUpAfter) or closed, Consume returns an
+// error wrapping ErrConnectionLost (or nats.ErrConnectionClosed).
 func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	cfg = cfg.withDefaults()
+	if err := b.closedErr(); err != nil {
+		return fmt.Errorf("consumer %s: %w", cfg.Durable, err)
+	}
 	cc := jetstream.ConsumerConfig{
 		Durable:        cfg.Durable,
 		FilterSubjects: cfg.Subjects,
@@ -110,15 +115,23 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 	if err != nil || cons == nil {
 		return err
 	}
+	// lctx also ends when the connection is closed for good; handlers get
+	// ctx, whose end means "stop and hand over".
+	lctx, lcancel := b.untilClosed(ctx)
+	defer lcancel()
 	slots := make(chan struct{}, cfg.Concurrency)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	fails := 0
 	for ctx.Err() == nil {
+		if err := b.closedErr(); err != nil {
+			return fmt.Errorf("consumer %s: %w", cfg.Durable, err)
+		}
 		// Wait for at least one free slot, then take all free ones.
 		select {
 		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil
+		case <-lctx.Done():
+			continue
 		}
 		n := 1
 	fill:
@@ -132,19 +145,17 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 		}
 		// The fetch context ends the pull as soon as we stop, rather than
 		// after its expiry, so shutdown is prompt.
-		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+		fctx, fcancel := context.WithTimeout(lctx, 5*time.Second)
 		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
 		if err != nil {
 			fcancel()
 			for range n {
 				<-slots
 			}
-			if ctx.Err() == nil {
+			if lctx.Err() == nil {
 				b.log.Debug().Err(err).Str("consumer", cfg.Durable).Msg("fetch failed; retrying")
-				select {
-				case <-ctx.Done():
-				case <-time.After(250 * time.Millisecond):
-				}
+				sleep(lctx, backoffDelay(fails))
+				fails++
 			}
 			continue
 		}
@@ -163,7 +174,11 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 		for range n - got {
 			<-slots
 		}
-		if berr := batch.Error(); berr != nil && ctx.Err() == nil && !errors.Is(berr, context.DeadlineExceeded) && !errors.Is(berr, context.Canceled) {
+		berr := batch.Error()
+		if got > 0 || berr == nil {
+			fails = 0
+		}
+		if berr != nil && lctx.Err() == nil && !errors.Is(berr, context.DeadlineExceeded) && !errors.Is(berr, context.Canceled) {
 			if errors.Is(berr, nats.ErrNoResponders) || errors.Is(berr, jetstream.ErrConsumerNotFound) || errors.Is(berr, jetstream.ErrConsumerDeleted) {
 				// The durable is gone (deleted by an operator?): create it again.
 				b.log.Warn().Err(berr).Str("consumer", cfg.Durable).Msg("consumer lost; re-creating it")
@@ -173,26 +188,29 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 				continue
 			}
 			b.log.Debug().Err(berr).Str("consumer", cfg.Durable).Msg("pull ended with an error")
-			select {
-			case <-ctx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
+			sleep(lctx, backoffDelay(fails))
+			fails++
 		}
 	}
 	return nil
 }
 
 // ensureConsumer creates or updates a durable, retrying while the server is
-// unreachable. A configuration the server refuses is returned as an error;
-// (nil, nil) means ctx ended.
+// unreachable. A configuration the server refuses or a closed connection
+// is returned as an error; (nil, nil) means ctx ended.
 func (b *Bus) ensureConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	lctx, cancel := b.untilClosed(ctx)
+	defer cancel()
 	for attempt := 0; ; attempt++ {
-		cons, err := b.js.CreateOrUpdateConsumer(ctx, b.cfg.Stream, cc)
+		cons, err := b.js.CreateOrUpdateConsumer(lctx, b.cfg.Stream, cc)
 		if err == nil {
 			return cons, nil
 		}
 		if ctx.Err() != nil {
 			return nil, nil
+		}
+		if cerr := b.closedErr(); cerr != nil {
+			return nil, fmt.Errorf("consumer %s: %w", cc.Durable, cerr)
 		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.Code != 503 {
@@ -201,11 +219,7 @@ func (b *Bus) ensureConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (
 		if attempt == 3 {
 			b.log.Warn().Err(err).Str("consumer", cc.Durable).Msg("cannot create consumer yet; retrying")
 		}
-		select {
-		case <-ctx.Done():
-			return nil, nil
-		case <-time.After(time.Duration(50*(1<<min(attempt, 5))) * time.Millisecond):
-		}
+		sleep(lctx, backoffDelay(attempt))
 	}
 }
 
@@ -229,6 +243,7 @@ func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg,
 		return
 	}
 	ev.Seq = meta.Sequence.Stream
+	ev.Stored = meta.Timestamp.UTC()
 
 	// Heartbeats keep the message ours while the handler runs.
 	hbCtx, stopHB := context.WithCancel(context.Background())

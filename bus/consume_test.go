@@ -416,21 +416,17 @@ func TestConsumeCancelHandsOver(t *testing.T) {
 		return nil
 	})
 
-	cancelled := time.Now()
+	// stop fails the test if Consume does not return (hang guard).
 	first.stop(t)
-	if d := time.Since(cancelled); d > 3*time.Second {
-		t.Errorf("Consume took %v to return after cancellation", d)
-	}
+	// AckWait is 30s, so a hand-over within the 10s guard can only come from
+	// the nak of the cancelled handler.
 	select {
 	case d := <-got:
 		if d.Event.ID != "handover" || d.NumDelivered != 2 {
 			t.Errorf("second replica got %s delivery %d, want handover delivery 2", d.Event.ID, d.NumDelivered)
 		}
-		if wait := time.Since(cancelled); wait > 5*time.Second {
-			t.Errorf("hand-over took %v; a nak must not wait for AckWait", wait)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the message was not handed over to the other replica within 10s (AckWait is 30s)")
+	case <-time.After(hangGuard):
+		t.Fatalf("the message was not handed over to the other replica within %v (AckWait is 30s): the nak must not wait for AckWait", hangGuard)
 	}
 	waitSettled(t, b2, "handover", seq)
 	if b1.DeadLettered()+b2.DeadLettered() != 0 {

@@ -207,7 +207,7 @@ func OpenDataDir(ctx context.Context, cfg EmbeddedConfig, log zerolog.Logger) (s
 		return "", nil, err
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for {
+	for attempt := 0; ; attempt++ {
 		e, err := StartEmbedded(cfg, log)
 		if err == nil {
 			return e.URL(), e, nil
@@ -226,7 +226,7 @@ func OpenDataDir(ctx context.Context, cfg EmbeddedConfig, log zerolog.Logger) (s
 		select {
 		case <-ctx.Done():
 			return "", nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(backoffDelay(attempt)):
 		}
 	}
 }

@@ -3,11 +3,13 @@ package bus_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -240,4 +242,57 @@ func (c *counter) String() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return fmt.Sprint(c.n)
+}
+
+// hangGuard is the only kind of time limit on behaviour in these tests: a
+// generous upper bound that turns a hang into a failure. Never a lower
+// bound, never a tight one.
+const hangGuard = 10 * time.Second
+
+// connectWithin runs bus.Connect and returns its error, failing the test if
+// Connect does not return within guard. A Bus it returns is closed.
+func connectWithin(t *testing.T, ctx context.Context, cfg bus.Config, guard time.Duration) error {
+	t.Helper()
+	cat, log := catalogue(t), testnats.Logger(t)
+	done := make(chan error, 1)
+	go func() {
+		b, err := bus.Connect(ctx, cfg, "test/connect", cat, log)
+		if err == nil {
+			b.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(guard):
+		t.Fatalf("Connect to %s did not return within %v", cfg.URL, guard)
+		return nil
+	}
+}
+
+// closedPort returns a loopback URL nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return "nats://" + addr
+}
+
+// waitErr waits for an error from done, failing the test after guard.
+func waitErr(t *testing.T, done <-chan error, what string, guard time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(guard):
+		t.Fatalf("%s did not return within %v", what, guard)
+		return nil
+	}
 }

@@ -54,7 +54,8 @@ type pubAck struct {
 
 // Publish writes one event. A re-publish of an id already stored inside the
 // duplicate window is not an error: it reports Duplicate. It retries while
-// the server is unreachable, until ctx ends.
+// the server is unreachable, until ctx ends or the connection is given up
+// (then the error wraps ErrConnectionLost).
 func (b *Bus) Publish(ctx context.Context, ev schemas.Event) (Published, error) {
 	m, err := b.Encode(ev)
 	if err != nil {
@@ -127,7 +128,7 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 			res, err = b.requestOnce(ctx, last)
 		}
 		if err == nil || !retryable(err) {
-			return res, err
+			return res, b.connErr(err)
 		}
 		// A lost commit is retried under a new batch id; if the first
 		// attempt did land, the event ids make the retry ErrDuplicate.
@@ -144,7 +145,7 @@ func (b *Bus) request(ctx context.Context, m *nats.Msg) (Published, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := b.requestOnce(ctx, m)
 		if err == nil || !retryable(err) {
-			return res, err
+			return res, b.connErr(err)
 		}
 		if werr := b.backoff(ctx, attempt, err); werr != nil {
 			return Published{}, werr
@@ -152,15 +153,20 @@ func (b *Bus) request(ctx context.Context, m *nats.Msg) (Published, error) {
 	}
 }
 
+// backoff waits before retry number attempt of a publish. It returns an
+// error when ctx ends or the connection is closed for good.
 func (b *Bus) backoff(ctx context.Context, attempt int, cause error) error {
-	d := time.Duration(50*(1<<min(attempt, 5))) * time.Millisecond
 	if attempt == 3 {
 		b.log.Warn().Err(cause).Msg("publish not acknowledged; retrying")
 	}
+	t := time.NewTimer(backoffDelay(attempt))
+	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return fmt.Errorf("publish: %w (last error: %v)", ctx.Err(), cause)
-	case <-time.After(d):
+	case <-b.conn.closed:
+		return fmt.Errorf("publish: %w (last error: %v)", b.closedErr(), cause)
+	case <-t.C:
 		return nil
 	}
 }

@@ -41,10 +41,31 @@ var ErrStop = errors.New("stop reading")
 // flow-controlled, self-healing) consumer. Malformed events are skipped (see
 // ReadOptions.DeadLetter). It returns nil when ctx ends, when fn returns
 // ErrStop, or (without Follow) at the head; any other fn error is returned.
+// If the connection is given up (Config.GiveUpAfter) or closed, Read
+// returns an error wrapping ErrConnectionLost (or nats.ErrConnectionClosed).
 func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event) error) error {
 	subjects := opts.Subjects
 	if len(subjects) == 0 {
 		subjects = []string{schemas.SubjectPrefix + ".>"}
+	}
+	if err := b.closedErr(); err != nil {
+		return fmt.Errorf("read %v: %w", subjects, err)
+	}
+	// lctx also ends when the connection is closed for good, so the ordered
+	// consumer (which otherwise keeps trying to heal) stops.
+	lctx, lcancel := b.untilClosed(ctx)
+	defer lcancel()
+	fail := func(err error) error {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if cerr := b.closedErr(); cerr != nil {
+			return fmt.Errorf("read %v: %w", subjects, cerr)
+		}
+		if err == nil {
+			return nil
+		}
+		return fmt.Errorf("read %v: %w", subjects, err)
 	}
 	oc := jetstream.OrderedConsumerConfig{FilterSubjects: subjects}
 	switch {
@@ -56,19 +77,13 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 		t := opts.StartTime
 		oc.OptStartTime = &t
 	}
-	cons, err := b.js.OrderedConsumer(ctx, b.cfg.Stream, oc)
+	cons, err := b.js.OrderedConsumer(lctx, b.cfg.Stream, oc)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("read %v: %w", subjects, err)
+		return fail(err)
 	}
-	info, err := cons.Info(ctx)
+	info, err := cons.Info(lctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("read %v: %w", subjects, err)
+		return fail(err)
 	}
 	caughtUp := false
 	markCaughtUp := func() {
@@ -87,18 +102,18 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(512))
 	if err != nil {
-		return fmt.Errorf("read %v: %w", subjects, err)
+		return fail(err)
 	}
-	stop := context.AfterFunc(ctx, it.Stop)
+	stop := context.AfterFunc(lctx, it.Stop)
 	defer stop()
 	defer it.Stop()
 	for {
 		msg, err := it.Next()
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return fail(nil)
 			}
-			return fmt.Errorf("read %v: %w", subjects, err)
+			return fail(err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
@@ -116,6 +131,7 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			}
 		} else {
 			ev.Seq = meta.Sequence.Stream
+			ev.Stored = meta.Timestamp.UTC()
 			if err := fn(ev); err != nil {
 				if errors.Is(err, ErrStop) {
 					return nil

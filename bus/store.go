@@ -33,7 +33,7 @@ func (b *Bus) PutArtifact(ctx context.Context, object, name string, r io.Reader)
 	h := sha256.New()
 	info, err := b.artifacts.Put(ctx, jetstream.ObjectMeta{Name: object}, io.TeeReader(r, h))
 	if err != nil {
-		return schemas.ArtifactRef{}, fmt.Errorf("store artifact %s: %w", object, err)
+		return schemas.ArtifactRef{}, fmt.Errorf("store artifact %s: %w", object, b.connErr(err))
 	}
 	return schemas.ArtifactRef{
 		Name:        name,
@@ -59,13 +59,13 @@ func (b *Bus) GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Wri
 		return fmt.Errorf("artifact %s (%s): %w", ref.Name, ref.Object, ErrNotFound)
 	}
 	if err != nil {
-		return fmt.Errorf("artifact %s: %w", ref.Object, err)
+		return fmt.Errorf("artifact %s: %w", ref.Object, b.connErr(err))
 	}
 	defer obj.Close()
 	h := sha256.New()
 	n, err := io.Copy(io.MultiWriter(w, h), obj)
 	if err != nil {
-		return fmt.Errorf("artifact %s: %w", ref.Object, err)
+		return fmt.Errorf("artifact %s: %w", ref.Object, b.connErr(err))
 	}
 	return checkDigest(ref, n, h)
 }
@@ -102,7 +102,7 @@ func (b *Bus) PutView(ctx context.Context, key string, v any) error {
 		return fmt.Errorf("view %s: %w", key, err)
 	}
 	if _, err := b.views.Put(ctx, key, raw); err != nil {
-		return fmt.Errorf("view %s: %w", key, err)
+		return fmt.Errorf("view %s: %w", key, b.connErr(err))
 	}
 	return nil
 }
@@ -115,7 +115,7 @@ func (b *Bus) GetView(ctx context.Context, key string, v any) error {
 		return fmt.Errorf("view %s: %w", key, ErrNotFound)
 	}
 	if err != nil {
-		return fmt.Errorf("view %s: %w", key, err)
+		return fmt.Errorf("view %s: %w", key, b.connErr(err))
 	}
 	if err := json.Unmarshal(e.Value(), v); err != nil {
 		return fmt.Errorf("view %s: %w", key, err)

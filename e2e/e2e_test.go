@@ -80,13 +80,13 @@ func TestExampleCompletes(t *testing.T) {
 	if ex := loopbus(t, append([]string{"export", "kit-1", "--dir", out}, global...)...); ex.code != 0 {
 		t.Fatalf("export: %d %s", ex.code, ex.stderr)
 	}
-	for _, f := range []string{"session.json", "events.jsonl", "article.md", "summary.json", "ideas.json", "writing-kit.json"} {
+	for _, f := range []string{"session.json", "events.jsonl", "artifacts/article.md", "artifacts/summary.json", "artifacts/ideas.json", "artifacts/writing-kit.json", "iterations/kit-1.summary.1/summary.json"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Errorf("export: %v", err)
 		}
 	}
 	var kit map[string]any
-	raw, _ := os.ReadFile(filepath.Join(out, "writing-kit.json"))
+	raw, _ := os.ReadFile(filepath.Join(out, "artifacts", "writing-kit.json"))
 	if err := json.Unmarshal(raw, &kit); err != nil || kit["outline"] == nil {
 		t.Errorf("exported writing-kit.json: %v %s", err, raw)
 	}
@@ -220,6 +220,10 @@ func TestUsageErrors(t *testing.T) {
 		{"unsafe session id", []string{"run", "../examples/writing-kit/pipeline.yaml", "--input", filepath.Join(dir, "in.txt"), "--session", "a.b>"}, []string{"invalid session id"}},
 		{"bad until", []string{"replay", "s1", "--until", "yesterday"}, []string{"RFC 3339"}},
 		{"unknown flag", []string{"status", "s1", "--bogus"}, []string{"bogus"}},
+		{"missing argument", []string{"status"}, []string{"accepts 1 arg"}},
+		{"unknown command", []string{"bogus"}, []string{"unknown command"}},
+		{"bad log level", []string{"status", "s1", "--log-level", "loud"}, []string{"--log-level"}},
+		{"until zero", []string{"replay", "s1", "--until", "0"}, []string{"start at 1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -327,4 +331,108 @@ steps:
 	if !redelivered {
 		t.Errorf("the interrupted job was not redelivered (no job.started with delivery 2)")
 	}
+}
+
+// TestSharedDataDir: two `run`s on one data directory. The first starts the
+// embedded server; when its session ends it keeps serving until the second,
+// still running, is done.
+func TestSharedDataDir(t *testing.T) {
+	dir := t.TempDir()
+	release := filepath.Join(dir, "release")
+	writeFiles(t, dir, map[string]string{
+		"quick.sh":   "set -eu\necho quick > \"$LOOPBUS_OUTPUT_DIR/out.txt\"\n",
+		"slow.sh":    "set -eu\ni=0\nwhile [ ! -e \"$RELEASE\" ]; do sleep 0.1; i=$((i+1)); [ $i -lt 1200 ] || exit 9; done\necho slow > \"$LOOPBUS_OUTPUT_DIR/out.txt\"\n",
+		"in.txt":     "x\n",
+		"quick.yaml": "name: quick\nsteps:\n  only:\n    agent: {backend: exec, command: [sh, quick.sh]}\n    prompt: go\n    outputs: [{name: out.txt}]\n",
+		"slow.yaml":  "name: slow\nsteps:\n  only:\n    agent: {backend: exec, command: [sh, slow.sh], env: {RELEASE: " + release + "}}\n    prompt: go\n    outputs: [{name: out.txt}]\n",
+	})
+	data := t.TempDir()
+	start := func(pipeline, session string) (*exec.Cmd, *syncBuffer) {
+		t.Helper()
+		cmd := exec.Command(binary, "run", filepath.Join(dir, pipeline), "--input", filepath.Join(dir, "in.txt"), "--session", session, "--data", data)
+		cmd.Env = testEnv(t)
+		errb := &syncBuffer{}
+		cmd.Stderr = errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		return cmd, errb
+	}
+	// The owner's own session waits for the release, so the second run
+	// surely connects to its server while it runs.
+	ownerRelease := filepath.Join(dir, "owner-release")
+	writeFiles(t, dir, map[string]string{"owner.yaml": "name: owner\nsteps:\n  only:\n    agent: {backend: exec, command: [sh, slow.sh], env: {RELEASE: " + ownerRelease + "}}\n    prompt: go\n    outputs: [{name: out.txt}]\n"})
+	owner, ownerErr := start("owner.yaml", "owner-1")
+	eventually(t, 30*time.Second, "the owner's server", func() bool {
+		_, err := os.Stat(filepath.Join(data, "nats.url"))
+		return err == nil
+	})
+	second, secondErr := start("slow.yaml", "second-1")
+	eventually(t, 30*time.Second, "the second session's job to start", func() bool {
+		return count(events(t, []string{"--data", data}, "second-1"), "loopbus.job.started", "") > 0
+	})
+	// The owner finishes first, while the second is still running.
+	if err := os.WriteFile(ownerRelease, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the owner to wait for the other command", func() bool {
+		return strings.Contains(ownerErr.String(), "serving until they finish")
+	})
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 2)
+	go func() { done <- second.Wait() }()
+	go func() { done <- owner.Wait() }()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("a run failed: %v\nowner:\n%s\nsecond:\n%s", err, ownerErr, secondErr)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("runs did not finish\nowner:\n%s\nsecond:\n%s", ownerErr, secondErr)
+		}
+	}
+	if !strings.Contains(secondErr.String(), "✓ session second-1 completed") {
+		t.Errorf("second run:\n%s", secondErr)
+	}
+}
+
+// TestExportNamesCannotCollide: an output named like the export's own files
+// lands under artifacts/ and leaves session.json and events.jsonl intact.
+func TestExportNamesCannotCollide(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"a.sh":   "set -eu\necho PWNED > \"$LOOPBUS_OUTPUT_DIR/session.json\"\necho PWNED > \"$LOOPBUS_OUTPUT_DIR/events.jsonl\"\n",
+		"in.txt": "x\n",
+		"p.yaml": "name: clash\nsteps:\n  only:\n    agent: {backend: exec, command: [sh, a.sh]}\n    prompt: go\n    outputs: [{name: session.json}, {name: events.jsonl}]\n",
+	})
+	global := []string{"--data", t.TempDir()}
+	if r := loopbus(t, append([]string{"run", filepath.Join(dir, "p.yaml"), "--input", filepath.Join(dir, "in.txt"), "--session", "clash-1"}, global...)...); r.code != 0 {
+		t.Fatalf("run: %d %s", r.code, r.stderr)
+	}
+	out := t.TempDir()
+	if r := loopbus(t, append([]string{"export", "clash-1", "--dir", out}, global...)...); r.code != 0 {
+		t.Fatalf("export: %d %s", r.code, r.stderr)
+	}
+	if m := parseManifest(t, mustRead(t, filepath.Join(out, "session.json"))); m.ContentID != "clash-1" {
+		t.Errorf("session.json was overwritten: %+v", m)
+	}
+	if ev := mustRead(t, filepath.Join(out, "events.jsonl")); !strings.Contains(ev, "loopbus.session.started") {
+		t.Errorf("events.jsonl was overwritten: %q", ev)
+	}
+	if a := mustRead(t, filepath.Join(out, "artifacts", "session.json")); a != "PWNED\n" {
+		t.Errorf("artifact session.json: %q", a)
+	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -47,13 +47,17 @@ func Decide(st *State, trigger schemas.Event, now time.Time) []schemas.Event {
 		emit(schemas.TypeStepFailed, step, &schemas.StepFailed{Step: step, Iterations: iterations, Error: reason}, step)
 		emit(schemas.TypeSessionFailed, "", &schemas.SessionFailed{Step: step, Reason: fmt.Sprintf("step %s failed: %s", step, reason)})
 	}
-	request := func(st *Step, iteration int, feedback []schemas.Feedback) bool {
-		jr, err := jobRequest(s, st, iteration, feedback)
+	request := func(st *Step, iteration, attempt int, feedback []schemas.Feedback) bool {
+		jr, err := jobRequest(s, st, iteration, attempt, feedback)
 		if err != nil {
 			fail(st.Def.Name, st.Iteration, err.Error())
 			return false
 		}
-		emit(schemas.TypeJobRequested, st.Def.Name, jr, st.Def.Name, strconv.Itoa(iteration))
+		idParts := []string{st.Def.Name, strconv.Itoa(iteration)}
+		if attempt > 1 {
+			idParts = append(idParts, "attempt", strconv.Itoa(attempt))
+		}
+		emit(schemas.TypeJobRequested, st.Def.Name, jr, idParts...)
 		return true
 	}
 
@@ -68,18 +72,25 @@ func Decide(st *State, trigger schemas.Event, now time.Time) []schemas.Event {
 					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: stepSchemaVersion(st.Def),
 				}, name)
 				changed = true
+			case st.Status == StepRunning && st.Outcome == outcomeFailed && st.Retryable && st.Attempt < MaxAttempts:
+				// Not the agent's fault (an input could not be fetched, its
+				// workers kept dying): run the same iteration again.
+				if !request(st, st.Iteration, st.Attempt+1, st.Feedback) {
+					return out
+				}
+				changed = true
 			case st.Status == StepRunning && st.Outcome == outcomeFailed:
 				if st.Iteration >= st.Def.MaxIterations {
 					fail(name, st.Iteration, exhausted(st))
 					return out
 				}
 				fb := schemas.BoundFeedback(slices.Concat(st.Feedback, []schemas.Feedback{*st.Failure}))
-				if !request(st, st.Iteration+1, fb) {
+				if !request(st, st.Iteration+1, 1, fb) {
 					return out
 				}
 				changed = true
 			case st.Status == StepPending && s.ready(st):
-				if !request(st, 1, nil) {
+				if !request(st, 1, 1, nil) {
 					return out
 				}
 				changed = true
@@ -162,9 +173,22 @@ func stepSchemaVersion(d schemas.Step) string {
 	return strings.Join(vs, ",")
 }
 
-// JobID names a job: session, step and iteration.
-func JobID(session, step string, iteration int) string {
-	return session + "." + step + "." + strconv.Itoa(iteration)
+// MaxAttempts bounds how often one iteration is requested after retryable
+// job failures.
+const MaxAttempts = 3
+
+// MaxPromptBytes bounds a rendered prompt; events carrying it must stay
+// under the event size limit.
+const MaxPromptBytes = 256 << 10
+
+// JobID names a job: session, step and iteration, and the attempt when it
+// is not the first.
+func JobID(session, step string, iteration, attempt int) string {
+	id := session + "." + step + "." + strconv.Itoa(iteration)
+	if attempt > 1 {
+		id += ".a" + strconv.Itoa(attempt)
+	}
+	return id
 }
 
 // PromptData is what a step's prompt template sees.
@@ -178,7 +202,7 @@ type PromptData struct {
 	Step      string
 }
 
-func jobRequest(s *Session, st *Step, iteration int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
+func jobRequest(s *Session, st *Step, iteration, attempt int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
 	inputs := []schemas.ArtifactRef{s.Input}
 	arts := map[string]schemas.ArtifactRef{}
 	for _, r := range st.Def.Requires {
@@ -192,8 +216,11 @@ func jobRequest(s *Session, st *Step, iteration int, feedback []schemas.Feedback
 	if err != nil {
 		return nil, err
 	}
+	if len(prompt) > MaxPromptBytes {
+		return nil, fmt.Errorf("the rendered prompt is %d bytes, over the %d-byte limit; pass large content as artifacts (files in in/) instead", len(prompt), MaxPromptBytes)
+	}
 	return &schemas.JobRequested{
-		JobID: JobID(s.ID, st.Def.Name, iteration), Step: st.Def.Name, Iteration: iteration, Attempt: 1,
+		JobID: JobID(s.ID, st.Def.Name, iteration, attempt), Step: st.Def.Name, Iteration: iteration, Attempt: attempt,
 		Agent: st.Def.Agent, Prompt: prompt, Inputs: inputs, Outputs: st.Def.Outputs,
 		Validate: st.Def.Validate, TimeoutMs: st.Def.TimeoutMs, ValidateTimeoutMs: st.Def.ValidateTimeoutMs,
 		Dir: s.Pipeline.Dir, Feedback: feedback,
@@ -217,4 +244,37 @@ func RenderPrompt(text string, data PromptData) (string, error) {
 		b.WriteString(data.Feedback)
 	}
 	return b.String(), nil
+}
+
+// Unrecordable returns the events that end a session whose decision evs
+// could not be written for a reason retrying cannot fix (the server refused
+// it, or it does not encode): the step it concerned fails, and the session
+// with it, so nobody waits for a decision that will never come. Like Decide
+// it is pure and its ids are those of the ordinary failure events.
+func Unrecordable(st *State, trigger schemas.Event, evs []schemas.Event, cause error, now time.Time) []schemas.Event {
+	s := st.Sessions[trigger.Session]
+	if s == nil || s.terminal() {
+		return nil
+	}
+	step := ""
+	types := make([]string, 0, len(evs))
+	for _, ev := range evs {
+		types = append(types, strings.TrimPrefix(ev.Type, "loopbus."))
+		if step == "" && ev.Step != "" {
+			step = ev.Step
+		}
+	}
+	reason := fmt.Sprintf("the orchestrator could not record its decision (%s): %v", strings.Join(types, ", "), cause)
+	mk := func(typ, stepName string, data any, idParts ...string) schemas.Event {
+		return schemas.Event{
+			ID: schemas.DeterministicID(append([]string{s.ID, typ}, idParts...)...), Type: typ, Session: s.ID, Step: stepName,
+			Causation: trigger.ID, Correlation: s.StartID, Time: now, Data: data,
+		}
+	}
+	var out []schemas.Event
+	if st := s.Steps[step]; st != nil && st.Status != StepCompleted && st.Status != StepFailed {
+		out = append(out, mk(schemas.TypeStepFailed, step, &schemas.StepFailed{Step: step, Iterations: st.Iteration, Error: reason}, step))
+		reason = fmt.Sprintf("step %s failed: %s", step, reason)
+	}
+	return append(out, mk(schemas.TypeSessionFailed, "", &schemas.SessionFailed{Step: step, Reason: reason}))
 }

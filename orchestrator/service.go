@@ -119,8 +119,17 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 		// Newer events exist that we have not read yet; we decide again
 		// when they arrive.
 		log.Debug().Err(err).Msg("decision superseded")
-	case ctx.Err() != nil:
+	case ctx.Err() != nil, errors.Is(err, bus.ErrConnectionLost):
+		// Not ours to judge: a restarted orchestrator decides again.
 	default:
-		log.Error().Err(err).Msg("could not publish decision; will retry on the next event")
+		// The bus retries transient failures itself; what is left will not
+		// pass on a retry. Fail the session rather than leave it waiting.
+		log.Error().Err(err).Msg("could not publish decision; failing the session")
+		fallback := Unrecordable(s.state, trigger, evs, err, s.now())
+		if res, ferr := s.bus.PublishBatch(ctx, sess.ID, sess.LastSeq, fallback); ferr == nil {
+			s.inflight[sess.ID] = res.Seq
+		} else if !errors.Is(ferr, bus.ErrStale) && !errors.Is(ferr, bus.ErrDuplicate) {
+			log.Error().Err(ferr).Msg("could not record the session's failure either")
+		}
 	}
 }

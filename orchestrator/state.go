@@ -55,13 +55,18 @@ type Step struct {
 	Def       schemas.Step
 	Status    string
 	Iteration int
-	JobID     string
+	// Attempt counts requests of the same iteration after failures that
+	// were not the agent's fault (retryable job failures); 1 at first.
+	Attempt int
+	JobID   string
 	// Outcome of the current job: passed, failed, or none yet.
 	Outcome string
 	// Passed holds the artifacts of a passed verdict until step.completed.
 	Passed []schemas.ArtifactRef
 	// Failure describes a failed current job until it is retried.
 	Failure *schemas.Feedback
+	// Retryable marks a Failure that was not the agent's fault.
+	Retryable bool
 	// Feedback accumulates the failures of earlier iterations.
 	Feedback  []schemas.Feedback
 	Artifacts []schemas.ArtifactRef
@@ -129,9 +134,11 @@ func evolveSession(s *Session, ev schemas.Event) {
 	}
 	switch d := ev.Data.(type) {
 	case *schemas.JobRequested:
-		if st := s.Steps[d.Step]; st != nil && st.Status != StepCompleted && d.Iteration > st.Iteration {
-			st.Status, st.Iteration, st.JobID = StepRunning, d.Iteration, d.JobID
-			st.Outcome, st.Passed, st.Failure = outcomeNone, nil, nil
+		attempt := max(d.Attempt, 1)
+		if st := s.Steps[d.Step]; st != nil && st.Status != StepCompleted &&
+			(d.Iteration > st.Iteration || d.Iteration == st.Iteration && attempt > st.Attempt) {
+			st.Status, st.Iteration, st.Attempt, st.JobID = StepRunning, d.Iteration, attempt, d.JobID
+			st.Outcome, st.Passed, st.Failure, st.Retryable = outcomeNone, nil, nil, false
 			st.Feedback = slices.Clone(d.Feedback)
 		}
 	case *schemas.Verdict:
@@ -151,7 +158,7 @@ func evolveSession(s *Session, ev schemas.Event) {
 			if d.OutputTail != "" {
 				msg += "\nLast output:\n" + d.OutputTail
 			}
-			st.Outcome = outcomeFailed
+			st.Outcome, st.Retryable = outcomeFailed, d.Retryable
 			st.Failure = &schemas.Feedback{Iteration: d.Iteration, Kind: "job", Message: msg}
 		}
 	case *schemas.StepCompleted:

@@ -45,6 +45,8 @@ type Event struct {
 	Time        time.Time
 	Data        any
 	Seq         uint64
+	// Stored is when the stream stored the event; zero for events not read from the stream.
+	Stored time.Time
 }
 
 // Subject returns the CloudEvent subject: the session, or session/step when

@@ -41,7 +41,8 @@ type Config struct {
 	// DefaultTimeout bounds a validate command whose step sets none; 1m.
 	DefaultTimeout time.Duration
 	// Env is the base environment of validate commands; nil means this
-	// process's.
+	// process's, without its LOOPBUS_* settings. The step's agent env is
+	// added, as for the agent.
 	Env []string
 }
 
@@ -79,7 +80,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 		cfg.DefaultTimeout = time.Minute
 	}
 	if cfg.Env == nil {
-		cfg.Env = os.Environ()
+		cfg.Env = workspace.BaseEnv()
 	}
 	return &Service{cfg: cfg, bus: b, log: log, now: now}, nil
 }
@@ -211,7 +212,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	res, err := procrun.Run(ctx, procrun.Spec{
 		Argv:    jr.Validate,
 		Dir:     ws.Root,
-		Env:     ws.Env(s.cfg.Env, workspace.Vars{Session: session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, nil),
+		Env:     ws.Env(s.cfg.Env, workspace.Vars{Session: session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env),
 		Timeout: timeout,
 	})
 	if ctx.Err() != nil {

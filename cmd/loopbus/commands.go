@@ -65,11 +65,11 @@ func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	log := g.logger(zerolog.WarnLevel)
-	c, err := g.connect(ctx, "run", log)
+	c, err := g.connect(ctx, "run", log, false)
 	if err != nil {
 		return err
 	}
-	defer c.close()
+	defer c.close(g.stderr)
 	if detach && c.ownsServer() {
 		return usageErr(errors.New("run --detach: no loopbus server runs on the data directory, so nothing would work on the session after this command exits; start 'loopbus serve' first or pass --nats"))
 	}
@@ -90,11 +90,12 @@ func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input
 	return g.follow(ctx, c, session, asJSON, workers, log)
 }
 
-// follow watches a session to its end, running the services in-process when
-// this command owns the NATS server.
+// follow watches a session to its end. In embedded mode (no --nats) it also
+// runs every service in-process, so the session progresses whoever started
+// the server; extra replicas are safe (shared consumers, guarded decisions).
 func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bool, workers int, log zerolog.Logger) error {
 	var group run.Group
-	if c.ownsServer() {
+	if g.natsURL == "" {
 		if err := addServices(&group, ctx, c.bus, serviceSet{orchestrator: true, validator: true, projector: true, workers: workers}, log); err != nil {
 			return err
 		}
@@ -102,17 +103,17 @@ func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bo
 	addSignals(&group, ctx)
 	var final *projections.Manifest
 	wctx, wcancel := context.WithCancel(ctx)
-	progress := newProgress(g.stderr)
+	progress := client.NewProgress(g.stderr)
 	group.Add(func() error {
-		m, err := client.Watch(wctx, c.bus, session, progress.event)
+		m, err := client.Watch(wctx, c.bus, session, progress.Event)
 		final = m
 		return err
 	}, func(error) { wcancel() })
 	err := group.Run()
 	switch {
 	case isSignal(err):
-		fmt.Fprintf(g.stderr, "interrupted; session %s continues when a loopbus server runs on this data directory ('loopbus wait %s')\n", session, session)
-		return errSessionFailed
+		fmt.Fprintf(g.stderr, "interrupted; session %s is not lost: 'loopbus wait %s' resumes following it (and, in embedded mode, running it)\n", session, session)
+		return errInterrupted
 	case err != nil:
 		return err
 	case final == nil:
@@ -127,7 +128,7 @@ func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bo
 	}
 	if final.Status == projections.StatusFailed {
 		fmt.Fprintf(g.stderr, "session %s failed: %s\n", session, final.Error)
-		return errSessionFailed
+		return errFailed
 	}
 	return nil
 }
@@ -145,11 +146,11 @@ func newWaitCmd(g *globals) *cobra.Command {
 			}
 			ctx := cmd.Context()
 			log := g.logger(zerolog.WarnLevel)
-			c, err := g.connect(ctx, "wait", log)
+			c, err := g.connect(ctx, "wait", log, false)
 			if err != nil {
 				return err
 			}
-			defer c.close()
+			defer c.close(g.stderr)
 			if last, err := c.bus.SessionLastSeq(ctx, args[0]); err != nil {
 				return err
 			} else if last == 0 {
@@ -163,14 +164,14 @@ func newWaitCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// readCmd runs fn with a bus for a read-only command.
+// readOnly runs fn with a bus for a command that only reads.
 func (g *globals) readOnly(cmd *cobra.Command, fn func(ctx context.Context, b *bus.Bus) error) error {
 	ctx := cmd.Context()
-	c, err := g.connect(ctx, cmd.Name(), g.logger(zerolog.WarnLevel))
+	c, err := g.connect(ctx, cmd.Name(), g.logger(zerolog.WarnLevel), false)
 	if err != nil {
 		return err
 	}
-	defer c.close()
+	defer c.close(g.stderr)
 	err = fn(ctx, c.bus)
 	if errors.Is(err, client.ErrNoSession) || errors.Is(err, client.ErrBadInput) {
 		return usageErr(err)
@@ -190,7 +191,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printManifest(g.stdout, m, asJSON)
+				return client.PrintManifest(g.stdout, m, asJSON)
 			})
 		},
 	}
@@ -221,7 +222,7 @@ func newReplayCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printManifest(g.stdout, m, asJSON)
+				return client.PrintManifest(g.stdout, m, asJSON)
 			})
 		},
 	}
@@ -294,7 +295,7 @@ func newEventsCmd(g *globals) *cobra.Command {
 						_, err = g.stdout.Write(line)
 						return err
 					}
-					_, err := fmt.Fprintf(g.stdout, "%6d  %s  %-26s %-32s %s\n", e.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), strings.TrimPrefix(e.Type, "loopbus."), e.Subject(), summarize(e))
+					_, err := fmt.Fprintf(g.stdout, "%6d  %s  %-26s %-32s %s\n", e.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), strings.TrimPrefix(e.Type, "loopbus."), e.Subject(), client.Summarize(e))
 					return err
 				})
 			})
@@ -330,7 +331,7 @@ func newServeCmd(g *globals) *cobra.Command {
 				g.natsURL = srv.URL()
 				log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
 			}
-			c, err := g.connect(ctx, "serve", log)
+			c, err := g.connect(ctx, "serve", log, true)
 			if err != nil {
 				return err
 			}
@@ -362,6 +363,9 @@ func newNatsCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := g.logger(zerolog.InfoLevel)
+			if config != "" && !cmd.Flags().Changed("listen") {
+				listen = "" // the configuration file's host and port apply
+			}
 			cfg := g.embeddedConfig(listen)
 			cfg.ConfigFile = config
 			srv, err := bus.StartEmbedded(cfg, log)
@@ -430,11 +434,11 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 
 func (g *globals) runServices(ctx context.Context, name string, set serviceSet) error {
 	log := g.logger(zerolog.InfoLevel).With().Str("process", name).Logger()
-	c, err := g.connect(ctx, name, log)
+	c, err := g.connect(ctx, name, log, true)
 	if err != nil {
 		return err
 	}
-	defer c.close()
+	defer c.close(g.stderr)
 	var group run.Group
 	if err := addServices(&group, ctx, c.bus, set, log); err != nil {
 		return err

@@ -50,16 +50,20 @@ func applyLayers(cmd *cobra.Command) error {
 			return usageErr(fmt.Errorf("config %s: %v", f, err))
 		}
 		for k, v := range m {
-			if cmd.Flags().Lookup(k) == nil && !knownAnywhere(cmd.Root(), k) {
-				return usageErr(fmt.Errorf("config %s: unknown setting %q (settings are flag names, e.g. nats, data)", f, k))
+			if cmd.Root().PersistentFlags().Lookup(k) == nil {
+				return usageErr(fmt.Errorf("config %s: unknown setting %q (settings are global flag names, e.g. nats, data, log-level)", f, k))
 			}
 			fromFiles[k] = fmt.Sprint(v)
 			where[k] = f
 		}
 	}
+	// Only global flags are layered: a command's own flags (--session,
+	// --json, …) must not pick up, say, the LOOPBUS_SESSION every agent
+	// has in its environment.
 	var firstErr error
-	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
-		if fl.Changed || firstErr != nil {
+	cmd.Root().PersistentFlags().VisitAll(func(global *pflag.Flag) {
+		fl := cmd.Flags().Lookup(global.Name)
+		if fl == nil || fl.Changed || firstErr != nil {
 			return
 		}
 		val, src, ok := "", "", false
@@ -70,22 +74,10 @@ func applyLayers(cmd *cobra.Command) error {
 			val, src, ok = v, envName(fl.Name), true
 		}
 		if ok {
-			if err := fl.Value.Set(val); err != nil {
+			if err := cmd.Flags().Set(fl.Name, val); err != nil { // marks it Changed
 				firstErr = usageErr(fmt.Errorf("%s: %s=%q: %v", src, fl.Name, val, err))
 			}
 		}
 	})
 	return firstErr
-}
-
-func knownAnywhere(root *cobra.Command, name string) bool {
-	if root.PersistentFlags().Lookup(name) != nil {
-		return true
-	}
-	for _, c := range root.Commands() {
-		if c.Flags().Lookup(name) != nil {
-			return true
-		}
-	}
-	return false
 }

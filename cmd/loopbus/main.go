@@ -28,10 +28,11 @@ import (
 
 // Exit codes.
 const (
-	exitOK      = 0
-	exitFailed  = 1
-	exitUsage   = 2
-	defaultPort = "127.0.0.1:4222"
+	exitOK          = 0
+	exitFailed      = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+	defaultPort     = "127.0.0.1:4222"
 )
 
 // usageError marks errors that exit with code 2.
@@ -42,9 +43,12 @@ func (u usageError) Unwrap() error { return u.err }
 
 func usageErr(err error) error { return usageError{err} }
 
-// sessionFailed marks a session that ended failed (exit code 1, reason
-// already printed).
-var errSessionFailed = errors.New("session failed")
+// errFailed exits with code 1 after the reason was already printed (a
+// failed session, failed doctor checks).
+var errFailed = errors.New("failed")
+
+// errInterrupted exits with code 130 after a signal.
+var errInterrupted = errors.New("interrupted")
 
 func main() {
 	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
@@ -61,9 +65,13 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, errSessionFailed):
+	case errors.Is(err, errFailed):
 		return exitFailed
-	case errors.As(err, &ue):
+	case errors.Is(err, errInterrupted):
+		return exitInterrupted
+	case errors.As(err, &ue) || !g.started:
+		// Errors before a command started (unknown command, wrong
+		// arguments) are cobra's: usage errors too.
 		fmt.Fprintf(stderr, "loopbus: %v\n", err)
 		return exitUsage
 	default:
@@ -75,6 +83,12 @@ func execute(args []string, stdout, stderr io.Writer) int {
 // globals are the settings every command shares.
 type globals struct {
 	stdout, stderr io.Writer
+	// started is set once a command's own code runs; errors before that
+	// are usage errors.
+	started bool
+	// retentionSet is true when --max-age, --max-bytes or --replicas was
+	// given (by flag, environment or config file).
+	retentionSet bool
 
 	natsURL  string
 	dataDir  string
@@ -110,7 +124,21 @@ server another loopbus command already runs there).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return applyLayers(cmd)
+			if err := applyLayers(cmd); err != nil {
+				return err
+			}
+			if g.logLevel != "" {
+				if _, err := zerolog.ParseLevel(g.logLevel); err != nil || g.logLevel == "" {
+					return usageErr(fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel))
+				}
+			}
+			for _, name := range []string{"max-age", "max-bytes", "replicas"} {
+				if f := cmd.Flags().Lookup(name); f != nil && f.Changed {
+					g.retentionSet = true
+				}
+			}
+			g.started = true
+			return nil
 		},
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(err) })
@@ -154,13 +182,21 @@ func (g *globals) logger(defaultLevel zerolog.Level) zerolog.Logger {
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
 }
 
-func (g *globals) busConfig(name string) bus.Config {
-	return bus.Config{
+// busConfig: long-running services retry the connection forever and may
+// change retention; commands a person waits on give up after a while.
+func (g *globals) busConfig(name string, service bool) bus.Config {
+	cfg := bus.Config{
 		URL: g.natsURL, Name: name,
 		User: g.user, Password: g.password, Token: g.token, CredsFile: g.creds, NKeyFile: g.nkey,
 		TLSCA: g.tlsCA, TLSCert: g.tlsCert, TLSKey: g.tlsKey,
 		Replicas: g.replicas, MaxAge: g.maxAge, MaxBytes: g.maxBytes,
 	}
+	if service {
+		cfg.Reconfigure = g.retentionSet
+	} else {
+		cfg.ConnectTimeout, cfg.GiveUpAfter = 10*time.Second, 30*time.Second
+	}
+	return cfg
 }
 
 func (g *globals) embeddedConfig(listen string) bus.EmbeddedConfig {
@@ -176,22 +212,39 @@ type conn struct {
 	srv *bus.Embedded
 }
 
-// ownsServer reports whether this process started the NATS server (and so
-// must also run the services for anything to make progress).
+// ownsServer reports whether this process started the NATS server.
 func (c *conn) ownsServer() bool { return c.srv != nil }
 
-func (c *conn) close() {
+// close closes the bus and, if this process started the embedded server,
+// keeps serving while other loopbus commands on the same data directory are
+// still connected (they would lose their server otherwise), then stops it.
+func (c *conn) close(stderr io.Writer) {
 	c.bus.Close()
-	if c.srv != nil {
-		c.srv.Shutdown()
+	if c.srv == nil {
+		return
 	}
+	ctx, stop := notifyContext()
+	defer stop()
+	told := false
+	for c.srv.Server().NumClients() > 0 && ctx.Err() == nil {
+		if !told {
+			fmt.Fprintf(stderr, "other loopbus commands still use this data directory's server; serving until they finish (Ctrl-C to stop now)\n")
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	c.srv.Shutdown()
 }
 
 // connect opens the bus: to --nats if given, else to the server on the data
-// directory, starting one embedded if none runs.
-func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger) (*conn, error) {
+// directory, starting one embedded if none runs. service selects the
+// connection behaviour of long-running services (see busConfig).
+func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger, service bool) (*conn, error) {
 	c := &conn{}
-	cfg := g.busConfig(name)
+	cfg := g.busConfig(name, service)
 	if cfg.URL == "" {
 		url, srv, err := bus.OpenDataDir(ctx, g.embeddedConfig(""), log)
 		if err != nil {
@@ -242,21 +295,21 @@ func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, 
 		}{name, r})
 	}
 	if set.orchestrator {
-		o, err := orchestrator.New(orchestrator.Config{}, b, log.With().Str("service", "orchestrator").Logger(), time.Now)
+		o, err := orchestrator.New(orchestrator.Config{}, b.WithSource(sourceName("orchestrator")), log.With().Str("service", "orchestrator").Logger(), time.Now)
 		if err != nil {
 			return err
 		}
 		add("orchestrator", o)
 	}
 	if set.validator {
-		v, err := validator.New(validator.Config{}, b, log.With().Str("service", "validator").Logger(), time.Now)
+		v, err := validator.New(validator.Config{}, b.WithSource(sourceName("validator")), log.With().Str("service", "validator").Logger(), time.Now)
 		if err != nil {
 			return err
 		}
 		add("validator", v)
 	}
 	if set.projector {
-		p, err := projector.New(projector.Config{}, b, log.With().Str("service", "projector").Logger())
+		p, err := projector.New(projector.Config{}, b.WithSource(sourceName("projector")), log.With().Str("service", "projector").Logger())
 		if err != nil {
 			return err
 		}
@@ -269,7 +322,7 @@ func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, 
 	if set.workers > 0 {
 		wc := set.worker
 		wc.Concurrency = set.workers
-		w, err := agentworker.New(wc, b, log.With().Str("service", "agentworker").Logger(), time.Now)
+		w, err := agentworker.New(wc, b.WithSource(sourceName("agentworker")), log.With().Str("service", "agentworker").Logger(), time.Now)
 		if err != nil {
 			return err
 		}

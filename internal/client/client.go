@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
@@ -117,11 +116,9 @@ func Submit(ctx context.Context, b Bus, p schemas.Pipeline, inputPath, session s
 // the session has no session.started.
 func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Event, *projections.Manifest)) (*projections.Manifest, error) {
 	var m *projections.Manifest
-	caught := false
 	err := b.Read(ctx, bus.ReadOptions{
-		Subjects:   []string{schemas.SessionSubjects(session)},
-		Follow:     true,
-		OnCaughtUp: func() { caught = true },
+		Subjects: []string{schemas.SessionSubjects(session)},
+		Follow:   true,
 	}, func(ev schemas.Event) error {
 		m = projections.FoldManifest(m, ev)
 		if onEvent != nil && m != nil {
@@ -135,17 +132,16 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 	if err != nil {
 		return m, err
 	}
-	if m == nil && caught && ctx.Err() == nil {
-		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
-	}
 	if m == nil {
 		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
 	}
 	return m, ctx.Err()
 }
 
-// Until bounds a replay: at most sequence Seq, or events stored at or
-// before Time. The zero value means no bound.
+// Until bounds a replay: events up to stream sequence Seq, or stored by the
+// stream at or before Time (the stream's clock, not the producers', so
+// clock skew between hosts cannot reorder history). The zero value means no
+// bound.
 type Until struct {
 	Seq  uint64
 	Time time.Time
@@ -155,6 +151,9 @@ type Until struct {
 func ParseUntil(s string) (Until, error) {
 	var n uint64
 	if _, err := fmt.Sscanf(s, "%d", &n); err == nil && fmt.Sprint(n) == s {
+		if n == 0 {
+			return Until{}, fmt.Errorf("--until 0: stream sequences start at 1")
+		}
 		return Until{Seq: n}, nil
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
@@ -168,7 +167,7 @@ func (u Until) includes(ev schemas.Event) bool {
 	if u.Seq != 0 && ev.Seq > u.Seq {
 		return false
 	}
-	if !u.Time.IsZero() && ev.Time.After(u.Time) {
+	if !u.Time.IsZero() && ev.Stored.After(u.Time) {
 		return false
 	}
 	return true
@@ -230,9 +229,10 @@ func EncodeLine(b Bus, ev schemas.Event) ([]byte, error) {
 	return append(m.Data, '\n'), nil
 }
 
-// Export writes session.json (the manifest), events.jsonl (every event),
-// the input and the artifacts of completed steps into dir, and every
-// stored artifact of every iteration under dir/jobs/<job>/.
+// Export writes into dir: session.json (the manifest), events.jsonl (every
+// event), artifacts/ (the input and the artifacts of completed steps) and
+// iterations/<job>/ (every stored artifact of every iteration). Artifact
+// names live in their own folders, so none can overwrite the export's files.
 func Export(ctx context.Context, b Bus, session, dir string) (*projections.Manifest, error) {
 	evs, err := Events(ctx, b, session, Until{})
 	if err != nil {
@@ -270,14 +270,14 @@ func Export(ctx context.Context, b Bus, session, dir string) (*projections.Manif
 		return b.GetArtifactFile(ctx, ref, filepath.Join(d, ref.Name))
 	}
 	if m.Input != nil {
-		if err := fetch(*m.Input); err != nil {
+		if err := fetch(*m.Input, "artifacts"); err != nil {
 			return nil, err
 		}
 	}
 	for _, name := range m.StepOrder {
 		if st := m.Steps[name]; st != nil && st.Status == projections.StepStatusCompleted {
 			for _, a := range st.Artifacts {
-				if err := fetch(a); err != nil {
+				if err := fetch(a, "artifacts"); err != nil {
 					return nil, err
 				}
 			}
@@ -285,11 +285,12 @@ func Export(ctx context.Context, b Bus, session, dir string) (*projections.Manif
 	}
 	for _, ev := range evs {
 		if as, ok := ev.Data.(*schemas.ArtifactStored); ok {
-			job := strings.ReplaceAll(as.JobID, "/", "_")
-			if err := schemas.ValidateName(job); err != nil {
+			if err := schemas.ValidateName(as.JobID); err != nil {
 				return nil, err
 			}
-			if err := fetch(as.Artifact, "jobs", job); err != nil {
+			// Repeated deliveries of a job store the same name again;
+			// the folder keeps the last.
+			if err := fetch(as.Artifact, "iterations", as.JobID); err != nil {
 				return nil, err
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/loopbus/loopbus/schemas"
@@ -30,8 +31,11 @@ type Workspace struct {
 	Root, In, Out, PromptFile, FeedbackFile string
 }
 
-// Create makes a fresh workspace at base/session/name, removing any left by
-// an earlier delivery of the same job. session and name must be safe tokens.
+// Create makes a new, empty workspace under base/session, named after name
+// plus a random suffix. It never reuses or removes an existing directory:
+// workers on one machine (or ones serving different streams that happen to
+// use the same session id) cannot touch each other's workspaces. session
+// and name must be safe tokens.
 func Create(base, session, name string) (*Workspace, error) {
 	if err := schemas.ValidateSessionID(session); err != nil {
 		return nil, err
@@ -43,8 +47,12 @@ func Create(base, session, name string) (*Workspace, error) {
 	if err != nil {
 		return nil, err
 	}
-	root := filepath.Join(abs, session, name)
-	if err := os.RemoveAll(root); err != nil {
+	parent := filepath.Join(abs, session)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
+	root, err := os.MkdirTemp(parent, name+"-")
+	if err != nil {
 		return nil, fmt.Errorf("workspace: %w", err)
 	}
 	w := &Workspace{
@@ -52,7 +60,7 @@ func Create(base, session, name string) (*Workspace, error) {
 		PromptFile: filepath.Join(root, "prompt.md"), FeedbackFile: filepath.Join(root, "feedback.md"),
 	}
 	for _, d := range []string{w.In, w.Out} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
+		if err := os.Mkdir(d, 0o700); err != nil {
 			return nil, fmt.Errorf("workspace: %w", err)
 		}
 	}
@@ -82,6 +90,19 @@ func (w *Workspace) WriteText(prompt, feedback string) error {
 		return err
 	}
 	return os.WriteFile(w.FeedbackFile, []byte(feedback), 0o600)
+}
+
+// BaseEnv returns this process's environment without its own LOOPBUS_*
+// settings (NATS URL, credentials, data directory): agents and validation
+// commands get the job's LOOPBUS_* variables, never the service's.
+func BaseEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "LOOPBUS_") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // Vars identify the job in the environment.

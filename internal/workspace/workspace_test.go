@@ -36,7 +36,10 @@ func TestCreateLayout(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	root := filepath.Join(base, "s1", "summary-1-1")
+	root := w.Root
+	if filepath.Dir(root) != filepath.Join(base, "s1") || !strings.HasPrefix(filepath.Base(root), "summary-1-1-") {
+		t.Fatalf("root %s: want a new directory summary-1-1-* under %s", root, filepath.Join(base, "s1"))
+	}
 	want := workspace.Workspace{
 		Root: root, In: filepath.Join(root, "in"), Out: filepath.Join(root, "out"),
 		PromptFile: filepath.Join(root, "prompt.md"), FeedbackFile: filepath.Join(root, "feedback.md"),
@@ -71,28 +74,24 @@ func TestCreateRelativeBaseIsMadeAbsolute(t *testing.T) {
 	}
 }
 
-func TestCreateRemovesEarlierContents(t *testing.T) {
+// TestCreateNeverReusesOrRemoves: a second workspace for the same job (a
+// redelivery, or another worker on this machine using the same session id)
+// is a new empty directory, and the first one is left as it was.
+func TestCreateNeverReusesOrRemoves(t *testing.T) {
 	base := t.TempDir()
 	w, err := workspace.Create(base, "s1", "summary-1-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(w.Out, "stale.json"), "{}")
+	writeFile(t, filepath.Join(w.Out, "busy.json"), "{}")
 	writeFile(t, filepath.Join(w.In, "old.md"), "old")
-	writeFile(t, filepath.Join(w.Root, "junk"), "junk")
-	if err := os.Mkdir(filepath.Join(w.Out, "sub"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	// A neighbouring workspace must survive.
-	other, err := workspace.Create(base, "s1", "summary-1-2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(other.Out, "keep.json"), "{}")
 
 	w2, err := workspace.Create(base, "s1", "summary-1-1")
 	if err != nil {
 		t.Fatalf("second Create: %v", err)
+	}
+	if w2.Root == w.Root {
+		t.Fatalf("both workspaces are %s", w.Root)
 	}
 	for _, d := range []string{w2.Root, w2.In, w2.Out} {
 		entries, err := os.ReadDir(d)
@@ -111,14 +110,19 @@ func TestCreateRemovesEarlierContents(t *testing.T) {
 			t.Errorf("%s holds %q, want %q", d, got, want)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(other.Out, "keep.json")); err != nil {
-		t.Errorf("neighbouring workspace was touched: %v", err)
+	for _, f := range []string{filepath.Join(w.Out, "busy.json"), filepath.Join(w.In, "old.md")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("the first workspace was touched: %v", err)
+		}
 	}
 	if err := w2.Remove(); err != nil {
 		t.Fatalf("Remove: %v", err)
 	}
 	if _, err := os.Stat(w2.Root); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Root still exists after Remove: %v", err)
+	}
+	if _, err := os.Stat(w.Root); err != nil {
+		t.Errorf("Remove of the second removed the first: %v", err)
 	}
 }
 

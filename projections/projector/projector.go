@@ -110,8 +110,24 @@ func (p *Service) run(ctx context.Context, from uint64, follow bool) error {
 		DeadLetter: "projector",
 		OnCaughtUp: func() { p.log.Info().Uint64("seq", max(last, from)).Msg("views caught up") },
 	}, func(ev schemas.Event) error {
-		if err := p.apply(ctx, ev, !follow); err != nil {
-			return err
+		// A view write that fails (the server is restarting, say) is
+		// retried: skipping it would leave the view wrong until rebuilt.
+		for attempt := 0; ; attempt++ {
+			err := p.apply(ctx, ev, !follow)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if attempt == 0 {
+				p.log.Warn().Err(err).Uint64("seq", ev.Seq).Msg("could not update a view; retrying")
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(min(time.Duration(attempt+1)*200*time.Millisecond, 5*time.Second)):
+			}
 		}
 		last = ev.Seq
 		if n++; n%p.cfg.CheckpointEvery == 0 {

@@ -1,0 +1,104 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+
+	"github.com/loopbus/loopbus/bus"
+)
+
+// Check is one finding of Doctor.
+type Check struct {
+	Name   string
+	OK     bool
+	Detail string
+}
+
+// Doctor inspects what loopbus relies on: the server version (atomic
+// batches need 2.12), the event stream's settings, the shared consumers,
+// the dead letters, and sh for exec agents. where describes the connection
+// for the report.
+func Doctor(ctx context.Context, b *bus.Bus, where string) []Check {
+	var out []Check
+	add := func(name string, err error, detail string) {
+		if err != nil {
+			out = append(out, Check{Name: name, Detail: err.Error()})
+			return
+		}
+		out = append(out, Check{Name: name, OK: true, Detail: detail})
+	}
+	nc := b.Conn()
+	add("nats", nil, fmt.Sprintf("%s, version %s", where, nc.ConnectedServerVersion()))
+	if !atLeast(nc.ConnectedServerVersion(), 2, 12) {
+		add("server version", fmt.Errorf("%s is older than 2.12: atomic batches are unavailable", nc.ConnectedServerVersion()), "")
+	}
+	js := b.JetStream()
+	s, err := js.Stream(ctx, b.StreamName())
+	if err != nil {
+		add("event stream", err, "")
+		return out
+	}
+	info, err := s.Info(ctx)
+	if err == nil {
+		cfg := info.Config
+		var bad []string
+		if !cfg.DenyDelete || !cfg.DenyPurge {
+			bad = append(bad, "delete/purge allowed")
+		}
+		if !cfg.AllowAtomicPublish {
+			bad = append(bad, "atomic publish off")
+		}
+		if len(bad) > 0 {
+			err = fmt.Errorf("%s: %s", cfg.Name, strings.Join(bad, ", "))
+		}
+	}
+	if err != nil {
+		add("event stream", err, "")
+	} else {
+		retention := "kept forever"
+		if info.Config.MaxAge > 0 {
+			retention = "kept " + info.Config.MaxAge.String()
+		}
+		add("event stream", nil, fmt.Sprintf("%s: %d events, %d bytes, %s, replicas %d", info.Config.Name, info.State.Msgs, info.State.Bytes, retention, info.Config.Replicas))
+	}
+	for _, name := range []string{"agentworker", "validator"} {
+		cons, err := s.Consumer(ctx, name)
+		if err != nil {
+			add("consumer "+name, fmt.Errorf("not created yet (start the %s service)", name), "")
+			continue
+		}
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			add("consumer "+name, err, "")
+			continue
+		}
+		add("consumer "+name, nil, fmt.Sprintf("%d pending, %d in progress, %d redelivered, %d waiting pulls", ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting))
+	}
+	if dlq, err := js.Stream(ctx, bus.DefaultDLQStream); err == nil {
+		if info, err := dlq.Info(ctx); err == nil {
+			detail := "empty"
+			if info.State.Msgs > 0 {
+				detail = fmt.Sprintf("%d dead letters on %s.> (stream %s): read them with any NATS client", info.State.Msgs, bus.DLQSubjectPrefix, bus.DefaultDLQStream)
+			}
+			add("dead letters", nil, detail)
+		}
+	}
+	if _, err := exec.LookPath("sh"); err != nil {
+		add("sh", err, "")
+	} else {
+		add("sh", nil, "found (exec agents and validate commands)")
+	}
+	return out
+}
+
+// atLeast reports whether a "major.minor.patch" version is at least
+// major.minor.
+func atLeast(version string, major, minor int) bool {
+	var a, b int
+	if _, err := fmt.Sscanf(version, "%d.%d", &a, &b); err != nil {
+		return false
+	}
+	return a > major || a == major && b >= minor
+}

@@ -1,0 +1,142 @@
+package client
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// PrintManifest writes a manifest as indented JSON or as a table.
+func PrintManifest(w io.Writer, m *projections.Manifest, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(m)
+	}
+	fmt.Fprintf(w, "session   %s\npipeline  %s\nstatus    %s\nsource    %s\nupdated   %s (stream seq %d)\n",
+		m.ContentID, m.Pipeline, m.Status, m.SourceHash, m.UpdatedAt.UTC().Format(time.RFC3339), m.LastSeq)
+	if m.Error != "" {
+		fmt.Fprintf(w, "error     %s\n", m.Error)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tSTATUS\tITER\tHASH\tDETAIL")
+	for _, name := range m.StepOrder {
+		st := m.Steps[name]
+		if st == nil {
+			continue
+		}
+		detail := st.ErrorMessage
+		if detail == "" && st.Status == projections.StepStatusInProgress && st.Worker != "" {
+			detail = "on " + st.Worker
+		}
+		if detail == "" && st.LastFeedback != "" && st.Status != projections.StepStatusCompleted {
+			detail = "last feedback: " + st.LastFeedback
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", name, st.Status, st.Iterations, st.ContentHash, oneLine(detail, 100))
+	}
+	return tw.Flush()
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// Summarize is the one-line description of an event for `events`.
+func Summarize(e schemas.Event) string {
+	switch d := e.Data.(type) {
+	case *schemas.SessionStarted:
+		return fmt.Sprintf("pipeline=%s input=%s steps=%d", d.Pipeline.Name, d.Input.Name, len(d.Pipeline.Steps))
+	case *schemas.JobRequested:
+		return fmt.Sprintf("job=%s iteration=%d", d.JobID, d.Iteration)
+	case *schemas.JobStarted:
+		return fmt.Sprintf("job=%s worker=%s delivery=%d", d.JobID, d.Worker, d.Delivery)
+	case *schemas.ToolStarted:
+		return fmt.Sprintf("tool=%s %s", d.Name, oneLine(d.Input, 60))
+	case *schemas.ToolCompleted:
+		return fmt.Sprintf("tool=%s status=%s exit=%d %dms", d.Name, d.Status, d.ExitCode, d.DurationMs)
+	case *schemas.ArtifactStored:
+		return fmt.Sprintf("%s %d bytes %s", d.Artifact.Name, d.Artifact.Size, schemas.ShortHash(d.Artifact.Digest))
+	case *schemas.JobCompleted:
+		return fmt.Sprintf("job=%s exit=%d %dms artifacts=%d", d.JobID, d.ExitCode, d.DurationMs, len(d.Artifacts))
+	case *schemas.JobFailed:
+		return fmt.Sprintf("job=%s %s", d.JobID, oneLine(d.Error, 80))
+	case *schemas.Verdict:
+		if len(d.Errors) == 0 {
+			return fmt.Sprintf("job=%s", d.JobID)
+		}
+		return fmt.Sprintf("job=%s errors=%d first: %s", d.JobID, len(d.Errors), oneLine(d.Errors[0].Pointer+" "+d.Errors[0].Message, 60))
+	case *schemas.StepCompleted:
+		return fmt.Sprintf("iterations=%d hash=%s", d.Iterations, d.ContentHash)
+	case *schemas.StepFailed:
+		return oneLine(d.Error, 80)
+	case *schemas.SessionCompleted:
+		return fmt.Sprintf("final=%d artifacts", len(d.Final))
+	case *schemas.SessionFailed:
+		return oneLine(d.Reason, 80)
+	}
+	return ""
+}
+
+// Progress prints a line per meaningful event while `run`/`wait` follow a
+// session. It is safe for concurrent use.
+type Progress struct {
+	mu    sync.Mutex
+	w     io.Writer
+	start map[string]time.Time
+}
+
+// NewProgress returns a Progress writing to w.
+func NewProgress(w io.Writer) *Progress { return &Progress{w: w, start: map[string]time.Time{}} }
+
+// Event prints the line for ev, if it deserves one; m is the manifest so far.
+func (p *Progress) Event(ev schemas.Event, m *projections.Manifest) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ts := ev.Time.Local().Format("15:04:05")
+	switch d := ev.Data.(type) {
+	case *schemas.JobRequested:
+		p.start[d.JobID] = ev.Time
+		fmt.Fprintf(p.w, "%s  → %s: iteration %d queued\n", ts, d.Step, d.Iteration)
+	case *schemas.JobStarted:
+		fmt.Fprintf(p.w, "%s    %s: running on %s%s\n", ts, ev.Step, d.Worker, redelivery(d.Delivery))
+	case *schemas.JobFailed:
+		fmt.Fprintf(p.w, "%s  ✗ %s: iteration %d failed: %s\n", ts, d.Step, d.Iteration, oneLine(d.Error, 120))
+	case *schemas.Verdict:
+		if ev.Type == schemas.TypeValidationFailed {
+			msgs := make([]string, 0, len(d.Errors))
+			for _, e := range d.Errors {
+				msgs = append(msgs, strings.TrimSpace(e.Artifact+" "+e.Pointer+" "+e.Message))
+			}
+			fmt.Fprintf(p.w, "%s  ✗ %s: iteration %d failed validation: %s\n", ts, d.Step, d.Iteration, oneLine(strings.Join(msgs, "; "), 160))
+		}
+	case *schemas.StepCompleted:
+		took := ""
+		if t, ok := p.start[d.JobID]; ok {
+			took = fmt.Sprintf(" in %s", ev.Time.Sub(t).Round(time.Millisecond))
+		}
+		fmt.Fprintf(p.w, "%s  ✓ %s completed%s (iterations %d, hash %s)\n", ts, d.Step, took, d.Iterations, d.ContentHash)
+	case *schemas.StepFailed:
+		fmt.Fprintf(p.w, "%s  ✗ %s failed: %s\n", ts, d.Step, oneLine(d.Error, 200))
+	case *schemas.SessionCompleted:
+		fmt.Fprintf(p.w, "%s  ✓ session %s completed in %s\n", ts, ev.Session, ev.Time.Sub(m.CreatedAt).Round(time.Millisecond))
+	}
+}
+
+func redelivery(n int) string {
+	if n > 1 {
+		return fmt.Sprintf(" (delivery %d: an earlier worker did not finish)", n)
+	}
+	return ""
+}
