@@ -53,10 +53,13 @@ type Config struct {
 	Env []string
 }
 
-// Validate reports the first invalid value.
+// ErrInvalidConfig: a Config value is out of range.
+var ErrInvalidConfig = errors.New("agentworker: invalid configuration")
+
+// Validate reports the first invalid value, wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
 	if c.Concurrency < 0 || c.MaxAttempts < 0 || c.MaxOutputBytes < 0 || c.AckWait < 0 {
-		return errors.New("agentworker: negative setting")
+		return fmt.Errorf("%w: negative setting", ErrInvalidConfig)
 	}
 	return nil
 }

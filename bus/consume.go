@@ -14,11 +14,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Handler outcomes. A Handler returns nil to ack, an error wrapping
-// ErrPermanent to terminate the message (it is copied to the dead-letter
-// stream with the error as reason), or any other error to have it
-// redelivered after a back-off. Returning the context's error after the
-// consumer is stopped naks without delay so another replica takes over.
+// ErrPermanent marks a Handler error that retrying cannot fix: the message
+// is terminated and copied to the dead-letter stream with the error as
+// reason. A Handler returns nil to ack, an error wrapping ErrPermanent to
+// terminate, or any other error to have the message redelivered after a
+// back-off; the context's error after the consumer is stopped naks without
+// delay so another replica takes over.
 var ErrPermanent = errors.New("permanent failure")
 
 // Delivery is one event handed to a Handler.

@@ -139,15 +139,7 @@ func exhausted(st *Step) string {
 	case len(f.Errors) > 0:
 		parts := make([]string, 0, len(f.Errors))
 		for _, e := range f.Errors {
-			ptr := e.Pointer
-			if ptr == "" {
-				ptr = "(root)"
-			}
-			if e.Artifact != "" {
-				parts = append(parts, fmt.Sprintf("%s %s: %s", e.Artifact, ptr, e.Message))
-			} else {
-				parts = append(parts, e.Message)
-			}
+			parts = append(parts, e.String())
 		}
 		detail = strings.Join(parts, "; ")
 	default:

@@ -331,11 +331,7 @@ func verdictFeedback(v *schemas.Verdict) string {
 		if i > 0 {
 			b.WriteString("; ")
 		}
-		ptr := e.Pointer
-		if ptr == "" {
-			ptr = "(root)"
-		}
-		b.WriteString(ptr)
+		b.WriteString(schemas.DisplayPointer(e.Pointer))
 		b.WriteString(": ")
 		b.WriteString(e.Message)
 	}

@@ -188,14 +188,7 @@ func summarize(err error) string {
 		if i > 0 {
 			b.WriteString("; ")
 		}
-		fmt.Fprintf(&b, "%s: %s", pointerOrRoot(le.Pointer), le.Message)
+		fmt.Fprintf(&b, "%s: %s", DisplayPointer(le.Pointer), le.Message)
 	}
 	return b.String()
-}
-
-func pointerOrRoot(p string) string {
-	if p == "" {
-		return "(root)"
-	}
-	return p
 }

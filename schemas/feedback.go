@@ -69,15 +69,7 @@ func FormatFeedback(fb []Feedback) string {
 			fmt.Fprintf(&b, "Iteration %d: the outputs failed validation.\n", f.Iteration)
 		}
 		for _, e := range f.Errors {
-			ptr := e.Pointer
-			if ptr == "" {
-				ptr = "(root)"
-			}
-			if e.Artifact != "" {
-				fmt.Fprintf(&b, "- %s %s: %s\n", e.Artifact, ptr, e.Message)
-			} else {
-				fmt.Fprintf(&b, "- %s\n", e.Message)
-			}
+			fmt.Fprintf(&b, "- %s\n", e)
 		}
 		if f.Message != "" {
 			fmt.Fprintf(&b, "%s\n", strings.TrimSpace(f.Message))

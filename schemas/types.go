@@ -261,6 +261,23 @@ type ValidationError struct {
 	Source string `json:"source,omitempty"`
 }
 
+// DisplayPointer writes the root pointer "" as "(root)" for people.
+func DisplayPointer(p string) string {
+	if p == "" {
+		return "(root)"
+	}
+	return p
+}
+
+// String renders the error for people: "artifact pointer: message", or the
+// message alone for errors not about one artifact (a validate command's).
+func (e ValidationError) String() string {
+	if e.Artifact == "" {
+		return e.Message
+	}
+	return e.Artifact + " " + DisplayPointer(e.Pointer) + ": " + e.Message
+}
+
 // Verdict is the data of validation.passed and validation.failed.
 type Verdict struct {
 	JobID     string            `json:"jobId"`

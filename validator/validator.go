@@ -46,10 +46,13 @@ type Config struct {
 	Env []string
 }
 
-// Validate reports the first invalid value.
+// ErrInvalidConfig: a Config value is out of range.
+var ErrInvalidConfig = errors.New("validator: invalid configuration")
+
+// Validate reports the first invalid value, wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
 	if c.Concurrency < 0 || c.DefaultTimeout < 0 {
-		return errors.New("validator: negative setting")
+		return fmt.Errorf("%w: negative setting", ErrInvalidConfig)
 	}
 	return nil
 }

@@ -69,6 +69,9 @@ type Spec struct {
 	// StderrFile, if set, receives the full stderr (created or truncated,
 	// mode 0600). It may equal StdoutFile.
 	StderrFile string
+
+	// waitLeader replaces waitExited in tests of the fallback path.
+	waitLeader func(pid int) error
 }
 
 // Result of a run.
@@ -185,6 +188,10 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 		reaped  bool
 		waitErr error
 	)
+	waitLeader := waitExited
+	if s.waitLeader != nil {
+		waitLeader = s.waitLeader
+	}
 	go func() {
 		if waitLeader(cmd.Process.Pid) != nil {
 			waitErr = cmd.Wait()
@@ -321,9 +328,6 @@ func signalGroup(pgid int, sig syscall.Signal) {
 		_ = syscall.Kill(-pgid, sig)
 	}
 }
-
-// waitLeader is waitExited; tests replace it to exercise the fallback.
-var waitLeader = waitExited
 
 // waitExited blocks until the child pid has exited, without reaping it
 // (waitid with WNOWAIT), as os.Process does internally on Linux.

@@ -346,8 +346,6 @@ func TestRunKillsGroup(t *testing.T) {
 // unusable: the results are the same, only slower to come when a grandchild
 // holds the pipes after a normal exit.
 func TestRunWithoutWaitid(t *testing.T) {
-	defer func(f func(int) error) { waitLeader = f }(waitLeader)
-	waitLeader = func(int) error { return syscall.ENOSYS }
 	tests := []struct {
 		name    string
 		script  string
@@ -360,7 +358,8 @@ func TestRunWithoutWaitid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := Run(context.Background(), Spec{Argv: []string{"sh", "-c", tt.script}, Timeout: tt.timeout})
+			noWaitid := func(int) error { return syscall.ENOSYS }
+			got, err := Run(context.Background(), Spec{Argv: []string{"sh", "-c", tt.script}, Timeout: tt.timeout, waitLeader: noWaitid})
 			if err != nil {
 				t.Fatalf("Run error = %v", err)
 			}

@@ -35,10 +35,13 @@ type Config struct {
 	CheckpointEvery int
 }
 
-// Validate reports the first invalid value.
+// ErrInvalidConfig: a Config value is out of range.
+var ErrInvalidConfig = errors.New("projector: invalid configuration")
+
+// Validate reports the first invalid value, wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
 	if c.CheckpointEvery < 0 {
-		return errors.New("projector: negative checkpoint interval")
+		return fmt.Errorf("%w: negative checkpoint interval", ErrInvalidConfig)
 	}
 	return nil
 }
