@@ -522,6 +522,16 @@ func (b *Bus) WithSource(source string) *Bus {
 func (b *Bus) Close() {
 	if err := b.nc.Drain(); err != nil {
 		b.nc.Close()
+		return
+	}
+	// Drain is asynchronous; return once the connection is really gone
+	// (an embedded server's owner counts the clients still connected).
+	deadline := time.Now().Add(5 * time.Second)
+	for !b.nc.IsClosed() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !b.nc.IsClosed() {
+		b.nc.Close()
 	}
 }
 

@@ -33,6 +33,9 @@ func TestExampleCompletes(t *testing.T) {
 	if !strings.Contains(r.stderr, "✓ summary completed") || !strings.Contains(r.stderr, "✓ session kit-1 completed") {
 		t.Errorf("run printed no progress:\n%s", r.stderr)
 	}
+	if strings.Contains(r.stderr, "serving until they finish") {
+		t.Errorf("a lone run claims other commands use its server:\n%s", r.stderr)
+	}
 
 	evs := events(t, global, "kit-1")
 	for i, e := range evs {
