@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -47,25 +46,7 @@ func startWorker(t *testing.T, b *bus.Bus, cfg agentworker.Config) (stop func())
 	if err != nil {
 		t.Fatalf("agentworker.New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("worker %s: Run returned %v", cfg.ID, err)
-				}
-			case <-time.After(waitTimeout):
-				t.Errorf("worker %s: Run did not return after cancel", cfg.ID)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testnats.Run(t, "worker "+cfg.ID, w.Run)
 }
 
 // writeScript writes an agent script and returns its argv.
@@ -123,15 +104,7 @@ func publishRequest(t *testing.T, b *bus.Bus, jr *schemas.JobRequested) uint64 {
 
 func sessionEvents(t *testing.T, b *bus.Bus) []schemas.Event {
 	t.Helper()
-	var evs []schemas.Event
-	err := b.Read(context.Background(), bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}}, func(ev schemas.Event) error {
-		evs = append(evs, ev)
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("read events: %v", err)
-	}
-	return evs
+	return testnats.Events(t, b, schemas.SessionSubjects(session))
 }
 
 func describe(evs []schemas.Event) string {

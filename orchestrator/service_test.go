@@ -226,17 +226,7 @@ func pass(t *testing.T, b *bus.Bus, jr schemas.Event) schemas.Event {
 // sessionEvents reads a session's events currently in the stream.
 func sessionEvents(t *testing.T, b *bus.Bus, session string) []schemas.Event {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	var evs []schemas.Event
-	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}}, func(ev schemas.Event) error {
-		evs = append(evs, ev)
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("read %s: %v", session, err)
-	}
-	return evs
+	return testnats.Events(t, b, schemas.SessionSubjects(session))
 }
 
 // waitEvents polls the session's events until cond holds.

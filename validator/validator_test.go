@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,23 +47,7 @@ func startValidator(t *testing.T, b *bus.Bus, dump string) {
 	if err != nil {
 		t.Fatalf("validator.New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- v.Run(ctx) }()
-	var once sync.Once
-	t.Cleanup(func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("validator Run: %v", err)
-				}
-			case <-time.After(waitTimeout):
-				t.Errorf("validator did not stop")
-			}
-		})
-	})
+	testnats.Run(t, "validator", v.Run)
 }
 
 func writeScript(t *testing.T, body string) []string {
@@ -140,15 +123,7 @@ func (j *job) complete(t *testing.T, b *bus.Bus, requestSeq uint64) (uint64, *sc
 
 func sessionEvents(t *testing.T, b *bus.Bus) []schemas.Event {
 	t.Helper()
-	var evs []schemas.Event
-	err := b.Read(context.Background(), bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}}, func(ev schemas.Event) error {
-		evs = append(evs, ev)
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("read: %v", err)
-	}
-	return evs
+	return testnats.Events(t, b, schemas.SessionSubjects(session))
 }
 
 func isVerdict(ev schemas.Event) bool {

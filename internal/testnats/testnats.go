@@ -77,3 +77,47 @@ func (w *testWriter) stop() {
 	w.done = true
 	w.mu.Unlock()
 }
+
+// Events reads the events currently in the stream under subjects (every
+// event when none is given), in stream order.
+func Events(t testing.TB, b *bus.Bus, subjects ...string) []schemas.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var evs []schemas.Event
+	err := b.Read(ctx, bus.ReadOptions{Subjects: subjects}, func(ev schemas.Event) error {
+		evs = append(evs, ev)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("read %v: %v", subjects, err)
+	}
+	return evs
+}
+
+// Run starts run(ctx) in a goroutine, the way a service runs, and returns a
+// stop that cancels it and waits. Run must return nil when stopped (that is
+// the services' contract); an error, or not returning within 30s, fails
+// the test. stop is idempotent and also runs at cleanup.
+func Run(t testing.TB, name string, run func(context.Context) error) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s: Run returned %v after cancel", name, err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("%s: Run did not return after cancel", name)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}

@@ -3,7 +3,6 @@ package projector_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -176,50 +175,18 @@ func interleave(histories ...[]spec) []spec {
 
 // startProjector runs a projector until the returned stop is called (or
 // the test ends).
-//
-// An error wrapping context.Canceled from Run is only logged here:
-// TestRunReturnsNilWhenStopped covers it, the tests using startProjector
-// are about the views.
 func startProjector(t *testing.T, b projector.Bus, cfg projector.Config) (stop func()) {
 	t.Helper()
 	p, err := projector.New(cfg, b, testnats.Logger(t))
 	if err != nil {
 		t.Fatalf("projector.New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				switch {
-				case errors.Is(err, context.Canceled):
-					t.Logf("projector Run returned %v after cancel", err)
-				case err != nil:
-					t.Errorf("projector Run: %v", err)
-				}
-			case <-time.After(waitTimeout):
-				t.Errorf("projector did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testnats.Run(t, "projector", p.Run)
 }
 
 func allEvents(t *testing.T, b *bus.Bus) []schemas.Event {
 	t.Helper()
-	var evs []schemas.Event
-	if err := b.Read(context.Background(), bus.ReadOptions{}, func(ev schemas.Event) error {
-		evs = append(evs, ev)
-		return nil
-	}); err != nil {
-		t.Fatalf("read: %v", err)
-	}
-	return evs
+	return testnats.Events(t, b)
 }
 
 func view(t *testing.T, b *bus.Bus, sess string) (*projections.Manifest, json.RawMessage) {
