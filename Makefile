@@ -4,15 +4,17 @@ BIN      ?= bin/loopbus
 PKGS     ?= ./...
 GOFLAGS  ?=
 
-.PHONY: build test vet fmt-check bench run-example fuzz clean
+.PHONY: build test vet fmt-check bench bench-quick run-example fuzz clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/loopbus
 
-# test: formatting, vet, then every test with the race detector (the
-# end-to-end tests build and drive the real binary).
+# test: formatting, vet, every test with the race detector (the end-to-end
+# tests build and drive the real binary), then each fuzz target briefly
+# (their checked-in seed corpora also run as part of the plain tests).
 test: fmt-check vet
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_CI)
 
 vet:
 	$(GO) vet $(PKGS)
@@ -21,17 +23,30 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
+# bench: the packages' own benchmarks, then the end-to-end suite in bench/
+# at full size under both sync modes (docs/PERFORMANCE.md); its last line
+# is the summary of the default-sync figures.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+	$(GO) test -run '^$$' -bench . -benchmem $$($(GO) list $(PKGS) | grep -v '/bench$$')
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 120m ./bench/ 2>&1 | $(GO) run ./bench/cmd/benchline
+
+# bench-quick: the bench/ suite at small sizes, default sync only, in under
+# a minute; the last line is the summary.
+bench-quick:
+	LOOPBUS_BENCH_QUICK=1 $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 5m ./bench/ 2>&1 | $(GO) run ./bench/cmd/benchline
 
 # run-example: the writing-kit pipeline on the embedded default.
 run-example: build
 	$(BIN) run examples/writing-kit/pipeline.yaml --input examples/writing-kit/article.md --data .loopbus
 
-# fuzz: each fuzz target briefly.
+# fuzz: each fuzz target for FUZZTIME (make fuzz FUZZTIME=10m for a longer
+# hunt); new failing inputs are written to the package's testdata/fuzz.
+FUZZTIME    ?= 30s
+FUZZTIME_CI ?= 10s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s ./internal/pipeline/
-	$(GO) test -run '^$$' -fuzz FuzzFoldManifest -fuzztime 20s -fuzzminimizetime 3s ./projections/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./bus/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/pipeline/
+	$(GO) test -run '^$$' -fuzz '^FuzzFoldManifest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./projections/
 
 clean:
 	rm -rf bin

@@ -2,6 +2,16 @@
 // durable consumer shared by every replica, runs the agent backend in a
 // fresh workspace, stores the declared outputs in the object store and
 // publishes the job's tool jobs, artifacts and result.
+//
+// Secret environment values (see workspace.NewSecrets: the variables named
+// in Config.SecretEnv and the job's agent.secretEnv, and those whose names
+// look secret) never leave the worker: they are masked as "[secret NAME]" in
+// every event it publishes and every line it logs, and an output containing
+// one fails the job without being stored.
+//
+// The worker does not trust job.requested: artifact and variable names are
+// checked again before anything runs, and outputs are read only through
+// workspace.OpenOutput (no links, regular files within the size limit).
 package agentworker
 
 import (
@@ -11,6 +21,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +62,11 @@ type Config struct {
 	// Env is the base environment of agents; nil means this process's,
 	// without its LOOPBUS_* settings.
 	Env []string
+	// SecretEnv names variables of Env whose values are secret, on top of
+	// those a job lists and those whose names look secret (see
+	// workspace.LooksSecret). A listed variable must be unset, empty or at
+	// least workspace.MinSecretLen bytes long.
+	SecretEnv []string
 }
 
 // ErrInvalidConfig: a Config value is out of range.
@@ -60,6 +76,11 @@ var ErrInvalidConfig = errors.New("agentworker: invalid configuration")
 func (c Config) Validate() error {
 	if c.Concurrency < 0 || c.MaxAttempts < 0 || c.MaxOutputBytes < 0 || c.AckWait < 0 {
 		return fmt.Errorf("%w: negative setting", ErrInvalidConfig)
+	}
+	for _, n := range c.SecretEnv {
+		if err := workspace.ValidateSecretName(n); err != nil {
+			return fmt.Errorf("%w: secret env: %w", ErrInvalidConfig, err)
+		}
 	}
 	return nil
 }
@@ -107,7 +128,15 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 		return nil, errors.New("agentworker: bus and clock are required")
 	}
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, bus: b, log: log.With().Str("worker", cfg.ID).Logger(), now: now}, nil
+	// A listed secret too short to mask is a configuration error, found now
+	// rather than as every job failing.
+	sec, err := workspace.NewSecrets(cfg.Env, cfg.SecretEnv)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	log = log.With().Str("worker", cfg.ID).Logger()
+	log.Debug().Int("secret_values", sec.Len()).Strs("secret_env", cfg.SecretEnv).Msg("secret environment values are masked")
+	return &Service{cfg: cfg, bus: b, log: log, now: now}, nil
 }
 
 // ConsumerName is the durable consumer all worker replicas share.
@@ -159,7 +188,11 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return fmt.Errorf("%w: %s is not a job request", bus.ErrPermanent, req.Type)
 	}
 	log := s.log.With().Str("session", req.Session).Str("job", jr.JobID).Logger()
+	// sec masks the agent's secrets in everything published or logged; it
+	// is nil (masking nothing) until the agent's environment is known.
+	var sec *workspace.Secrets
 	failWith := func(msg string, exit int, dur time.Duration, tail string, retryable bool) error {
+		msg = sec.Mask(msg)
 		_, err := s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobFailed{
 			JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: s.cfg.ID,
 			ExitCode: exit, DurationMs: dur.Milliseconds(), Error: msg, OutputTail: tail, Retryable: retryable,
@@ -179,6 +212,9 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return err
 	}
 	log.Info().Int("iteration", jr.Iteration).Uint64("delivery", d.NumDelivered).Msg("job started")
+	if err := checkRequest(jr); err != nil {
+		return fail("refusing the job request: "+err.Error(), -1, 0, "")
+	}
 
 	ws, err := workspace.Create(s.cfg.WorkDir, req.Session, fmt.Sprintf("%s-%s-%d", jr.Step, strconv.Itoa(jr.Iteration), d.NumDelivered))
 	if err != nil {
@@ -187,9 +223,16 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	if !s.cfg.KeepWorkspaces {
 		defer ws.Remove()
 	}
+	env := ws.Env(s.cfg.Env, workspace.Vars{Session: req.Session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env)
+	if sec, err = workspace.NewSecrets(env, append(slices.Clone(s.cfg.SecretEnv), jr.Agent.SecretEnv...)); err != nil {
+		return fail(err.Error(), -1, 0, "")
+	}
 	if err := ws.Fetch(ctx, s.bus, jr.Inputs, ws.In); err != nil {
-		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) || errors.Is(err, schemas.ErrBadName) {
+		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) {
 			return failWith("cannot provide inputs: "+err.Error(), -1, 0, "", true)
+		}
+		if errors.Is(err, schemas.ErrBadName) {
+			return fail("cannot provide inputs: "+err.Error(), -1, 0, "")
 		}
 		return err
 	}
@@ -197,7 +240,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return err
 	}
 
-	res, runErr := s.runAgent(ctx, req, jr, ws, d.NumDelivered)
+	res, runErr := s.runAgent(ctx, req, jr, ws, env, sec, d.NumDelivered)
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: hand the job back
 	}
@@ -210,11 +253,21 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return fail(fmt.Sprintf("agent exited with code %d", res.ExitCode), res.ExitCode, res.Duration, res.Tail)
 	}
 
+	// Check every output before storing any: a job with one bad output
+	// leaves nothing in the object store.
+	for _, out := range jr.Outputs {
+		if err := s.checkOutput(ws, out.Name, sec); err != nil {
+			if outputFault(err) {
+				return fail(err.Error(), res.ExitCode, res.Duration, res.Tail)
+			}
+			return err
+		}
+	}
 	arts := make([]schemas.ArtifactRef, 0, len(jr.Outputs))
 	for _, out := range jr.Outputs {
-		ref, err := s.storeOutput(ctx, req, jr, ws, out.Name, d.NumDelivered)
+		ref, err := s.storeOutput(ctx, req, jr, ws, out.Name, sec, d.NumDelivered)
 		if err != nil {
-			if errors.Is(err, workspace.ErrUnsafeOutput) || errors.Is(err, schemas.ErrBadName) {
+			if outputFault(err) {
 				return fail(err.Error(), res.ExitCode, res.Duration, res.Tail)
 			}
 			return err
@@ -231,7 +284,34 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	return err
 }
 
-func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, delivery uint64) (procrun.Result, error) {
+// checkRequest refuses a request whose names the pipeline loader would
+// have refused: events are not trusted to come from it.
+func checkRequest(jr *schemas.JobRequested) error {
+	for _, out := range jr.Outputs {
+		if err := schemas.ValidateName(out.Name); err != nil {
+			return fmt.Errorf("declared output: %w", err)
+		}
+	}
+	for _, in := range jr.Inputs {
+		if err := schemas.ValidateName(in.Name); err != nil {
+			return fmt.Errorf("input: %w", err)
+		}
+	}
+	for _, n := range jr.Agent.SecretEnv {
+		if err := workspace.ValidateSecretName(n); err != nil {
+			return fmt.Errorf("agent secretEnv: %w", err)
+		}
+	}
+	return nil
+}
+
+// outputFault reports whether err is the agent's outputs' fault (the job
+// fails) rather than the worker's (the job is handed back).
+func outputFault(err error) bool {
+	return errors.Is(err, workspace.ErrUnsafeOutput) || errors.Is(err, schemas.ErrBadName) || errors.Is(err, workspace.ErrSecretInOutput)
+}
+
+func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, error) {
 	if jr.Agent.Backend != "exec" {
 		return procrun.Result{}, fmt.Errorf("agent backend %q is not supported by this worker (supported: exec)", jr.Agent.Backend)
 	}
@@ -242,18 +322,24 @@ func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.J
 	name := filepath.Base(jr.Agent.Command[0])
 	argv := strings.Join(jr.Agent.Command, " ")
 	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeToolStarted, &schemas.ToolStarted{
-		JobID: jr.JobID, ToolID: toolID, Name: name, Lane: "exec", Input: truncate(argv, 500),
+		JobID: jr.JobID, ToolID: toolID, Name: sec.Mask(name), Lane: "exec", Input: truncate(sec.Mask(argv), 500),
 	}, toolID, "started")); err != nil {
 		return procrun.Result{}, err
 	}
 	res, err := procrun.Run(ctx, procrun.Spec{
 		Argv:    jr.Agent.Command,
 		Dir:     ws.Root,
-		Env:     ws.Env(s.cfg.Env, workspace.Vars{Session: req.Session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env),
+		Env:     env,
 		Stdin:   []byte(jr.Prompt),
 		Timeout: time.Duration(jr.TimeoutMs) * time.Millisecond,
+		// Room for a secret cut by the tail's start: mask first, then cut.
+		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
 	})
-	tc := &schemas.ToolCompleted{JobID: jr.JobID, ToolID: toolID, Name: name, Lane: "exec",
+	res.Tail = sec.MaskTail(res.Tail, procrun.DefaultTailBytes)
+	if err != nil {
+		err = errors.New(sec.Mask(err.Error()))
+	}
+	tc := &schemas.ToolCompleted{JobID: jr.JobID, ToolID: toolID, Name: sec.Mask(name), Lane: "exec",
 		Status: "ok", ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Output: res.Tail}
 	switch {
 	case err != nil:
@@ -272,7 +358,25 @@ func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.J
 	return res, err
 }
 
-func (s *Service) storeOutput(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, name string, delivery uint64) (schemas.ArtifactRef, error) {
+// checkOutput makes sure output name can be stored: a safe regular file
+// within the size limit that contains no secret value.
+func (s *Service) checkOutput(ws *workspace.Workspace, name string, sec *workspace.Secrets) error {
+	f, _, err := ws.OpenOutput(name, s.cfg.MaxOutputBytes)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	found, err := sec.Find(io.LimitReader(f, s.cfg.MaxOutputBytes))
+	if err != nil {
+		return fmt.Errorf("%w: output %s: %v", workspace.ErrUnsafeOutput, name, err)
+	}
+	if found != "" {
+		return workspace.SecretInOutput(name, found)
+	}
+	return nil
+}
+
+func (s *Service) storeOutput(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, name string, sec *workspace.Secrets, delivery uint64) (schemas.ArtifactRef, error) {
 	f, _, err := ws.OpenOutput(name, s.cfg.MaxOutputBytes)
 	if err != nil {
 		return schemas.ArtifactRef{}, err
@@ -282,7 +386,9 @@ func (s *Service) storeOutput(ctx context.Context, req schemas.Event, jr *schema
 	// ack, a repeated request) must not overwrite the bytes that the result
 	// which did land points to.
 	object := fmt.Sprintf("%s/r%d-d%d/%s", jr.JobID, req.Seq, delivery, name)
-	ref, err := s.bus.PutArtifact(ctx, object, name, io.LimitReader(f, s.cfg.MaxOutputBytes))
+	// Guarded as well: checkOutput read the file, but whatever outlived the
+	// agent could have changed it since. A failed read stores nothing.
+	ref, err := s.bus.PutArtifact(ctx, object, name, sec.Reader(io.LimitReader(f, s.cfg.MaxOutputBytes), name))
 	if err != nil {
 		return schemas.ArtifactRef{}, err
 	}

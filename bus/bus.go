@@ -21,6 +21,11 @@ import (
 // with an error wrapping this one.
 var ErrConnectionLost = errors.New("lost the connection to NATS")
 
+// ErrPermissionDenied: the NATS server refused an operation because the
+// user lacks a publish or subscribe permission. Errors wrapping it name the
+// refused subject.
+var ErrPermissionDenied = errors.New("permission denied by the NATS server")
+
 // Bus is a connection to NATS with loopbus's stream, dead-letter stream,
 // view bucket and artifact store provisioned. It is safe for concurrent use.
 type Bus struct {
@@ -55,6 +60,48 @@ type connState struct {
 	mu    sync.Mutex
 	timer *time.Timer
 	gen   uint64 // bumped on reconnect, so a timer that fired late does nothing
+	// denied collects the permission violations the server reports while
+	// onDenied is set (during provisioning), which onDenied is told of.
+	denied   []string
+	onDenied func()
+}
+
+// watchDenied starts collecting permission violations; fn is called on
+// each. It returns a function that stops collecting and returns them.
+func (c *connState) watchDenied(fn func()) (stop func() []string) {
+	c.mu.Lock()
+	c.denied, c.onDenied = nil, fn
+	c.mu.Unlock()
+	return func() []string {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		d := c.denied
+		c.denied, c.onDenied = nil, nil
+		return d
+	}
+}
+
+// permissionDenied records a permission violation the server reported.
+func (c *connState) permissionDenied(err error) {
+	c.mu.Lock()
+	fn := c.onDenied
+	if fn != nil && len(c.denied) < 8 {
+		c.denied = append(c.denied, deniedText(err))
+	}
+	c.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+}
+
+// deniedText is the server's part of a permission violation, e.g.
+// `Permissions Violation for Publish to "$JS.API.STREAM.CREATE.LOOPBUS"`.
+func deniedText(err error) string {
+	s := err.Error()
+	if i := strings.Index(strings.ToLower(s), "permissions violation for"); i >= 0 {
+		s = s[i:]
+	}
+	return strings.TrimRight(strings.TrimSpace(s), "'")
 }
 
 func newConnState(cfg Config, log zerolog.Logger) *connState {
@@ -118,7 +165,11 @@ func (c *connState) markClosed() { c.closeOnce.Do(func() { close(c.closed) }) }
 //
 // With cfg.ConnectTimeout 0, Connect keeps retrying the initial connection
 // until ctx ends, so services may start before NATS; otherwise it gives up
-// after ConnectTimeout. Wrong credentials and TLS errors fail at once.
+// after ConnectTimeout. Wrong credentials and TLS errors fail at once, and
+// so does a user the server does not permit to look up (or create) the
+// streams and buckets: that error wraps ErrPermissionDenied and names the
+// refused subject. Later permission violations (a refused publish) are
+// logged as errors.
 func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalogue, log zerolog.Logger) (*Bus, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -139,12 +190,60 @@ func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalo
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	b := &Bus{cfg: cfg, nc: nc, js: js, cat: cat, log: log, source: source, deadLettered: new(atomic.Int64), conn: cs}
-	if err := b.provision(ctx); err != nil {
+	// A refused API request gets no reply, only an asynchronous error: stop
+	// provisioning at the first one rather than waiting for a timeout.
+	pctx, cancel := context.WithCancel(ctx)
+	stop := cs.watchDenied(cancel)
+	err = b.provisionRetrying(pctx, cfg.ConnectTimeout)
+	denied := stop()
+	cancel()
+	if err != nil {
 		err = b.connErr(err)
+		if len(denied) > 0 && ctx.Err() == nil {
+			err = deniedErr(cfg, err, denied)
+		}
 		nc.Close()
 		return nil, err
 	}
 	return b, nil
+}
+
+// provisionRetrying provisions, retrying what a JetStream cluster that is
+// still electing leaders (or a server under load) answers: timeouts, no
+// responders and 503. It retries until ctx ends or, if limit > 0, for
+// that long; any other error is returned at once.
+func (b *Bus) provisionRetrying(ctx context.Context, limit time.Duration) error {
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		err := b.provision(ctx)
+		if err == nil || ctx.Err() != nil || !transientAPI(err) || (limit > 0 && time.Since(start) > limit) {
+			return err
+		}
+		if attempt%10 == 3 {
+			b.log.Warn().Err(err).Msg("cannot look up or create the streams yet; retrying")
+		}
+		sleep(ctx, backoffDelay(attempt))
+	}
+}
+
+// transientAPI reports whether a JetStream API error may pass on a retry.
+func transientAPI(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503
+	}
+	return errors.Is(err, context.DeadlineExceeded) || retryable(err) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// deniedErr explains a provisioning failure caused by missing permissions.
+func deniedErr(cfg Config, err error, denied []string) error {
+	cause := ""
+	if !errors.Is(err, context.Canceled) { // not just our cancellation
+		cause = fmt.Sprintf(" (%v)", err)
+	}
+	return fmt.Errorf("provision: %w: %s%s; every loopbus connection looks up the streams %s and %s and the buckets %s and %s, and creates any that is missing: create them first as a user allowed to (see examples/secure), or grant the permission",
+		ErrPermissionDenied, strings.Join(denied, "; "), cause, cfg.Stream, cfg.DLQStream, cfg.ViewsBucket, cfg.ArtifactsBucket)
 }
 
 // connect makes the initial connection, retrying until ctx ends or
@@ -166,7 +265,10 @@ func connect(ctx context.Context, cfg Config, opts []nats.Option, log zerolog.Lo
 		if cctx.Err() != nil {
 			break
 		}
-		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || strings.Contains(err.Error(), "tls:") {
+		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) {
+			return nil, fmt.Errorf("connect %s: %w (the server refused the credentials: user and password, token, creds file or nkey seed)", url, err)
+		}
+		if strings.Contains(err.Error(), "tls:") {
 			return nil, fmt.Errorf("connect %s: %w", url, err)
 		}
 		last = err
@@ -251,6 +353,20 @@ func natsOptions(cfg Config, log zerolog.Logger, cs *connState) ([]nats.Option, 
 		nats.ClosedHandler(func(*nats.Conn) {
 			cs.reconnected() // stops the give-up timer
 			cs.markClosed()
+		}),
+		// Without a handler nats.go drops asynchronous errors silently; a
+		// refused publish would then look like a slow server.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				cs.permissionDenied(err)
+				log.Error().Str("refused", deniedText(err)).Msg("NATS refused an operation: this user lacks the permission")
+				return
+			}
+			ev := log.Warn().Err(err)
+			if sub != nil {
+				ev = ev.Str("subject", sub.Subject)
+			}
+			ev.Msg("NATS reported an error")
 		}),
 	}
 	if cfg.User != "" {
@@ -575,6 +691,9 @@ func (b *Bus) untilClosed(ctx context.Context) (context.Context, context.CancelF
 	return cctx, cancel
 }
 
+// ServerURL is the URL of the server connected to, without credentials.
+func (b *Bus) ServerURL() string { return redactURL(b.nc.ConnectedUrl()) }
+
 // Conn exposes the NATS connection (for raw access in tests and benchmarks).
 func (b *Bus) Conn() *nats.Conn { return b.nc }
 
@@ -622,7 +741,7 @@ func (b *Bus) GetEvent(ctx context.Context, seq uint64) (schemas.Event, error) {
 	if err != nil {
 		return schemas.Event{}, fmt.Errorf("event %d: %w", seq, b.connErr(err))
 	}
-	ev, err := b.decode(m.Subject, m.Data)
+	ev, err := b.decode(m.Subject, m.Header, m.Data)
 	if err != nil {
 		return schemas.Event{}, err
 	}

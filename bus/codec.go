@@ -16,8 +16,10 @@ import (
 var ErrMalformed = errors.New("malformed event")
 
 // MaxEventBytes bounds one encoded event. Artifacts belong in the object
-// store; events carry references.
-const MaxEventBytes = 1 << 20
+// store; events carry references. It is half of NATS's default max_payload
+// (1 MiB), so an oversized event published by hand is still stored, and
+// then dead-lettered with the reason, rather than refused unseen.
+const MaxEventBytes = 512 << 10
 
 // ContentType is the structured-mode CloudEvents content type.
 const ContentType = "application/cloudevents+json"
@@ -95,13 +97,14 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 // Decode parses a message from the event stream into an Event, checking
 // everything a consumer relies on: structured CloudEvents JSON, spec
 // version 1.0, required attributes, a known type whose data satisfies its
-// schema, and a subject that matches the event's session and type. Every
+// schema, a subject that matches the event's session and type, and a
+// Nats-Msg-Id header equal to the event id (which Encode sets). Every
 // failure wraps ErrMalformed.
-func (b *Bus) Decode(subject string, data []byte) (schemas.Event, error) {
-	return b.decode(subject, data)
+func (b *Bus) Decode(subject string, header nats.Header, data []byte) (schemas.Event, error) {
+	return b.decode(subject, header, data)
 }
 
-func (b *Bus) decode(subject string, data []byte) (schemas.Event, error) {
+func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.Event, error) {
 	bad := func(format string, a ...any) (schemas.Event, error) {
 		return schemas.Event{}, fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, a...))
 	}
@@ -168,6 +171,15 @@ func (b *Bus) decode(subject string, data []byte) (schemas.Event, error) {
 	}
 	if want, _ := schemas.SubjectFor(ev.Session, ev.Type); subject != want {
 		return bad("published on %q but a %s event of session %s belongs on %q", subject, ev.Type, ev.Session, want)
+	}
+	// The de-duplication id is what makes a replayed copy harmless: the
+	// server drops it within the duplicate window. A copy without it (or
+	// with another) would be stored again.
+	switch msgID := header.Get(nats.MsgIdHdr); {
+	case msgID == "":
+		return bad("no %s header: events are published with their id as de-duplication id; a copy without it is a replay or was published by hand", nats.MsgIdHdr)
+	case msgID != ev.ID:
+		return bad("%s %q is not the event id %q: a replayed or altered copy", nats.MsgIdHdr, msgID, ev.ID)
 	}
 	d, err := b.cat.Decode(ev.Type, ce.Data())
 	if err != nil {

@@ -71,7 +71,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	if m.Subject != "loopbus.evt.s1.job.requested" {
 		t.Errorf("subject %q", m.Subject)
 	}
-	got, err := b.Decode(m.Subject, m.Data)
+	got, err := b.Decode(m.Subject, m.Header, m.Data)
 	if err != nil {
 		t.Fatalf("Decode: %v", err)
 	}
@@ -174,7 +174,7 @@ func TestEncodeOmitsEmptyExtensionsAndFillsDefaults(t *testing.T) {
 	if ce["source"] != b.Source() {
 		t.Errorf("source %v, want the bus source %q", ce["source"], b.Source())
 	}
-	got, err := b.Decode(m.Subject, m.Data)
+	got, err := b.Decode(m.Subject, m.Header, m.Data)
 	if err != nil {
 		t.Fatalf("Decode: %v", err)
 	}
@@ -217,10 +217,13 @@ func TestDecodeRejects(t *testing.T) {
 	tests := []struct {
 		name    string
 		subject string
+		header  nats.Header // nil means the header Encode sets
 		data    []byte
 		wantErr bool
 	}{
 		{name: "valid", subject: subj, data: body(func(map[string]any) {})},
+		{name: "no Nats-Msg-Id header (a replay or hand-published copy)", subject: subj, header: nats.Header{}, data: body(func(map[string]any) {}), wantErr: true},
+		{name: "Nats-Msg-Id of another event", subject: subj, header: nats.Header{nats.MsgIdHdr: {"e2"}}, data: body(func(map[string]any) {}), wantErr: true},
 		{name: "not JSON", subject: subj, data: []byte("garbage{"), wantErr: true},
 		{name: "empty", subject: subj, data: nil, wantErr: true},
 		{name: "JSON array", subject: subj, data: []byte(`[1,2]`), wantErr: true},
@@ -259,7 +262,11 @@ func TestDecodeRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ev, err := b.Decode(tt.subject, tt.data)
+			hdr := tt.header
+			if hdr == nil {
+				hdr = nats.Header{nats.MsgIdHdr: {base.ID}}
+			}
+			ev, err := b.Decode(tt.subject, hdr, tt.data)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("Decode() error = %v, wantErr %v (event %+v)", err, tt.wantErr, ev)
 			}

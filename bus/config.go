@@ -19,7 +19,8 @@ const (
 	DefaultViewsBucket     = "LOOPBUS_VIEWS"
 	DefaultArtifactsBucket = "LOOPBUS_ARTIFACTS"
 	DefaultDuplicateWindow = 10 * time.Minute
-	// DLQSubjectPrefix prefixes dead-letter subjects: loopbus.dlq.<consumer>.
+	// DLQSubjectPrefix prefixes dead-letter subjects:
+	// loopbus.dlq.<consumer>.<event stream sequence>.
 	DLQSubjectPrefix = "loopbus.dlq"
 )
 

@@ -214,7 +214,7 @@ func (b *Bus) ensureConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (
 			return nil, fmt.Errorf("consumer %s: %w", cc.Durable, cerr)
 		}
 		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.Code != 503 {
+		if errors.As(err, &apiErr) && !consumerRaceOrUnavailable(apiErr) {
 			return nil, fmt.Errorf("consumer %s: %w", cc.Durable, err)
 		}
 		if attempt == 3 {
@@ -222,6 +222,16 @@ func (b *Bus) ensureConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (
 		}
 		sleep(lctx, backoffDelay(attempt))
 	}
+}
+
+// consumerRaceOrUnavailable reports the errors of creating a consumer that
+// pass: no JetStream yet (503), and the server still removing a consumer
+// of the same name that was just deleted ("consumer does not exist" on the
+// update path, or its files vanishing under the new one). Everything else
+// is a configuration the server refuses.
+func consumerRaceOrUnavailable(e *jetstream.APIError) bool {
+	return e.Code == 503 || e.ErrorCode == jetstream.JSErrCodeConsumerDoesNotExist ||
+		(e.Code == 500 && strings.Contains(e.Description, "no such file or directory"))
 }
 
 func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg, h Handler) {
@@ -237,7 +247,7 @@ func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg,
 		_ = msg.TermWithReason(truncate(reason, 200))
 		return
 	}
-	ev, err := b.decode(msg.Subject(), msg.Data())
+	ev, err := b.decode(msg.Subject(), msg.Headers(), msg.Data())
 	if err != nil {
 		b.deadLetter(ctx, cfg.Durable, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), err.Error())
 		_ = msg.TermWithReason(truncate(err.Error(), 200))
@@ -296,13 +306,20 @@ const (
 	HeaderDLQSubject  = "Loopbus-Dlq-Subject"
 	HeaderDLQSeq      = "Loopbus-Dlq-Seq"
 	HeaderDLQConsumer = "Loopbus-Dlq-Consumer"
+	// HeaderDLQSize is set when the copy holds only the first MaxEventBytes
+	// bytes of the original: the original's size.
+	HeaderDLQSize = "Loopbus-Dlq-Size"
 )
 
-// deadLetter copies a message with the reason to loopbus.dlq.<consumer>.
-// The copy's id is consumer+sequence, so a retried copy is stored once.
+// deadLetter copies a message with the reason to loopbus.dlq.<consumer>.<seq>
+// (seq: its sequence in the event stream). The dead-letter stream holds at
+// most one letter per event: every reader finds a malformed message
+// malformed, and a restarted reader meets it again when it re-reads the
+// history, so the copy is written only if no loopbus.dlq.*.<seq> exists
+// yet. The letter count is thus the number of bad events.
 func (b *Bus) deadLetter(ctx context.Context, consumer, subject string, seq uint64, hdr nats.Header, data []byte, reason string) {
-	b.deadLettered.Add(1)
-	m := nats.NewMsg(DLQSubjectPrefix + "." + consumer)
+	sseq := strconv.FormatUint(seq, 10)
+	m := nats.NewMsg(DLQSubjectPrefix + "." + consumer + "." + sseq)
 	for k, v := range hdr {
 		if len(k) >= 5 && k[:5] == "Nats-" {
 			continue
@@ -311,15 +328,29 @@ func (b *Bus) deadLetter(ctx context.Context, consumer, subject string, seq uint
 	}
 	m.Header.Set(HeaderDLQReason, truncate(reason, 2000))
 	m.Header.Set(HeaderDLQSubject, subject)
-	m.Header.Set(HeaderDLQSeq, strconv.FormatUint(seq, 10))
+	m.Header.Set(HeaderDLQSeq, sseq)
 	m.Header.Set(HeaderDLQConsumer, consumer)
-	m.Header.Set(nats.MsgIdHdr, consumer+":"+strconv.FormatUint(seq, 10))
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence", "0")
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", DLQSubjectPrefix+".*."+sseq)
 	m.Data = data
-	b.log.Warn().Str("consumer", consumer).Str("subject", subject).Uint64("seq", seq).Str("reason", reason).Msg("dead-lettered")
+	if len(data) > MaxEventBytes {
+		// The original may be as large as the server allows; the copy
+		// must still fit beside the headers.
+		m.Data = data[:MaxEventBytes]
+		m.Header.Set(HeaderDLQSize, strconv.Itoa(len(data)))
+	}
+	log := b.log.With().Str("consumer", consumer).Str("subject", subject).Uint64("seq", seq).Str("reason", reason).Logger()
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if _, err := b.request(dctx, m); err != nil {
-		b.log.Error().Err(err).Msg("could not write dead letter")
+	_, err := b.request(dctx, m)
+	switch {
+	case errors.Is(err, ErrStale):
+		log.Debug().Msg("already dead-lettered")
+	case err != nil:
+		log.Error().Err(err).Msg("could not write dead letter")
+	default:
+		b.deadLettered.Add(1)
+		log.Warn().Msg("dead-lettered")
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -157,7 +158,7 @@ func TestConsumePermanentErrorDeadLetters(t *testing.T) {
 			return fmt.Errorf("prompt is empty: %w", bus.ErrPermanent)
 		})
 	m := waitDeadLetter(t, b, "perm")
-	if m.Subject != "loopbus.dlq.perm" {
+	if m.Subject != "loopbus.dlq.perm."+strconv.FormatUint(seq, 10) {
 		t.Errorf("dead letter subject %q", m.Subject)
 	}
 	if r := m.Header.Get(bus.HeaderDLQReason); !strings.Contains(r, "prompt is empty") {
@@ -175,7 +176,7 @@ func TestConsumePermanentErrorDeadLetters(t *testing.T) {
 	if ct := m.Header.Get("Content-Type"); ct != bus.ContentType {
 		t.Errorf("original Content-Type not kept: %q", ct)
 	}
-	if ev, err := b.Decode("loopbus.evt.s1.job.requested", m.Data); err != nil || ev.ID != "e1" {
+	if ev, err := b.Decode("loopbus.evt.s1.job.requested", nats.Header{nats.MsgIdHdr: {"e1"}}, m.Data); err != nil || ev.ID != "e1" {
 		t.Errorf("dead letter body does not decode to the event: %v", err)
 	}
 	info := waitSettled(t, b, "perm", seq)

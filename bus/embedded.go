@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,8 +30,23 @@ type EmbeddedConfig struct {
 	DataDir string
 	// Listen is host:port; "" means 127.0.0.1 on a random free port.
 	Listen string
-	// ServerName; "" derives one from the listen address.
+	// ServerName; "" lets the server use its generated id, except in a
+	// cluster, where it is derived from the cluster listen address
+	// ("loopbus-127.0.0.1-6222"): JetStream needs a name that is set and
+	// stays the same across restarts.
 	ServerName string
+	// ClusterListen is the host:port this node accepts routes from other
+	// nodes on; setting it (or a cluster block in ConfigFile) makes the
+	// server a JetStream cluster node. The port must be fixed, since the
+	// other nodes name it in their Routes.
+	ClusterListen string
+	// ClusterName is the cluster's name, the same on every node; ""
+	// keeps the ConfigFile's, else DefaultClusterName.
+	ClusterName string
+	// Routes are the cluster URLs (nats://host:port) of the other nodes.
+	// A node ignores a route to itself, so every node may be given the
+	// same full list.
+	Routes []string
 	// RelaxedSync turns off fsync-before-ack and flushes every SyncInterval
 	// instead. Off by default: acknowledged writes survive power loss.
 	RelaxedSync bool
@@ -55,7 +71,51 @@ func (c EmbeddedConfig) Validate() error {
 			return fmt.Errorf("%w: listen address %q: %v", ErrConfig, c.Listen, err)
 		}
 	}
+	if c.ClusterListen != "" {
+		if _, err := fixedPort(c.ClusterListen); err != nil {
+			return fmt.Errorf("%w: cluster listen address %q: %v", ErrConfig, c.ClusterListen, err)
+		}
+	} else if (c.ClusterName != "" || len(c.Routes) > 0) && c.ConfigFile == "" {
+		return fmt.Errorf("%w: a cluster name or routes need a cluster listen address", ErrConfig)
+	}
+	for _, r := range c.Routes {
+		if _, err := parseRoute(r); err != nil {
+			return fmt.Errorf("%w: route %q: %v", ErrConfig, r, err)
+		}
+	}
 	return nil
+}
+
+// DefaultClusterName names the cluster when neither EmbeddedConfig nor the
+// configuration file does.
+const DefaultClusterName = "loopbus"
+
+// fixedPort splits host:port and requires a port in 1..65535.
+func fixedPort(addr string) (int, error) {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 {
+		return 0, fmt.Errorf("port %q is not in 1..65535", p)
+	}
+	return n, nil
+}
+
+// parseRoute parses a route URL; it must name a host and a port.
+func parseRoute(r string) (*url.URL, error) {
+	u, err := url.Parse(strings.TrimSpace(r))
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "nats" && u.Scheme != "nats-route" {
+		return nil, fmt.Errorf("want nats://host:port")
+	}
+	if u.Hostname() == "" || u.Port() == "" {
+		return nil, fmt.Errorf("want nats://host:port")
+	}
+	return u, nil
 }
 
 // Embedded is a running in-process nats-server that owns its data directory.
@@ -128,6 +188,50 @@ func lockDir(dir string) (*os.File, error) {
 	return f, nil
 }
 
+func canListen(host string, port int) error {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return err
+	}
+	return l.Close()
+}
+
+// applyCluster lays cfg's cluster settings over those of the configuration
+// file and fills in what a JetStream cluster node cannot do without: a
+// cluster name and a stable server name.
+func applyCluster(cfg EmbeddedConfig, opts *server.Options) error {
+	if cfg.ClusterListen != "" {
+		h, _, _ := net.SplitHostPort(cfg.ClusterListen)
+		n, _ := fixedPort(cfg.ClusterListen) // checked by Validate
+		opts.Cluster.Host, opts.Cluster.Port = h, n
+	}
+	if cfg.ClusterName != "" {
+		opts.Cluster.Name = cfg.ClusterName
+	}
+	if len(cfg.Routes) > 0 {
+		opts.Routes = nil
+		for _, r := range cfg.Routes {
+			u, _ := parseRoute(r) // checked by Validate
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	if opts.Cluster.Port == 0 {
+		return nil
+	}
+	if opts.Cluster.Name == "" {
+		opts.Cluster.Name = DefaultClusterName
+	}
+	if cfg.ServerName == "" && opts.ServerName == "" {
+		opts.ServerName = "loopbus-" + strings.NewReplacer(":", "-", "[", "", "]", "").Replace(net.JoinHostPort(opts.Cluster.Host, strconv.Itoa(opts.Cluster.Port)))
+	}
+	if opts.Cluster.Port > 0 {
+		if err := canListen(opts.Cluster.Host, opts.Cluster.Port); err != nil {
+			return fmt.Errorf("cannot listen for cluster routes on %s:%d (choose another cluster listen address): %w", opts.Cluster.Host, opts.Cluster.Port, err)
+		}
+	}
+	return nil
+}
+
 func startLocked(cfg EmbeddedConfig, lock *os.File, log zerolog.Logger) (*Embedded, error) {
 	opts := &server.Options{}
 	if cfg.ConfigFile != "" {
@@ -155,11 +259,12 @@ func startLocked(cfg EmbeddedConfig, lock *os.File, log zerolog.Logger) (*Embedd
 	if port > 0 {
 		// nats-server reports a busy port through its Fatalf logger and then
 		// never becomes ready; say so at once instead.
-		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-		if err != nil {
+		if err := canListen(host, port); err != nil {
 			return nil, fmt.Errorf("cannot listen on %s:%d (is another NATS or loopbus server running? choose another --listen): %w", host, port, err)
 		}
-		_ = l.Close()
+	}
+	if err := applyCluster(cfg, opts); err != nil {
+		return nil, err
 	}
 	opts.JetStream = true
 	opts.StoreDir = cfg.DataDir // the server adds its own jetstream/ folder

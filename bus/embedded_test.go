@@ -1,6 +1,7 @@
 package bus_test
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // startEmbedded starts a server on dir; its Shutdown runs at cleanup (and
@@ -40,6 +43,15 @@ func TestEmbeddedConfigValidate(t *testing.T) {
 		{name: "listen :port", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", Listen: ":4222"}},
 		{name: "listen without port", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", Listen: "127.0.0.1"}, wantErr: true},
 		{name: "listen garbage", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", Listen: "a:b:c"}, wantErr: true},
+		{name: "cluster node", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", ClusterListen: "127.0.0.1:6222", ClusterName: "c", Routes: []string{"nats://127.0.0.1:6222", "nats://127.0.0.1:6223"}}},
+		{name: "cluster listen without routes", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", ClusterListen: "127.0.0.1:6222"}},
+		{name: "cluster listen random port", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", ClusterListen: "127.0.0.1:0"}, wantErr: true},
+		{name: "cluster listen without port", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", ClusterListen: "127.0.0.1"}, wantErr: true},
+		{name: "routes without cluster listen", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", Routes: []string{"nats://127.0.0.1:6223"}}, wantErr: true},
+		{name: "cluster name without cluster listen", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", ClusterName: "c"}, wantErr: true},
+		{name: "routes with a config file", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", ConfigFile: "nats.conf", Routes: []string{"nats://127.0.0.1:6223"}}},
+		{name: "route without scheme", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", ClusterListen: "127.0.0.1:6222", Routes: []string{"127.0.0.1:6223"}}, wantErr: true},
+		{name: "route without port", cfg: bus.EmbeddedConfig{DataDir: "/tmp/x", ClusterListen: "127.0.0.1:6222", Routes: []string{"nats://127.0.0.1"}}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -249,4 +261,69 @@ func TestStartEmbeddedBusyPort(t *testing.T) {
 	}
 	// The failed start must not keep the directory locked.
 	startEmbedded(t, bus.EmbeddedConfig{DataDir: dir})
+}
+
+// freeAddr is a loopback host:port nothing listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestEmbeddedCluster: three embedded servers form a JetStream cluster,
+// two from EmbeddedConfig's cluster fields and one from a configuration
+// file's cluster block, and hold a stream with three replicas.
+func TestEmbeddedCluster(t *testing.T) {
+	t.Parallel()
+	routes := []string{"nats://" + freeAddr(t), "nats://" + freeAddr(t), "nats://" + freeAddr(t)}
+	clusterAddr := func(i int) string { return strings.TrimPrefix(routes[i], "nats://") }
+	var urls []string
+	for i := range 2 {
+		srv, _ := startEmbedded(t, bus.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", ClusterListen: clusterAddr(i), ClusterName: "test-cluster", Routes: routes})
+		if want := "loopbus-" + strings.ReplaceAll(clusterAddr(i), ":", "-"); srv.Server().Name() != want {
+			t.Errorf("node %d: server name %q, want %q (derived from the cluster address)", i, srv.Server().Name(), want)
+		}
+		urls = append(urls, srv.URL())
+	}
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	quoted := make([]string, len(routes))
+	for i, r := range routes {
+		quoted[i] = `"` + r + `"`
+	}
+	if err := os.WriteFile(conf, []byte("server_name: third\ncluster {\n  name: test-cluster\n  listen: "+clusterAddr(2)+"\n  routes: ["+strings.Join(quoted, ", ")+"]\n}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	third, _ := startEmbedded(t, bus.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", ConfigFile: conf})
+	if third.Server().Name() != "third" || third.Server().ClusterName() != "test-cluster" {
+		t.Errorf("config file node: name %q cluster %q", third.Server().Name(), third.Server().ClusterName())
+	}
+	urls = append(urls, third.URL())
+
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *jetstream.StreamInfo
+	waitFor(t, 60*time.Second, "an R3 stream on the cluster", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3})
+		if err != nil {
+			return false
+		}
+		info, err = s.Info(ctx)
+		return err == nil && info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == 2
+	})
+	if info.Cluster.Name != "test-cluster" {
+		t.Errorf("stream cluster %q, want test-cluster", info.Cluster.Name)
+	}
 }

@@ -148,12 +148,16 @@ func dlqCount(t *testing.T, b *bus.Bus, name string) uint64 {
 	if err != nil {
 		t.Fatalf("DLQ stream: %v", err)
 	}
-	subj := bus.DLQSubjectPrefix + "." + name
+	subj := bus.DLQSubjectPrefix + "." + name + ".*"
 	info, err := s.Info(ctxT(t), jetstream.WithSubjectFilter(subj))
 	if err != nil {
 		t.Fatalf("DLQ stream info: %v", err)
 	}
-	return info.State.Subjects[subj]
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n
 }
 
 // waitDeadLetter waits for the newest dead letter of name and returns it.
@@ -165,7 +169,7 @@ func waitDeadLetter(t *testing.T, b *bus.Bus, name string) *jetstream.RawStreamM
 	}
 	var m *jetstream.RawStreamMsg
 	waitFor(t, testTimeout, "a dead letter on "+bus.DLQSubjectPrefix+"."+name, func() bool {
-		m, err = s.GetLastMsgForSubject(ctxT(t), bus.DLQSubjectPrefix+"."+name)
+		m, err = s.GetLastMsgForSubject(ctxT(t), bus.DLQSubjectPrefix+"."+name+".*")
 		return err == nil
 	})
 	return m

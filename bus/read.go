@@ -39,8 +39,10 @@ var ErrStop = errors.New("stop reading")
 
 // Read delivers events in stream order to fn through an ordered (ephemeral,
 // flow-controlled, self-healing) consumer. Malformed events are skipped (see
-// ReadOptions.DeadLetter). It returns nil when ctx ends, when fn returns
-// ErrStop, or (without Follow) at the head; any other fn error is returned.
+// ReadOptions.DeadLetter), and so are events fn rejects by returning an
+// error wrapping ErrMalformed (e.g. a replayed id). It returns nil when ctx
+// ends, when fn returns ErrStop, or (without Follow) at the head; any other
+// fn error is returned.
 // If the connection is given up (Config.GiveUpAfter) or closed, Read
 // returns an error wrapping ErrConnectionLost (or nats.ErrConnectionClosed).
 func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event) error) error {
@@ -119,7 +121,21 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 		if err != nil {
 			continue
 		}
-		ev, derr := b.decode(msg.Subject(), msg.Data())
+		ev, derr := b.decode(msg.Subject(), msg.Headers(), msg.Data())
+		if derr == nil {
+			ev.Seq = meta.Sequence.Stream
+			ev.Stored = meta.Timestamp.UTC()
+			if err := fn(ev); err != nil {
+				switch {
+				case errors.Is(err, ErrStop):
+					return nil
+				case errors.Is(err, ErrMalformed):
+					derr = err
+				default:
+					return err
+				}
+			}
+		}
 		if derr != nil {
 			if opts.DeadLetter != "" {
 				b.deadLetter(ctx, opts.DeadLetter, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), derr.Error())
@@ -128,15 +144,6 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			}
 			if opts.OnSkip != nil {
 				opts.OnSkip(msg.Subject(), meta.Sequence.Stream)
-			}
-		} else {
-			ev.Seq = meta.Sequence.Stream
-			ev.Stored = meta.Timestamp.UTC()
-			if err := fn(ev); err != nil {
-				if errors.Is(err, ErrStop) {
-					return nil
-				}
-				return err
 			}
 		}
 		if meta.NumPending == 0 {

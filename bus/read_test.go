@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -296,5 +297,78 @@ func TestReadSkipsMalformed(t *testing.T) {
 	m := waitDeadLetter(t, b, "projector")
 	if got := m.Header.Get(bus.HeaderDLQSeq); got != fmt.Sprint(lastBad) {
 		t.Errorf("newest dead letter is of seq %s, want %d", got, lastBad)
+	}
+}
+
+// TestReadCallbackRejects: an event fn rejects with ErrMalformed (e.g. a
+// replayed id) is skipped like a malformed one: dead-lettered with fn's
+// reason and reported through OnSkip, and reading goes on.
+func TestReadCallbackRejects(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	publish(t, b, jobStarted("s1", "e1"))
+	replay := publish(t, b, jobStarted("s1", "e2"))
+	publish(t, b, jobStarted("s1", "e3"))
+	var skipped []uint64
+	var got []string
+	err := b.Read(ctxT(t), bus.ReadOptions{
+		DeadLetter: "orchestrator",
+		OnSkip:     func(_ string, seq uint64) { skipped = append(skipped, seq) },
+	}, func(ev schemas.Event) error {
+		if ev.ID == "e2" {
+			return fmt.Errorf("%w: replayed id e2", bus.ErrMalformed)
+		}
+		got = append(got, ev.ID)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Read = %v, want nil", err)
+	}
+	if want := []string{"e1", "e3"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("accepted %v, want %v", got, want)
+	}
+	if want := []uint64{replay}; !reflect.DeepEqual(skipped, want) {
+		t.Errorf("OnSkip saw %v, want %v", skipped, want)
+	}
+	m := waitDeadLetter(t, b, "orchestrator")
+	if r := m.Header.Get(bus.HeaderDLQReason); !strings.Contains(r, "replayed id e2") {
+		t.Errorf("reason %q, want the callback's", r)
+	}
+}
+
+// TestMalformedIsDeadLetteredOnce: every reader finds a malformed message
+// malformed; the dead-letter stream keeps one copy, so its count is the
+// number of bad messages, not bad messages times readers.
+func TestMalformedIsDeadLetteredOnce(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	bad := publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte("garbage"))
+	publish(t, b, jobStarted("s1", "e1"))
+	for _, reader := range []string{"orchestrator", "projector", "orchestrator-2"} {
+		readAll(t, b, bus.ReadOptions{DeadLetter: reader})
+	}
+	var letters []bus.DeadLetter
+	if err := b.DeadLetters(ctxT(t), func(dl bus.DeadLetter) error {
+		letters = append(letters, dl)
+		return nil
+	}); err != nil {
+		t.Fatalf("DeadLetters: %v", err)
+	}
+	if len(letters) != 1 {
+		t.Fatalf("%d dead letters, want 1: %+v", len(letters), letters)
+	}
+	dl := letters[0]
+	if dl.Consumer != "orchestrator" || dl.SourceSeq != bad || dl.Subject != "loopbus.evt.s1.job.requested" ||
+		string(dl.Data) != "garbage" || !strings.Contains(dl.Reason, "not JSON") {
+		t.Errorf("dead letter %+v", dl)
+	}
+}
+
+func TestDeadLettersEmpty(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	calls := 0
+	if err := b.DeadLetters(ctxT(t), func(bus.DeadLetter) error { calls++; return nil }); err != nil || calls != 0 {
+		t.Errorf("DeadLetters on an empty stream: %d calls, %v", calls, err)
 	}
 }

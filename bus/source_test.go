@@ -163,7 +163,7 @@ func TestEventStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev, err := b.Decode(m.Subject, m.Data)
+	ev, err := b.Decode(m.Subject, m.Header, m.Data)
 	if err != nil || !ev.Stored.IsZero() {
 		t.Errorf("decoded local event: Stored %v, %v; want zero", ev.Stored, err)
 	}

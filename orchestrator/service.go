@@ -86,6 +86,10 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		},
 	}, func(ev schemas.Event) error {
+		if err := Check(s.state, ev); err != nil {
+			// Read dead-letters it and reports it through OnSkip.
+			return fmt.Errorf("%w: %w", bus.ErrMalformed, err)
+		}
 		Evolve(s.state, ev)
 		if s.caughtUp {
 			s.decide(ctx, ev)

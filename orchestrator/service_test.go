@@ -611,8 +611,8 @@ func TestRunnerDeadLettersMalformed(t *testing.T) {
 		t.Fatalf("DLQ holds %d messages, want %d", len(msgs), len(garbage))
 	}
 	for i, m := range msgs {
-		if m.Subject != dlqSubject {
-			t.Errorf("dead letter %d on %q, want %q", i, m.Subject, dlqSubject)
+		if want := dlqSubject + "." + m.Header.Get(bus.HeaderDLQSeq); m.Subject != want {
+			t.Errorf("dead letter %d on %q, want %q", i, m.Subject, want)
 		}
 		if !bytes.Equal(m.Data, garbage[i]) {
 			t.Errorf("dead letter %d data %q, want %q", i, m.Data, garbage[i])
@@ -627,7 +627,7 @@ func TestRunnerDeadLettersMalformed(t *testing.T) {
 			t.Errorf("dead letter %d: consumer header %q", i, got)
 		}
 	}
-	last, err := dlq.GetLastMsgForSubject(ctx, dlqSubject)
+	last, err := dlq.GetLastMsgForSubject(ctx, dlqSubject+".*")
 	if err != nil {
 		t.Fatalf("last dead letter: %v", err)
 	}
@@ -697,4 +697,87 @@ func TestNewRequiresBusAndClock(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRunnerDeadLettersReplays: a copy of a running session's event stored
+// again after the server's duplicate window (so the server kept it), and a
+// second session.started of the session, are not facts: the orchestrator
+// dead-letters them with the reason and the session goes on unaffected.
+func TestRunnerDeadLettersReplays(t *testing.T) {
+	srv := testnats.Server(t)
+	cat, err := schemas.NewCatalogue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	const window = 500 * time.Millisecond
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), DuplicateWindow: window}, "test", cat, testnats.Logger(t))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(b.Close)
+	r := startRunner(t, b, "o1")
+	const session = "replayed"
+	start := startSession(t, b, session, twoSteps())
+	evs := waitEvents(t, b, session, "job.requested for draft", has(schemas.TypeJobRequested, "draft"))
+	jr := mustFind(t, evs, schemas.TypeJobRequested, "draft")
+
+	time.Sleep(2 * window) // past the duplicate window: the server stores copies again
+	second := start
+	second.ID = "another-start"
+	for _, ev := range []schemas.Event{jr, second} {
+		m, err := b.Encode(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.JetStream().PublishMsg(ctx, m); err != nil {
+			t.Fatalf("publish copy of %s: %v", ev.Type, err)
+		}
+	}
+	pass(t, b, jr)
+	evs = waitEvents(t, b, session, "session.completed", func(evs []schemas.Event) bool {
+		if ev, ok := find(evs, schemas.TypeJobRequested, "review"); ok && !has(schemas.TypeValidationPassed, "review")(evs) {
+			pass(t, b, ev)
+		}
+		return has(schemas.TypeSessionCompleted, "")(evs)
+	})
+	// The copy is in the stream (the server kept it)...
+	copies, got := 0, map[typeStep]int{}
+	for _, ev := range evs {
+		if ev.ID == jr.ID {
+			copies++
+			continue
+		}
+		if decisionTypes[ev.Type] {
+			got[typeStep{ev.Type, ev.Step}]++
+		}
+	}
+	if copies != 2 {
+		t.Errorf("%d events with the id of draft's job.requested, want the original and its copy", copies)
+	}
+	// ...but every other decision was made once.
+	for ts, n := range got {
+		if n != 1 {
+			t.Errorf("%d × %v, want 1; events:\n%s", n, ts, describe(evs))
+		}
+	}
+	var reasons []string
+	if err := b.DeadLetters(ctx, func(dl bus.DeadLetter) error {
+		reasons = append(reasons, dl.Reason)
+		return nil
+	}); err != nil {
+		t.Fatalf("DeadLetters: %v", err)
+	}
+	want := []string{"already has an event with id " + jr.ID, "already started by event " + start.ID}
+	if len(reasons) != len(want) {
+		t.Fatalf("dead letters %q, want %d", reasons, len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(reasons[i], w) {
+			t.Errorf("dead letter %d: reason %q, want it to say %q", i, reasons[i], w)
+		}
+	}
+	r.stop()
+	r.assertNoErrors(t)
 }

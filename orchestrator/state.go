@@ -4,6 +4,8 @@
 package orchestrator
 
 import (
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -48,6 +50,11 @@ type Session struct {
 	LastSeq uint64
 	LastID  string
 	Steps   map[string]*Step
+	// seen holds the ids of the session's events while it runs, to refuse
+	// a replayed copy that the server's duplicate window no longer
+	// catches. A finished session drops it, with its pipeline and steps:
+	// its later events change nothing.
+	seen map[string]struct{}
 }
 
 // Step is one step's state.
@@ -74,6 +81,7 @@ type Step struct {
 
 func (s *Session) clone() *Session {
 	c := *s
+	c.seen = maps.Clone(s.seen)
 	c.Steps = make(map[string]*Step, len(s.Steps))
 	for k, v := range s.Steps {
 		sc := *v
@@ -86,9 +94,34 @@ func (s *Session) clone() *Session {
 // terminal reports whether the session has ended.
 func (s *Session) terminal() bool { return s.Status != StatusRunning }
 
+// ErrReplayed: an event repeats the id of an earlier event of its running
+// session, or starts a session that has already started.
+var ErrReplayed = errors.New("replayed event")
+
+// Check reports whether ev may be applied: it returns an error wrapping
+// ErrReplayed for a copy of an event the running session already has, and
+// for a second session.started of a session. Such events are not facts
+// but replays (or forgeries); the service dead-letters them.
+func Check(st *State, ev schemas.Event) error {
+	s := st.Sessions[ev.Session]
+	switch {
+	case s == nil:
+		return nil
+	case ev.Type == schemas.TypeSessionStarted && ev.ID != s.StartID:
+		return fmt.Errorf("%w: session %s was already started by event %s", ErrReplayed, ev.Session, s.StartID)
+	case s.seen == nil:
+		return nil
+	}
+	if _, dup := s.seen[ev.ID]; dup {
+		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
+	}
+	return nil
+}
+
 // Evolve applies ev to st. It never fails: events that do not fit the
 // state (unknown session, stale job) change nothing but LastSeq. It is the
-// only function that changes State.
+// only function that changes State. Callers that read untrusted streams
+// call Check first.
 func Evolve(st *State, ev schemas.Event) {
 	if ev.Type == schemas.TypeSessionStarted {
 		if _, ok := st.Sessions[ev.Session]; !ok {
@@ -103,6 +136,14 @@ func Evolve(st *State, ev schemas.Event) {
 		s.LastSeq, s.LastID = ev.Seq, ev.ID
 	}
 	evolveSession(s, ev)
+	if s.terminal() {
+		// Nothing is decided for a finished session again: keep only what
+		// identifies it (Check, LastSeq), so memory grows with the running
+		// sessions, not the history.
+		s.seen, s.Pipeline, s.Input, s.Steps = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil
+	} else if ev.ID != "" {
+		s.seen[ev.ID] = struct{}{}
+	}
 }
 
 // Skip records that a message which is not a valid event was stored at seq
@@ -117,7 +158,7 @@ func Skip(st *State, session string, seq uint64) {
 
 func newSession(ev schemas.Event) *Session {
 	d := ev.Data.(*schemas.SessionStarted)
-	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{}}
+	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{}, seen: map[string]struct{}{}}
 	for _, def := range d.Pipeline.Steps {
 		s.Steps[def.Name] = &Step{Def: def, Status: StepPending}
 	}

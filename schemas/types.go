@@ -116,8 +116,13 @@ type AgentSpec struct {
 	Backend string `json:"backend"`
 	// Command is the argv for the exec backend.
 	Command []string `json:"command,omitempty"`
-	// Env adds variables to the agent's environment.
+	// Env adds variables to the agent's environment. Its values travel in
+	// events: secrets belong in the worker's environment (see SecretEnv).
 	Env map[string]string `json:"env,omitempty"`
+	// SecretEnv names variables of the worker's environment whose values
+	// are secret: the worker masks them in everything it publishes or logs
+	// and refuses outputs that contain them. Only the names travel.
+	SecretEnv []string `json:"secretEnv,omitempty"`
 }
 
 // Output declares one artifact a step must produce.

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +45,13 @@ type Config struct {
 	// process's, without its LOOPBUS_* settings. The step's agent env is
 	// added, as for the agent.
 	Env []string
+	// SecretEnv names environment variables whose values are masked in
+	// verdicts and logs, in addition to the step's secret_env and names
+	// that look secret (see workspace.NewSecrets).
+	SecretEnv []string
+	// AckWait is the heartbeat horizon: a job completion whose validator is
+	// silent this long (crashed) goes to another replica; default 30s.
+	AckWait time.Duration
 }
 
 // ErrInvalidConfig: a Config value is out of range.
@@ -51,7 +59,7 @@ var ErrInvalidConfig = errors.New("validator: invalid configuration")
 
 // Validate reports the first invalid value, wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
-	if c.Concurrency < 0 || c.DefaultTimeout < 0 {
+	if c.Concurrency < 0 || c.DefaultTimeout < 0 || c.AckWait < 0 {
 		return fmt.Errorf("%w: negative setting", ErrInvalidConfig)
 	}
 	return nil
@@ -85,6 +93,11 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if cfg.Env == nil {
 		cfg.Env = workspace.BaseEnv()
 	}
+	// A listed secret too short to mask is a configuration error, found now
+	// rather than as every verdict failing.
+	if _, err := workspace.NewSecrets(cfg.Env, cfg.SecretEnv); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	return &Service{cfg: cfg, bus: b, log: log, now: now}, nil
 }
 
@@ -99,6 +112,7 @@ func (s *Service) Run(ctx context.Context) error {
 		Durable:     ConsumerName,
 		Subjects:    []string{schemas.SubjectPrefix + ".*.job.completed"},
 		Concurrency: s.cfg.Concurrency,
+		AckWait:     s.cfg.AckWait,
 	}, s.handle)
 }
 
@@ -212,19 +226,28 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	if timeout == 0 {
 		timeout = s.cfg.DefaultTimeout
 	}
+	env := ws.Env(s.cfg.Env, workspace.Vars{Session: session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env)
+	// The command's output becomes feedback in events: secrets in the
+	// environment must not reach it.
+	sec, err := workspace.NewSecrets(env, append(slices.Clone(s.cfg.SecretEnv), jr.Agent.SecretEnv...))
+	if err != nil {
+		return []schemas.ValidationError{{Message: "validate command not run: " + err.Error(), Source: "command"}}, nil
+	}
 	res, err := procrun.Run(ctx, procrun.Spec{
-		Argv:    jr.Validate,
-		Dir:     ws.Root,
-		Env:     ws.Env(s.cfg.Env, workspace.Vars{Session: session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env),
-		Timeout: timeout,
+		Argv:      jr.Validate,
+		Dir:       ws.Root,
+		Env:       env,
+		Timeout:   timeout,
+		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
 	})
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	cmd := strings.Join(jr.Validate, " ")
+	res.Tail = sec.MaskTail(res.Tail, procrun.DefaultTailBytes)
+	cmd := sec.Mask(strings.Join(jr.Validate, " "))
 	switch {
 	case err != nil:
-		errs = append(errs, schemas.ValidationError{Message: fmt.Sprintf("validate command %q could not start: %v", cmd, err), Source: "command"})
+		errs = append(errs, schemas.ValidationError{Message: fmt.Sprintf("validate command %q could not start: %v", cmd, sec.Mask(err.Error())), Source: "command"})
 	case res.TimedOut:
 		errs = append(errs, schemas.ValidationError{Message: fmt.Sprintf("validate command %q timed out after %s", cmd, timeout), Source: "command"})
 	case res.ExitCode != 0:

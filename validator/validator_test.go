@@ -460,7 +460,7 @@ func waitDeadLetter(t *testing.T, b *bus.Bus, seq uint64) *jetstream.RawStreamMs
 	}
 	deadline := time.Now().Add(waitTimeout)
 	for {
-		msg, err := st.GetLastMsgForSubject(ctx, bus.DLQSubjectPrefix+"."+validator.ConsumerName)
+		msg, err := st.GetLastMsgForSubject(ctx, bus.DLQSubjectPrefix+"."+validator.ConsumerName+".*")
 		if err == nil && msg.Header.Get(bus.HeaderDLQSeq) == strconv.FormatUint(seq, 10) {
 			return msg
 		}
@@ -549,7 +549,7 @@ func TestMissingInputObjectGivesAVerdict(t *testing.T) {
 				return
 			}
 		}
-		if msg, err := dlq.GetLastMsgForSubject(ctx, bus.DLQSubjectPrefix+"."+validator.ConsumerName); err == nil &&
+		if msg, err := dlq.GetLastMsgForSubject(ctx, bus.DLQSubjectPrefix+"."+validator.ConsumerName+".*"); err == nil &&
 			msg.Header.Get(bus.HeaderDLQSeq) == strconv.FormatUint(jcSeq, 10) {
 			t.Fatalf("job.completed dead-lettered without a verdict: %s", msg.Header.Get(bus.HeaderDLQReason))
 		}

@@ -313,6 +313,8 @@ func newServeCmd(g *globals) *cobra.Command {
 	var workers int
 	var keep bool
 	var ackWait time.Duration
+	var maxOutput int64
+	var secretEnv []string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run NATS (embedded, unless --nats) and every service in one process",
@@ -338,7 +340,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			defer c.bus.Close()
 			var group run.Group
 			if err := addServices(&group, ctx, c.bus, serviceSet{orchestrator: true, validator: true, projector: true, workers: workers,
-				worker: agentworker.Config{KeepWorkspaces: keep, AckWait: ackWait}}, log); err != nil {
+				worker: agentworker.Config{KeepWorkspaces: keep, AckWait: ackWait, MaxOutputBytes: maxOutput}, secretEnv: secretEnv, validatorAckWait: ackWait}, log); err != nil {
 				return err
 			}
 			addSignals(&group, ctx)
@@ -351,16 +353,27 @@ func newServeCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", defaultPort, "address of the embedded NATS server")
 	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the agent worker")
 	cmd.Flags().BoolVar(&keep, "keep-workspaces", false, "keep job workspaces on disk for debugging")
-	cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")
+	cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job (or job completion) whose worker (or validator) sends no heartbeat this long goes to another one")
+	cmd.Flags().Int64Var(&maxOutput, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
+	cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
 	return cmd
 }
 
 func newNatsCmd(g *globals) *cobra.Command {
-	var listen, config string
+	var listen, config, name, clusterListen, clusterName string
+	var routes []string
 	cmd := &cobra.Command{
 		Use:   "nats",
-		Short: "Run only the NATS server (JetStream on the data directory)",
-		Args:  cobra.NoArgs,
+		Short: "Run only the NATS server (JetStream on the data directory), alone or as a cluster node",
+		Long: `Run only the NATS server (JetStream on the data directory).
+
+With --cluster-listen it is a node of a JetStream cluster: give every node the
+same --cluster-name and --routes (the list may include the node itself), its
+own --data and --listen, and use --replicas 3 with the services, e.g.
+
+  loopbus nats --data n1 --listen 127.0.0.1:4222 --cluster-listen 127.0.0.1:6222 \
+    --routes nats://127.0.0.1:6222,nats://127.0.0.1:6223,nats://127.0.0.1:6224`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := g.logger(zerolog.InfoLevel)
 			if config != "" && !cmd.Flags().Changed("listen") {
@@ -368,12 +381,27 @@ func newNatsCmd(g *globals) *cobra.Command {
 			}
 			cfg := g.embeddedConfig(listen)
 			cfg.ConfigFile = config
+			if config != "" && (cfg.User != "" || cfg.Token != "") {
+				// They may come from LOOPBUS_* settings meant for clients;
+				// layering one more user over the file's list would be a
+				// hidden back door.
+				log.Warn().Msg("--user/--password/--token are ignored with --config: the configuration file defines the server's users")
+				cfg.User, cfg.Password, cfg.Token = "", "", ""
+			}
+			cfg.ServerName, cfg.ClusterListen, cfg.ClusterName, cfg.Routes = name, clusterListen, clusterName, routes
+			if err := cfg.Validate(); err != nil {
+				return usageErr(err)
+			}
 			srv, err := bus.StartEmbedded(cfg, log)
 			if err != nil {
 				return err
 			}
 			defer srv.Shutdown()
-			log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
+			ready := log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Str("name", srv.Server().Name())
+			if cl := srv.Server().ClusterAddr(); cl != nil {
+				ready = ready.Str("cluster", srv.Server().ClusterName()).Str("cluster_listen", cl.String())
+			}
+			ready.Msg("NATS ready")
 			var group run.Group
 			addSignals(&group, cmd.Context())
 			if err := group.Run(); err != nil && !isSignal(err) {
@@ -384,21 +412,36 @@ func newNatsCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&listen, "listen", defaultPort, "listen address")
 	cmd.Flags().StringVar(&config, "config", "", "nats-server configuration file (TLS, accounts, permissions, cluster)")
+	cmd.Flags().StringVar(&name, "name", "", "server name (default: the server id; in a cluster loopbus-<cluster listen address>)")
+	cmd.Flags().StringVar(&clusterListen, "cluster-listen", "", "host:port for routes from the other cluster nodes; makes this server a cluster node")
+	cmd.Flags().StringVar(&clusterName, "cluster-name", "", "cluster name, the same on every node (default "+bus.DefaultClusterName+")")
+	cmd.Flags().StringSliceVar(&routes, "routes", nil, "cluster URLs of the nodes, comma-separated (nats://host:port,...)")
 	return cmd
 }
 
 // newServiceCmd builds the orchestrator, validator and projector commands.
 func newServiceCmd(g *globals, name string) *cobra.Command {
-	return &cobra.Command{
+	var secretEnv []string
+	var ackWait time.Duration
+	cmd := &cobra.Command{
 		Use:   name,
 		Short: "Run the " + name + " service",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			set := serviceSet{orchestrator: name == "orchestrator", validator: name == "validator", projector: name == "projector"}
+			set := serviceSet{orchestrator: name == "orchestrator", validator: name == "validator", projector: name == "projector",
+				secretEnv: secretEnv, validatorAckWait: ackWait}
 			return g.runServices(cmd.Context(), name, set)
 		},
 	}
+	if name == "validator" {
+		cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
+		cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job completion whose validator sends no heartbeat this long goes to another validator")
+	}
+	return cmd
 }
+
+// secretEnvUsage describes --secret-env wherever validate commands or agents run.
+const secretEnvUsage = "name of an environment variable whose value is masked in events and logs and refused in outputs (repeatable; names like *TOKEN*, *SECRET*, *PASSWORD*, *_KEY are secret anyway)"
 
 func newProjectorCmd(g *globals) *cobra.Command {
 	var rebuild bool
@@ -429,6 +472,8 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.WorkDir, "work-dir", "", "directory for job workspaces (default $TMPDIR/loopbus-work)")
 	cmd.Flags().BoolVar(&cfg.KeepWorkspaces, "keep-workspaces", false, "keep job workspaces on disk for debugging")
 	cmd.Flags().DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")
+	cmd.Flags().Int64Var(&cfg.MaxOutputBytes, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
+	cmd.Flags().StringArrayVar(&cfg.SecretEnv, "secret-env", nil, secretEnvUsage)
 	return cmd
 }
 

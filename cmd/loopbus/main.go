@@ -163,7 +163,7 @@ server another loopbus command already runs there).`,
 	root.AddCommand(
 		newRunCmd(g), newWaitCmd(g), newStatusCmd(g), newEventsCmd(g), newReplayCmd(g), newExportCmd(g),
 		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
-		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g),
+		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g),
 	)
 	return root
 }
@@ -279,6 +279,10 @@ type serviceSet struct {
 	rebuildViews bool
 	workers      int
 	worker       agentworker.Config
+	// secretEnv is added to the worker's and the validator's SecretEnv.
+	secretEnv []string
+	// validatorAckWait: see validator.Config.AckWait.
+	validatorAckWait time.Duration
 }
 
 // addServices puts one actor per service into the run group.
@@ -302,7 +306,7 @@ func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, 
 		add("orchestrator", o)
 	}
 	if set.validator {
-		v, err := validator.New(validator.Config{}, b.WithSource(sourceName("validator")), log.With().Str("service", "validator").Logger(), time.Now)
+		v, err := validator.New(validator.Config{SecretEnv: set.secretEnv, AckWait: set.validatorAckWait}, b.WithSource(sourceName("validator")), log.With().Str("service", "validator").Logger(), time.Now)
 		if err != nil {
 			return err
 		}
@@ -322,6 +326,7 @@ func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, 
 	if set.workers > 0 {
 		wc := set.worker
 		wc.Concurrency = set.workers
+		wc.SecretEnv = append(wc.SecretEnv, set.secretEnv...)
 		w, err := agentworker.New(wc, b.WithSource(sourceName("agentworker")), log.With().Str("service", "agentworker").Logger(), time.Now)
 		if err != nil {
 			return err

@@ -32,7 +32,7 @@ func newDoctorCmd(g *globals) *cobra.Command {
 				return errFailed
 			}
 			defer c.close(g.stderr)
-			where := "server at " + c.bus.Conn().ConnectedUrlRedacted()
+			where := "server at " + c.bus.ServerURL()
 			if c.ownsServer() {
 				where = "embedded on " + g.dataDir
 			}

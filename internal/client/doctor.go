@@ -80,7 +80,7 @@ func Doctor(ctx context.Context, b *bus.Bus, where string) []Check {
 		if info, err := dlq.Info(ctx); err == nil {
 			detail := "empty"
 			if info.State.Msgs > 0 {
-				detail = fmt.Sprintf("%d dead letters on %s.> (stream %s): read them with any NATS client", info.State.Msgs, bus.DLQSubjectPrefix, bus.DefaultDLQStream)
+				detail = fmt.Sprintf("%d dead letters on %s.> (stream %s): list them with `loopbus dlq`", info.State.Msgs, bus.DLQSubjectPrefix, bus.DefaultDLQStream)
 			}
 			add("dead letters", nil, detail)
 		}

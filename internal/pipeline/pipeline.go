@@ -9,7 +9,7 @@
 //	name: writing-kit
 //	steps:
 //	  summary:
-//	    agent: {backend: exec, command: [sh, agents/summarize.sh], env: {K: V}}
+//	    agent: {backend: exec, command: [sh, agents/summarize.sh], env: {K: V}, secret_env: [API_TOKEN]}
 //	    prompt: "Summarize {{.Input.Name}}"
 //	    outputs: [{name: summary.json, schema: schemas/summary.schema.json}]
 //	    max_iterations: 3
@@ -42,6 +42,7 @@ import (
 
 	"github.com/goccy/go-yaml/ast"
 
+	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -282,9 +283,12 @@ func (l *loader) step(e entry) (schemas.Step, stepInfo) {
 // agent decodes a step's agent.
 func (l *loader) agent(e entry) schemas.AgentSpec {
 	var a schemas.AgentSpec
-	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"backend", "command", "env"})
+	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"backend", "command", "env", "secret_env"})
 	if !ok {
 		return a
+	}
+	if se, ok := m.get("secret_env"); ok {
+		a.SecretEnv = l.secretEnv(se)
 	}
 	if be, ok := m.get("backend"); !ok {
 		l.errorf(e.keyPos, join(e.field, "backend"), "required (supported: %s)", backendExec)
@@ -308,16 +312,44 @@ func (l *loader) agent(e entry) schemas.AgentSpec {
 					l.errorf(v.keyPos, v.field, "invalid environment variable name %q", v.key)
 					continue
 				}
-				if val, ok := l.str(v); ok {
-					if a.Env == nil {
-						a.Env = make(map[string]string)
-					}
-					a.Env[v.key] = val
+				val, ok := l.str(v)
+				if !ok {
+					continue
 				}
+				if slices.Contains(a.SecretEnv, v.key) || workspace.LooksSecret(v.key) && len(val) >= workspace.MinSecretLen {
+					l.errorf(v.keyPos, v.field, "values in env travel in events; set %s in the worker's environment and list it in secret_env", v.key)
+					continue
+				}
+				if a.Env == nil {
+					a.Env = make(map[string]string)
+				}
+				a.Env[v.key] = val
 			}
 		}
 	}
 	return a
+}
+
+// secretEnv decodes secret_env: a list of environment variable names (see
+// workspace.ValidateSecretName), each listed once.
+func (l *loader) secretEnv(e entry) []string {
+	names, at, ok := l.list(e, "[API_TOKEN]")
+	if !ok {
+		return nil
+	}
+	var out []string
+	for i, n := range names {
+		field := fmt.Sprintf("%s[%d]", e.field, i)
+		switch err := workspace.ValidateSecretName(n); {
+		case err != nil:
+			l.errorf(at[i], field, "%w", err)
+		case slices.Contains(out, n):
+			l.errorf(at[i], field, "%s is listed twice", n)
+		default:
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // argv decodes a command: a non-empty list of strings whose first element

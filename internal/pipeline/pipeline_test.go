@@ -274,7 +274,7 @@ steps:
     prompt: go
     outputs: [{name: a.txt}]
 `,
-			wantErr: `p.yaml:6: steps.a.agent.cmd: unknown key "cmd" (allowed: backend, command, env)`,
+			wantErr: `p.yaml:6: steps.a.agent.cmd: unknown key "cmd" (allowed: backend, command, env, secret_env)`,
 		},
 		{
 			name: "unknown output key",

@@ -70,13 +70,16 @@ func Create(base, session, name string) (*Workspace, error) {
 // Remove deletes the workspace.
 func (w *Workspace) Remove() error { return os.RemoveAll(w.Root) }
 
-// Fetch writes each artifact into dir under its own name. Names are
-// validated, so nothing lands outside dir.
+// Fetch writes each artifact into dir under its own name. Every name is
+// validated before anything is fetched, so nothing lands outside dir and a
+// request with one bad name fetches nothing.
 func (w *Workspace) Fetch(ctx context.Context, f Fetcher, refs []schemas.ArtifactRef, dir string) error {
 	for _, r := range refs {
 		if err := schemas.ValidateName(r.Name); err != nil {
 			return err
 		}
+	}
+	for _, r := range refs {
 		if err := f.GetArtifactFile(ctx, r, filepath.Join(dir, r.Name)); err != nil {
 			return err
 		}

@@ -1,0 +1,232 @@
+package agentworker_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/loopbus/loopbus/agentworker"
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/testnats"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// tamperingBus is a real bus whose deliveries are altered after decoding,
+// as a job.requested from a producer that skipped the schema checks (or an
+// older schema) would look: the worker must not rely on the bus's checks.
+type tamperingBus struct {
+	*bus.Bus
+	tamper func(*schemas.JobRequested)
+}
+
+func (b tamperingBus) Consume(ctx context.Context, cfg bus.ConsumerConfig, h bus.Handler) error {
+	return b.Bus.Consume(ctx, cfg, func(ctx context.Context, d bus.Delivery) error {
+		if jr, ok := d.Event.Data.(*schemas.JobRequested); ok {
+			b.tamper(jr)
+		}
+		return h(ctx, d)
+	})
+}
+
+// TestHostileRequestIsRefused: names in a job request that could escape the
+// workspace fail the job, for good and with a clear message, before the
+// agent runs or anything is fetched or stored.
+func TestHostileRequestIsRefused(t *testing.T) {
+	tests := []struct {
+		name    string
+		tamper  func(*schemas.JobRequested)
+		wantErr []string
+	}{
+		{name: "output ../x", tamper: outputNamed("../x"), wantErr: []string{"declared output", `"../x"`, "not a path"}},
+		{name: "output /etc/passwd", tamper: outputNamed("/etc/passwd"), wantErr: []string{"declared output", `"/etc/passwd"`}},
+		{name: "output a/b", tamper: outputNamed("a/b"), wantErr: []string{"declared output", `"a/b"`}},
+		{name: "output empty", tamper: outputNamed(""), wantErr: []string{"declared output", "must not be empty"}},
+		{name: "output .", tamper: outputNamed("."), wantErr: []string{"declared output", "must not be . or .."}},
+		{name: "output ..", tamper: outputNamed(".."), wantErr: []string{"declared output", "must not be . or .."}},
+		{name: "output with NUL", tamper: outputNamed("a\x00b"), wantErr: []string{"declared output", `"a\x00b"`}},
+		{name: "output not UTF-8", tamper: outputNamed("\xff\xfe.json"), wantErr: []string{"declared output", "not valid UTF-8"}},
+		{name: "input ../prompt.md", tamper: inputNamed("../prompt.md"), wantErr: []string{"input", `"../prompt.md"`}},
+		{name: "input /etc/passwd", tamper: inputNamed("/etc/passwd"), wantErr: []string{"input", `"/etc/passwd"`}},
+		{name: "input ..", tamper: inputNamed(".."), wantErr: []string{"input", `".."`}},
+		{
+			name:    "secret env LOOPBUS_TOKEN",
+			tamper:  func(jr *schemas.JobRequested) { jr.Agent.SecretEnv = []string{"LOOPBUS_TOKEN"} },
+			wantErr: []string{"secretEnv", "LOOPBUS_TOKEN"},
+		},
+		{
+			name:    "secret env not a name",
+			tamper:  func(jr *schemas.JobRequested) { jr.Agent.SecretEnv = []string{"A=B"} },
+			wantErr: []string{"secretEnv", `"A=B"`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b, _ := testnats.Bus(t)
+			marker := filepath.Join(t.TempDir(), "ran")
+			input := putArtifact(t, b, "s1/input/talk.md", "talk.md", []byte("talk"))
+			jr := request("s1.step.1", "step", 1, writeScript(t, "touch \"$MARKER\"\necho '{}' > \"$LOOPBUS_OUTPUT_DIR/report.json\"\n"), "report.json")
+			jr.Agent.Env = map[string]string{"MARKER": marker}
+			jr.Inputs = []schemas.ArtifactRef{input}
+			publishRequest(t, b, jr)
+			workDir := t.TempDir()
+			startLoggedWorker(t, tamperingBus{Bus: b, tamper: tt.tamper}, agentworker.Config{ID: "w1", WorkDir: workDir})
+
+			all, res := waitResult(t, b, jr.JobID)
+			jf, ok := res.Data.(*schemas.JobFailed)
+			if !ok {
+				t.Fatalf("result %s, want job.failed; events:%s", res.Type, describe(ofJob(all, jr.JobID)))
+			}
+			for _, want := range append([]string{"refusing the job request"}, tt.wantErr...) {
+				if !strings.Contains(jf.Error, want) {
+					t.Errorf("job.failed error %q does not mention %q", jf.Error, want)
+				}
+			}
+			if jf.Retryable {
+				t.Errorf("job.failed is retryable: the same request would be refused again")
+			}
+			if n := len(ofType(ofJob(all, jr.JobID), schemas.TypeToolStarted)); n != 0 {
+				t.Errorf("the agent was started")
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Errorf("the agent ran")
+			}
+			waitAcked(t, b)
+			if objs := objects(t, b); len(objs) != 1 {
+				t.Errorf("object store holds %v, want only the input", objs)
+			}
+			// Nothing was laid out: no workspace, so nothing fetched anywhere.
+			if entries, _ := os.ReadDir(workDir); len(entries) != 0 {
+				t.Errorf("work dir holds %v", entries)
+			}
+		})
+	}
+}
+
+func outputNamed(name string) func(*schemas.JobRequested) {
+	return func(jr *schemas.JobRequested) { jr.Outputs = []schemas.Output{{Name: "ok.json"}, {Name: name}} }
+}
+
+func inputNamed(name string) func(*schemas.JobRequested) {
+	return func(jr *schemas.JobRequested) {
+		ref := jr.Inputs[0]
+		ref.Name = name
+		jr.Inputs = append(jr.Inputs, ref)
+	}
+}
+
+// TestHostileRequestNeverReachesTheWorker: the same names published as a
+// job.requested are refused by the bus already (the event schema), so the
+// worker's own check above is a second line.
+func TestHostileRequestNeverReachesTheWorker(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	jr := request("s1.step.1", "step", 1, []string{"true"}, "../x")
+	_, err := b.Publish(context.Background(), schemas.Event{
+		ID: "hostile", Type: schemas.TypeJobRequested, Session: session, Step: jr.Step, Job: jr.JobID,
+		Correlation: session, Time: time.Now(), Data: jr,
+	})
+	if err == nil {
+		t.Fatal("bus published a job.requested with output ../x")
+	}
+}
+
+// TestOutsideFilesUntouched: an agent that links its output, or its whole
+// out/ directory, to a file or directory outside the workspace fails its job;
+// the outside file keeps its content and mtime and nothing is stored.
+func TestOutsideFilesUntouched(t *testing.T) {
+	tests := []struct {
+		name    string
+		script  string
+		wantErr string
+	}{
+		{
+			name:    "output links to an outside file",
+			script:  "ln -s \"$OUTSIDE\" \"$LOOPBUS_OUTPUT_DIR/report.json\"\n",
+			wantErr: "symbolic link",
+		},
+		{
+			name:    "out/ links to the outside directory",
+			script:  "rmdir \"$LOOPBUS_OUTPUT_DIR\"\nln -s \"$(dirname \"$OUTSIDE\")\" \"$LOOPBUS_OUTPUT_DIR\"\n",
+			wantErr: "out/ was removed or replaced",
+		},
+		{
+			name:    "out/ links to the outside file",
+			script:  "rmdir \"$LOOPBUS_OUTPUT_DIR\"\nln -s \"$OUTSIDE\" \"$LOOPBUS_OUTPUT_DIR\"\n",
+			wantErr: "out/ was removed or replaced",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b, _ := testnats.Bus(t)
+			outside := filepath.Join(t.TempDir(), "report.json")
+			const content = `{"outside":true}`
+			if err := os.WriteFile(outside, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			old := time.Now().Add(-time.Hour).Truncate(time.Second)
+			if err := os.Chtimes(outside, old, old); err != nil {
+				t.Fatal(err)
+			}
+			jr := request("s1.step.1", "step", 1, writeScript(t, tt.script), "report.json")
+			jr.Agent.Env = map[string]string{"OUTSIDE": outside}
+			publishRequest(t, b, jr)
+			startWorker(t, b, agentworker.Config{ID: "w1"})
+			all, res := waitResult(t, b, jr.JobID)
+			jf, ok := res.Data.(*schemas.JobFailed)
+			if !ok || !strings.Contains(jf.Error, tt.wantErr) {
+				t.Fatalf("want job.failed saying %q; events:%s", tt.wantErr, describe(ofJob(all, jr.JobID)))
+			}
+			waitAcked(t, b)
+			if objs := objects(t, b); len(objs) != 0 {
+				t.Errorf("object store holds %v", objs)
+			}
+			fi, err := os.Lstat(outside)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := os.ReadFile(outside)
+			if string(got) != content || !fi.ModTime().Equal(old) || !fi.Mode().IsRegular() {
+				t.Errorf("outside file changed: %q, mtime %v, mode %v", got, fi.ModTime(), fi.Mode())
+			}
+		})
+	}
+}
+
+// TestNonUTF8FileNamesInOut: files an agent leaves in out/ under names that
+// are not UTF-8 (or not artifact names at all) are ignored; the declared
+// output is stored and the job completes.
+func TestNonUTF8FileNamesInOut(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	argv := writeScript(t, `set -eu
+cd "$LOOPBUS_OUTPUT_DIR"
+printf junk > "$(printf 'bad\377\376name')"
+printf junk > "$(printf 'a\200b.json')"
+printf junk > '-rf'
+echo '{}' > report.json
+`)
+	jr := request("s1.step.1", "step", 1, argv, "report.json")
+	publishRequest(t, b, jr)
+	workDir := t.TempDir()
+	startWorker(t, b, agentworker.Config{ID: "w1", WorkDir: workDir})
+	all, res := waitResult(t, b, jr.JobID)
+	jc, ok := res.Data.(*schemas.JobCompleted)
+	if !ok {
+		t.Fatalf("result %s; events:%s", res.Type, describe(ofJob(all, jr.JobID)))
+	}
+	if len(jc.Artifacts) != 1 || jc.Artifacts[0].Name != "report.json" || string(fetch(t, b, jc.Artifacts[0])) != "{}\n" {
+		t.Errorf("artifacts = %+v", jc.Artifacts)
+	}
+	if n := len(ofType(ofJob(all, jr.JobID), schemas.TypeArtifactStored)); n != 1 {
+		t.Errorf("%d artifact.stored, want 1", n)
+	}
+	waitAcked(t, b)
+	// The workspace, odd names and all, is gone.
+	sessions, _ := os.ReadDir(filepath.Join(workDir, session))
+	if len(sessions) != 0 {
+		t.Errorf("workspace left behind: %v", sessions)
+	}
+}

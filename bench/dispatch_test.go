@@ -1,0 +1,211 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// BenchmarkDispatch measures how long the orchestrator and a worker take
+// to move a session from one step to the next with a no-op agent: from the
+// previous step's validation.passed to the next step's job.requested
+// (orchestrator leg) and on to its job.started (worker leg). Sessions run
+// one at a time, so the figures are latencies, not queueing. Times are the
+// stream's stored timestamps of the three events (one server clock).
+func BenchmarkDispatch(b *testing.B) {
+	for _, mode := range modes() {
+		b.Run("fsync="+mode.name, func(b *testing.B) {
+			sessions := size(40, 250)
+			sys := newSystem(b, mode)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ends := sys.watchEnds(ctx)
+			sys.startValidator()
+			sys.startWorkers(1)
+			sys.startOrchestrator()
+			// A first session warms every consumer and the file store.
+			sys.submit(ctx, "warm")
+			waitEnds(b, ends, 1, time.Minute)
+
+			b.ResetTimer()
+			var ids []string
+			for i := range b.N * sessions {
+				id := fmt.Sprintf("d%06d", i)
+				ids = append(ids, id)
+				sys.submit(ctx, id)
+				waitEnds(b, ends, 1, time.Minute)
+			}
+			b.StopTimer()
+
+			total, orch, worker := dispatchLatencies(b, sys.admin, ids)
+			b.ReportMetric(percentile(total, 50), "p50_ms")
+			b.ReportMetric(percentile(total, 99), "p99_ms")
+			b.ReportMetric(percentile(orch, 50), "orch_p50_ms")
+			b.ReportMetric(percentile(orch, 99), "orch_p99_ms")
+			b.ReportMetric(percentile(worker, 50), "worker_p50_ms")
+			b.ReportMetric(percentile(worker, 99), "worker_p99_ms")
+			b.ReportMetric(float64(len(total)), "samples")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// dispatchLatencies reads the sessions' events back and returns, in
+// milliseconds, for every step after the first: validation.passed of the
+// previous step → job.started (total), → job.requested (orchestrator leg),
+// job.requested → job.started (worker leg).
+func dispatchLatencies(tb testing.TB, bs *bus.Bus, sessions []string) (total, orch, worker []float64) {
+	tb.Helper()
+	first := firstStored(tb, bs, sessions, schemas.TypeValidationPassed, schemas.TypeJobRequested, schemas.TypeJobStarted)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	steps := chain()
+	for _, s := range sessions {
+		for i := 1; i < len(steps); i++ {
+			passed, ok1 := first[key{s, steps[i-1], schemas.TypeValidationPassed}]
+			req, ok2 := first[key{s, steps[i], schemas.TypeJobRequested}]
+			started, ok3 := first[key{s, steps[i], schemas.TypeJobStarted}]
+			if !ok1 || !ok2 || !ok3 {
+				tb.Fatalf("session %s step %s: missing events (passed %v, requested %v, started %v)", s, steps[i], ok1, ok2, ok3)
+			}
+			total = append(total, ms(started.Sub(passed)))
+			orch = append(orch, ms(req.Sub(passed)))
+			worker = append(worker, ms(started.Sub(req)))
+		}
+	}
+	return total, orch, worker
+}
+
+// key names the first event of a type of one step of a session.
+type key struct{ session, step, typ string }
+
+// firstStored reads the events of the given types back and returns the
+// stored time of the first of each type per step of sessions.
+func firstStored(tb testing.TB, bs *bus.Bus, sessions []string, types ...string) map[key]time.Time {
+	tb.Helper()
+	want := map[string]bool{}
+	for _, s := range sessions {
+		want[s] = true
+	}
+	var subjects []string
+	for _, typ := range types {
+		subjects = append(subjects, "loopbus.evt.*."+strings.TrimPrefix(typ, "loopbus."))
+	}
+	first := map[key]time.Time{}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := bs.Read(ctx, bus.ReadOptions{Subjects: subjects}, func(ev schemas.Event) error {
+		k := key{ev.Session, ev.Step, ev.Type}
+		if _, seen := first[k]; want[ev.Session] && !seen {
+			first[k] = ev.Stored
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("read: %v", err)
+	}
+	return first
+}
+
+// processCPU is the user+system CPU time used so far by this process and
+// its waited-for children (the agents).
+func processCPU(tb testing.TB) time.Duration {
+	tb.Helper()
+	var self, kids syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &self); err != nil {
+		tb.Fatal(err)
+	}
+	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids); err != nil {
+		tb.Fatal(err)
+	}
+	total := time.Duration(0)
+	for _, ru := range []syscall.Rusage{self, kids} {
+		total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	return total
+}
+
+// percentile returns the p-th percentile (nearest rank) of xs.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	rank := int(p/100*float64(len(s))+0.999999) - 1
+	return s[min(max(rank, 0), len(s)-1)]
+}
+
+// BenchmarkThroughput runs many sessions of the three-step no-op pipeline
+// through the orchestrator, the validator and 1, 2 or 4 agent-worker
+// replicas (concurrency 1 each) and reports completed steps per second.
+// The sessions are submitted before the orchestrator starts; the clock
+// runs from its start to the last session.completed.
+func BenchmarkThroughput(b *testing.B) {
+	for _, mode := range modes() {
+		for _, workers := range []int{1, 2, 4} {
+			b.Run(fmt.Sprintf("fsync=%s/workers=%d", mode.name, workers), func(b *testing.B) {
+				sessions := size(40, 300) * b.N
+				sys := newSystem(b, mode)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				for i := range sessions {
+					sys.submit(ctx, fmt.Sprintf("t%06d", i))
+				}
+				ends := sys.watchEnds(ctx)
+				sys.startValidator()
+				sys.startWorkers(workers)
+				b.ResetTimer()
+				start, cpu0 := time.Now(), processCPU(b)
+				sys.startOrchestrator()
+				waitEnds(b, ends, sessions, 10*time.Minute)
+				elapsed, cpu := time.Since(start), processCPU(b)-cpu0
+				b.StopTimer()
+				steps := float64(sessions * len(chain()))
+				b.ReportMetric(steps/elapsed.Seconds(), "steps/s")
+				// Everything (server, services, agents) runs in this process
+				// and its children: CPU per step bounds what 2 cores can do.
+				b.ReportMetric(float64(cpu)/float64(time.Millisecond)/steps, "cpu_ms/step")
+				// Where a step's time goes under this load (medians).
+				ids := make([]string, sessions)
+				for i := range ids {
+					ids[i] = fmt.Sprintf("t%06d", i)
+				}
+				for name, xs := range stageLatencies(b, sys.admin, ids) {
+					b.ReportMetric(percentile(xs, 50), name+"_p50_ms")
+				}
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// stageLatencies returns, in milliseconds for every step of sessions, the
+// time between the stored events that bound each stage: queue
+// (job.requested → job.started), work (→ job.completed), validate (→
+// validation.passed) and decide (→ the next step's job.requested).
+func stageLatencies(tb testing.TB, bs *bus.Bus, sessions []string) map[string][]float64 {
+	tb.Helper()
+	first := firstStored(tb, bs, sessions, schemas.TypeJobRequested, schemas.TypeJobStarted, schemas.TypeJobCompleted, schemas.TypeValidationPassed)
+	ms := func(a, b time.Time) float64 { return float64(b.Sub(a)) / float64(time.Millisecond) }
+	out := map[string][]float64{}
+	steps := chain()
+	for _, s := range sessions {
+		for i, step := range steps {
+			req, started := first[key{s, step, schemas.TypeJobRequested}], first[key{s, step, schemas.TypeJobStarted}]
+			done, passed := first[key{s, step, schemas.TypeJobCompleted}], first[key{s, step, schemas.TypeValidationPassed}]
+			out["queue"] = append(out["queue"], ms(req, started))
+			out["work"] = append(out["work"], ms(started, done))
+			out["validate"] = append(out["validate"], ms(done, passed))
+			if i+1 < len(steps) {
+				out["decide"] = append(out["decide"], ms(passed, first[key{s, steps[i+1], schemas.TypeJobRequested}]))
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,91 @@
+// Package bench holds loopbus's end-to-end benchmarks (in its _test.go
+// files: append, dispatch latency, pipeline throughput, manifest rebuild,
+// orchestrator memory; see docs/PERFORMANCE.md) and Summary, which turns
+// their `go test -bench` output into one line.
+package bench
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// ErrFailed: the benchmark output reports a failure.
+var ErrFailed = errors.New("benchmarks failed")
+
+// summaryField is one field of the summary line: the benchmark (without
+// its -GOMAXPROCS suffix) and the metric unit it comes from, and the
+// decimals printed.
+type summaryField struct {
+	key, bench, unit string
+	prec             int
+}
+
+// summaryFields are the summary line's fields in order, all default-fsync
+// figures.
+func summaryFields() []summaryField {
+	return []summaryField{
+		{"append_ratio", "BenchmarkAppend/fsync=default", "append_ratio", 3},
+		{"dispatch_p50_ms", "BenchmarkDispatch/fsync=default", "p50_ms", 2},
+		{"dispatch_p99_ms", "BenchmarkDispatch/fsync=default", "p99_ms", 2},
+		{"steps_per_s", "BenchmarkThroughput/fsync=default/workers=4", "steps/s", 0},
+		{"rebuild_events_per_s", "BenchmarkRebuild/fsync=default", "events/s", 0},
+		{"rebuild_ratio", "BenchmarkRebuild/fsync=default", "rebuild_ratio", 3},
+	}
+}
+
+// Summary reads the output of `go test -bench` over this package and
+// returns "append_ratio=X dispatch_p50_ms=X dispatch_p99_ms=X
+// steps_per_s=X rebuild_events_per_s=X rebuild_ratio=X" from the
+// default-fsync results. It fails, wrapping ErrFailed, if the output
+// reports a failure, and names any figure it did not find.
+func Summary(r io.Reader) (string, error) {
+	procsSuffix := regexp.MustCompile(`-\d+$`)
+	metrics := map[string]map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "FAIL") || strings.HasPrefix(strings.TrimSpace(line), "--- FAIL") || strings.HasPrefix(line, "panic:") {
+			return "", fmt.Errorf("%w: %s", ErrFailed, strings.TrimSpace(line))
+		}
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") || len(f)%2 != 0 {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err != nil {
+			continue
+		}
+		name := procsSuffix.ReplaceAllString(f[0], "")
+		m := metrics[name]
+		if m == nil {
+			m = map[string]float64{}
+			metrics[name] = m
+		}
+		for i := 2; i+1 < len(f); i += 2 {
+			if v, err := strconv.ParseFloat(f[i], 64); err == nil {
+				m[f[i+1]] = v
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	var parts, missing []string
+	for _, fl := range summaryFields() {
+		v, ok := metrics[fl.bench][fl.unit]
+		if !ok {
+			missing = append(missing, fmt.Sprintf("%s (%s of %s)", fl.key, fl.unit, fl.bench))
+			continue
+		}
+		parts = append(parts, fl.key+"="+strconv.FormatFloat(v, 'f', fl.prec, 64))
+	}
+	if len(missing) > 0 {
+		return "", fmt.Errorf("no figure for %s", strings.Join(missing, ", "))
+	}
+	return strings.Join(parts, " "), nil
+}

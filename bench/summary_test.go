@@ -1,0 +1,72 @@
+package bench
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const sampleOutput = `goos: linux
+goarch: amd64
+pkg: github.com/loopbus/loopbus/bench
+BenchmarkAppend/fsync=always-2         	       1	         0.9182 append_ratio	    404750 bus_ns/event	    371638 raw_ns/event
+BenchmarkAppend/fsync=default-2        	       1	         0.5207 append_ratio	     42659 bus_ns/event	     22213 raw_ns/event
+BenchmarkDispatch/fsync=default-2        	       1	         2.028 orch_p50_ms	         6.341 orch_p99_ms	         2.997 p50_ms	         7.462 p99_ms	        80.00 samples
+BenchmarkThroughput/fsync=default/workers=1-2        	       1	        55.89 steps/s
+BenchmarkThroughput/fsync=default/workers=4-2        	       1	       133.5 steps/s
+BenchmarkRebuild/fsync=default-2         	       1	      8681 events/s	      4771 projector_events/s	    105173 raw_events/s	         0.08254 rebuild_ratio
+PASS
+ok  	github.com/loopbus/loopbus/bench	13.472s
+`
+
+func TestSummary(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    string
+		wantErr string
+		failed  bool
+	}{
+		{
+			name: "default-fsync figures in order",
+			in:   sampleOutput,
+			want: "append_ratio=0.521 dispatch_p50_ms=3.00 dispatch_p99_ms=7.46 steps_per_s=134 rebuild_events_per_s=8681 rebuild_ratio=0.083",
+		},
+		{
+			name:    "a missing benchmark is named",
+			in:      strings.ReplaceAll(sampleOutput, "BenchmarkRebuild/", "BenchmarkOther/"),
+			wantErr: "rebuild_events_per_s (events/s of BenchmarkRebuild/fsync=default), rebuild_ratio",
+		},
+		{
+			name:    "fsync=always figures are not used",
+			in:      strings.ReplaceAll(sampleOutput, "BenchmarkAppend/fsync=default-2", "BenchmarkAppend/fsync=other-2"),
+			wantErr: "append_ratio (append_ratio of BenchmarkAppend/fsync=default)",
+		},
+		{
+			name:    "a failed benchmark fails the summary",
+			in:      sampleOutput + "--- FAIL: BenchmarkRebuild/fsync=default\nFAIL\n",
+			wantErr: "--- FAIL: BenchmarkRebuild",
+			failed:  true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Summary(strings.NewReader(tt.in))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Summary() error = %v, want one containing %q", err, tt.wantErr)
+				}
+				if errors.Is(err, ErrFailed) != tt.failed {
+					t.Fatalf("errors.Is(%v, ErrFailed) = %v, want %v", err, !tt.failed, tt.failed)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Summary() error = %v", err)
+			}
+			if got != tt.want {
+				t.Fatalf("Summary() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
