@@ -64,6 +64,9 @@ type connState struct {
 	// onDenied is set (during provisioning), which onDenied is told of.
 	denied   []string
 	onDenied func()
+	// refused: when the server last refused a publish to a subject, so a
+	// publish waiting for an ack that will never come can fail instead.
+	refused map[string]time.Time
 }
 
 // watchDenied starts collecting permission violations; fn is called on
@@ -83,15 +86,42 @@ func (c *connState) watchDenied(fn func()) (stop func() []string) {
 
 // permissionDenied records a permission violation the server reported.
 func (c *connState) permissionDenied(err error) {
+	text := deniedText(err)
 	c.mu.Lock()
 	fn := c.onDenied
 	if fn != nil && len(c.denied) < 8 {
-		c.denied = append(c.denied, deniedText(err))
+		c.denied = append(c.denied, text)
+	}
+	if subj, ok := refusedPublish(text); ok {
+		if c.refused == nil || len(c.refused) > 1000 {
+			c.refused = map[string]time.Time{}
+		}
+		c.refused[subj] = time.Now()
 	}
 	c.mu.Unlock()
 	if fn != nil {
 		fn()
 	}
+}
+
+// refusedSince reports whether the server refused a publish to subject at
+// or after t.
+func (c *connState) refusedSince(subject string, t time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.refused[subject]
+	return ok && !at.Before(t)
+}
+
+// refusedPublish extracts the subject of `Permissions Violation for
+// Publish to "subject"`.
+func refusedPublish(text string) (string, bool) {
+	rest, ok := strings.CutPrefix(strings.ToLower(text), "permissions violation for publish to ")
+	if !ok {
+		return "", false
+	}
+	subj := strings.Trim(text[len(text)-len(rest):], `"' `)
+	return subj, subj != ""
 }
 
 // deniedText is the server's part of a permission violation, e.g.

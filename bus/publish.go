@@ -105,6 +105,7 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 		}
 		return res, err
 	}
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		id := nuid.Next()
 		for i, m := range msgs {
@@ -130,6 +131,9 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 		if err == nil || !retryable(err) {
 			return res, b.connErr(err)
 		}
+		if b.conn.refusedSince(last.Subject, start) {
+			return Published{}, fmt.Errorf("publish %s: %w (the user lacks the permission to publish there)", last.Subject, ErrPermissionDenied)
+		}
 		// A lost commit is retried under a new batch id; if the first
 		// attempt did land, the event ids make the retry ErrDuplicate.
 		if werr := b.backoff(ctx, attempt, err); werr != nil {
@@ -142,10 +146,16 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 // server is unreachable (the message id makes a retry of a write that did
 // land a duplicate, not a second copy).
 func (b *Bus) request(ctx context.Context, m *nats.Msg) (Published, error) {
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		res, err := b.requestOnce(ctx, m)
 		if err == nil || !retryable(err) {
 			return res, b.connErr(err)
+		}
+		// A refused publish gets no reply, only an asynchronous error:
+		// retrying would wait for ever.
+		if b.conn.refusedSince(m.Subject, start) {
+			return Published{}, fmt.Errorf("publish %s: %w (the user lacks the permission to publish there)", m.Subject, ErrPermissionDenied)
 		}
 		if werr := b.backoff(ctx, attempt, err); werr != nil {
 			return Published{}, werr
