@@ -32,8 +32,9 @@ const templateSession = "zqxtemplatezqx"
 //     (decode and checks) and projections.FoldManifest into one manifest per
 //     session — without writing views (events/s); rebuild_ratio is fold ÷
 //     raw;
-//   - projector: the projector's real Rebuild, which also writes each
-//     changed manifest to the views bucket, for a bounded time
+//   - projector: the projector's real Rebuild, which also writes the
+//     changed manifests to the views bucket (once per batch of
+//     projector.Config.CatchUpBatch events), for a bounded time
 //     (projector_events/s).
 func BenchmarkRebuild(b *testing.B) {
 	events := size(30_000, 1_000_000)

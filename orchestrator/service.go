@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"sync"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
@@ -30,18 +32,35 @@ func (c Config) Validate() error { return nil }
 // caught up with the head, publishes each decision as one atomic batch
 // guarded by the session's expected last sequence. Several replicas may run:
 // the guard and the deterministic ids make a losing replica's decision a
-// no-op. Run is not safe to call twice concurrently.
+// no-op. Batches are committed in the background, at most one per session
+// at a time, so the read loop never waits for a round trip. Run is not safe
+// to call twice concurrently.
 type Service struct {
-	cfg   Config
-	bus   Bus
-	log   zerolog.Logger
-	now   func() time.Time
+	cfg Config
+	bus Bus
+	log zerolog.Logger
+	now func() time.Time
+
+	// mu guards state and inflight: the read loop folds and decides, the
+	// committers settle their batches.
+	mu    sync.Mutex
 	state *State
-	// inflight: the sequence our last batch for a session ended at; no new
-	// decision for it until the state has seen that far.
+	// inflight: for a session with a batch being committed, committing;
+	// after a commit, the sequence the batch ended at. No new decision for
+	// the session until the state has seen that far.
 	inflight map[string]uint64
 	caughtUp bool
+	// commits runs the background commits; slots bounds how many at once.
+	commits sync.WaitGroup
+	slots   chan struct{}
 }
+
+// committing marks a session whose batch is being committed.
+const committing = math.MaxUint64
+
+// maxCommits bounds the batches committed at once (e.g. when thousands of
+// sessions are decided on catching up).
+const maxCommits = 64
 
 // New returns a Service. now is the clock for event times.
 func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service, error) {
@@ -54,13 +73,16 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if b == nil || now == nil {
 		return nil, errors.New("orchestrator: bus and clock are required")
 	}
-	return &Service{cfg: cfg, bus: b, log: log, now: now, state: NewState(), inflight: map[string]uint64{}}, nil
+	return &Service{cfg: cfg, bus: b, log: log, now: now, state: NewState(), inflight: map[string]uint64{},
+		slots: make(chan struct{}, maxCommits)}, nil
 }
 
-// Run folds and decides until ctx ends. It returns nil on cancellation and
-// an error only when the stream cannot be read.
+// Run folds and decides until ctx ends, then waits for the commits under
+// way. It returns nil on cancellation and an error only when the stream
+// cannot be read.
 func (s *Service) Run(ctx context.Context) error {
 	start := time.Now()
+	defer s.commits.Wait()
 	err := s.bus.Read(ctx, bus.ReadOptions{
 		Follow:     true,
 		DeadLetter: s.cfg.Name,
@@ -69,6 +91,8 @@ func (s *Service) Run(ctx context.Context) error {
 			if !ok {
 				return
 			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
 			Skip(s.state, session, seq)
 			if sess := s.state.Sessions[session]; s.caughtUp && sess != nil {
 				// A decision refused because of this message is made again.
@@ -76,6 +100,8 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		},
 		OnCaughtUp: func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
 			s.caughtUp = true
 			s.log.Info().Int("sessions", len(s.state.Sessions)).Dur("took", time.Since(start)).Msg("caught up with the stream")
 			// Decisions a crash may have lost: make them now.
@@ -86,6 +112,8 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		},
 	}, func(ev schemas.Event) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		if err := Check(s.state, ev); err != nil {
 			// Read dead-letters it and reports it through OnSkip.
 			return fmt.Errorf("%w: %w", bus.ErrMalformed, err)
@@ -102,6 +130,8 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
+// decide makes the decision trigger calls for and commits it in the
+// background. s.mu is held.
 func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 	sess := s.state.Sessions[trigger.Session]
 	if sess == nil || sess.terminal() || s.inflight[sess.ID] > sess.LastSeq {
@@ -111,29 +141,77 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 	if len(evs) == 0 {
 		return
 	}
-	log := s.log.With().Str("session", sess.ID).Str("trigger", trigger.Type).Int("events", len(evs)).Logger()
-	res, err := s.bus.PublishBatch(ctx, sess.ID, sess.LastSeq, evs)
+	id, expect := sess.ID, sess.LastSeq
+	s.inflight[id] = committing
+	s.commits.Add(1)
+	go func() {
+		defer s.commits.Done()
+		select {
+		case s.slots <- struct{}{}:
+		case <-ctx.Done():
+			return // stopping: a restarted orchestrator decides again
+		}
+		defer func() { <-s.slots }()
+		s.commit(ctx, trigger, id, expect, evs)
+	}()
+}
+
+// commit publishes one decision and settles the session's inflight mark.
+func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, expect uint64, evs []schemas.Event) {
+	log := s.log.With().Str("session", id).Str("trigger", trigger.Type).Int("events", len(evs)).Logger()
+	res, err := s.bus.PublishBatch(ctx, id, expect, evs)
 	switch {
 	case err == nil:
-		s.inflight[sess.ID] = res.Seq
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		for _, ev := range evs {
 			log.Debug().Str("type", ev.Type).Str("step", ev.Step).Msg("decided")
 		}
+		s.settled(ctx, id, res.Seq)
 	case errors.Is(err, bus.ErrStale), errors.Is(err, bus.ErrDuplicate):
-		// Newer events exist that we have not read yet; we decide again
-		// when they arrive.
+		// Newer events exist. Those read while this batch was committed
+		// found the session busy; decide again now if there were any,
+		// else when they arrive.
 		log.Debug().Err(err).Msg("decision superseded")
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.inflight, id)
+		if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq > expect {
+			s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
+		}
 	case ctx.Err() != nil, errors.Is(err, bus.ErrConnectionLost):
 		// Not ours to judge: a restarted orchestrator decides again.
 	default:
 		// The bus retries transient failures itself; what is left will not
 		// pass on a retry. Fail the session rather than leave it waiting.
 		log.Error().Err(err).Msg("could not publish decision; failing the session")
+		s.mu.Lock()
 		fallback := Unrecordable(s.state, trigger, evs, err, s.now())
-		if res, ferr := s.bus.PublishBatch(ctx, sess.ID, sess.LastSeq, fallback); ferr == nil {
-			s.inflight[sess.ID] = res.Seq
-		} else if !errors.Is(ferr, bus.ErrStale) && !errors.Is(ferr, bus.ErrDuplicate) {
+		s.mu.Unlock()
+		fres, ferr := s.bus.PublishBatch(ctx, id, expect, fallback)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		switch {
+		case ferr == nil:
+			s.settled(ctx, id, fres.Seq)
+		case errors.Is(ferr, bus.ErrStale), errors.Is(ferr, bus.ErrDuplicate):
+			delete(s.inflight, id)
+			if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq > expect {
+				s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
+			}
+		default:
 			log.Error().Err(ferr).Msg("could not record the session's failure either")
 		}
+	}
+}
+
+// settled records that a session's batch ended at seq. Events read while
+// it was committed found the session busy: if the read is already past
+// the batch, decide again now (Decide is level-triggered, so a decision
+// with nothing to do is none). s.mu is held.
+func (s *Service) settled(ctx context.Context, id string, seq uint64) {
+	s.inflight[id] = seq
+	if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq >= seq {
+		s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
 	}
 }

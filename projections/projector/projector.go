@@ -33,6 +33,11 @@ type Config struct {
 	// default 100. After a crash up to this many events are folded again,
 	// which is harmless: each manifest carries the sequence it reflects.
 	CheckpointEvery int
+	// CatchUpBatch is how many events pass between view writes while the
+	// projector catches up with a backlog (and while rebuilding): each
+	// changed manifest is then written once per batch instead of once per
+	// event; default 10,000. Once caught up, every event is written at once.
+	CatchUpBatch int
 }
 
 // ErrInvalidConfig: a Config value is out of range.
@@ -40,7 +45,7 @@ var ErrInvalidConfig = errors.New("projector: invalid configuration")
 
 // Validate reports the first invalid value, wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
-	if c.CheckpointEvery < 0 {
+	if c.CheckpointEvery < 0 || c.CatchUpBatch < 0 {
 		return fmt.Errorf("%w: negative checkpoint interval", ErrInvalidConfig)
 	}
 	return nil
@@ -56,6 +61,8 @@ type Service struct {
 	// live caches manifests of running sessions; terminal ones are dropped
 	// after they are written.
 	live map[string]*projections.Manifest
+	// dirty: manifests changed since the last flush while catching up.
+	dirty map[string]bool
 }
 
 // New returns a projector.
@@ -69,7 +76,10 @@ func New(cfg Config, b Bus, log zerolog.Logger) (*Service, error) {
 	if cfg.CheckpointEvery == 0 {
 		cfg.CheckpointEvery = 100
 	}
-	return &Service{cfg: cfg, bus: b, log: log, live: map[string]*projections.Manifest{}}, nil
+	if cfg.CatchUpBatch == 0 {
+		cfg.CatchUpBatch = 10_000
+	}
+	return &Service{cfg: cfg, bus: b, log: log, live: map[string]*projections.Manifest{}, dirty: map[string]bool{}}, nil
 }
 
 type checkpoint struct {
@@ -88,64 +98,114 @@ func (p *Service) Run(ctx context.Context) error {
 // Rebuild recomputes every manifest from the start of the stream, then
 // returns (it does not follow).
 func (p *Service) Rebuild(ctx context.Context) error {
-	p.live = map[string]*projections.Manifest{}
-	defer func() { p.live = map[string]*projections.Manifest{} }()
+	p.live, p.dirty = map[string]*projections.Manifest{}, map[string]bool{}
+	defer func() { p.live, p.dirty = map[string]*projections.Manifest{}, map[string]bool{} }()
 	return p.run(ctx, 0, false)
 }
 
 func (p *Service) run(ctx context.Context, from uint64, follow bool) error {
+	rebuilding := !follow
+	catchingUp := true // until the read reaches the head: write views in batches
 	n := 0
 	var last uint64
-	save := func() {
+	start := time.Now()
+	save := func() error {
 		if last == 0 {
-			return
+			return nil
 		}
-		// Saved also while stopping, so a restart resumes where this ended.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		// Views first: the checkpoint promises they reflect the stream up
+		// to it. Saved also while stopping, so a restart resumes here.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		if err := p.flush(sctx, rebuilding); err != nil {
+			return err
+		}
 		if err := p.bus.PutView(sctx, checkpointKey, checkpoint{Seq: last}); err != nil {
 			p.log.Warn().Err(err).Msg("could not save projector checkpoint")
 		}
+		return nil
 	}
 	err := p.bus.Read(ctx, bus.ReadOptions{
 		StartSeq:   from + 1,
 		Follow:     follow,
 		DeadLetter: "projector",
-		OnCaughtUp: func() { p.log.Info().Uint64("seq", max(last, from)).Msg("views caught up") },
+		OnCaughtUp: func() {
+			catchingUp = false
+			if err := retry(ctx, p.log, "write the views", save); err != nil {
+				return // ctx ended; the checkpoint says where to resume
+			}
+			p.log.Info().Uint64("seq", max(last, from)).Int("events", n).Dur("took", time.Since(start)).Msg("views caught up")
+		},
 	}, func(ev schemas.Event) error {
+		batch := catchingUp || rebuilding
 		// A view write that fails (the server is restarting, say) is
 		// retried: skipping it would leave the view wrong until rebuilt.
-		for attempt := 0; ; attempt++ {
-			err := p.apply(ctx, ev, !follow)
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if attempt == 0 {
-				p.log.Warn().Err(err).Uint64("seq", ev.Seq).Msg("could not update a view; retrying")
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(min(time.Duration(attempt+1)*200*time.Millisecond, 5*time.Second)):
-			}
+		if err := retry(ctx, p.log, "update a view", func() error { return p.apply(ctx, ev, rebuilding, batch) }); err != nil {
+			return err
 		}
 		last = ev.Seq
-		if n++; n%p.cfg.CheckpointEvery == 0 {
-			save()
+		n++
+		every := p.cfg.CheckpointEvery
+		if batch {
+			every = p.cfg.CatchUpBatch
+		}
+		if n%every == 0 {
+			if batch {
+				p.log.Info().Int("events", n).Uint64("seq", last).Dur("took", time.Since(start)).Msg("catching up")
+			}
+			return retry(ctx, p.log, "write the views", save)
 		}
 		return nil
 	})
-	save()
+	serr := save()
 	if err != nil && ctx.Err() == nil {
 		return fmt.Errorf("projector: %w", err)
+	}
+	if serr != nil && ctx.Err() == nil {
+		return fmt.Errorf("projector: %w", serr)
 	}
 	return nil
 }
 
-func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) error {
+// retry runs fn until it succeeds or ctx ends, backing off up to 5s.
+func retry(ctx context.Context, log zerolog.Logger, what string, fn func() error) error {
+	for attempt := 0; ; attempt++ {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if attempt == 0 {
+			log.Warn().Err(err).Msgf("could not %s; retrying", what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(min(time.Duration(attempt+1)*200*time.Millisecond, 5*time.Second)):
+		}
+	}
+}
+
+// flush writes the manifests changed while catching up.
+func (p *Service) flush(ctx context.Context, rebuilding bool) error {
+	for session := range p.dirty {
+		m := p.live[session]
+		if err := p.bus.PutView(ctx, projections.ManifestKey(session), m); err != nil {
+			return err
+		}
+		delete(p.dirty, session)
+		if m.Terminal() && !rebuilding {
+			delete(p.live, session)
+		}
+	}
+	return nil
+}
+
+// apply folds ev into its session's manifest and writes the view, or with
+// batch only marks it for the next flush.
+func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding, batch bool) error {
 	m := p.live[ev.Session]
 	if m == nil && !rebuilding && ev.Type != schemas.TypeSessionStarted {
 		var stored projections.Manifest
@@ -164,6 +224,11 @@ func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) 
 	}
 	m = projections.FoldManifest(m, ev)
 	if m == nil || m.LastSeq == before {
+		return nil
+	}
+	if batch {
+		p.live[ev.Session] = m
+		p.dirty[ev.Session] = true
 		return nil
 	}
 	if err := p.bus.PutView(ctx, projections.ManifestKey(ev.Session), m); err != nil {

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -465,14 +466,15 @@ func TestRunResumesFromItsCheckpointAfterStop(t *testing.T) {
 func TestRunReturnsNilWhenStopped(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	p := newPublisher(t, b)
-	p.publish(completeSession("s1")...)
+	evs := completeSession("s1")
+	p.publish(evs[0])
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	puts := 0
+	var puts atomic.Int32
 	rb := &recordingBus{Bus: b, onPut: func(key string) {
 		if key == projections.ManifestKey("s1") {
-			if puts++; puts == 3 {
+			if puts.Add(1) == 3 {
 				cancel() // the shutdown signal arrives during this write
 			}
 		}
@@ -483,6 +485,13 @@ func TestRunReturnsNilWhenStopped(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- proj.Run(ctx) }()
+	// Caught up (the backlog is written in one batch); from now on every
+	// event is written as it comes.
+	deadline := time.Now().Add(waitTimeout)
+	for puts.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.publish(evs[1:]...)
 	select {
 	case err := <-done:
 		if err != nil {
@@ -490,5 +499,53 @@ func TestRunReturnsNilWhenStopped(t *testing.T) {
 		}
 	case <-time.After(waitTimeout):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// TestCatchUpWritesViewsInBatches: a backlog is folded in memory and each
+// changed manifest written once per batch, not once per event; once caught
+// up, every event is written as it comes. The views equal the folds.
+func TestCatchUpWritesViewsInBatches(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	for _, s := range []string{"s1", "s2", "s3"} {
+		p.publish(completeSession(s)...)
+	}
+	var mu sync.Mutex
+	puts := map[string]int{}
+	rb := &recordingBus{Bus: b, onPut: func(key string) {
+		mu.Lock()
+		puts[key]++
+		mu.Unlock()
+	}}
+	proj, err := projector.New(projector.Config{CatchUpBatch: 1000}, rb, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := testnats.Run(t, "projector", proj.Run)
+	defer stop()
+	for _, s := range []string{"s1", "s2", "s3"} {
+		waitView(t, b, s, p.last[s])
+		assertViewIsFold(t, b, s)
+	}
+	mu.Lock()
+	for _, s := range []string{"s1", "s2", "s3"} {
+		if n := puts[projections.ManifestKey(s)]; n != 1 {
+			t.Errorf("view of %s written %d times while catching up, want once", s, n)
+		}
+	}
+	mu.Unlock()
+
+	// Caught up: a new session's events are written one by one.
+	evs := completeSession("s4")
+	p.publish(evs[:2]...)
+	waitView(t, b, "s4", p.last["s4"])
+	p.publish(evs[2:]...)
+	waitView(t, b, "s4", p.last["s4"])
+	assertViewIsFold(t, b, "s4")
+	mu.Lock()
+	defer mu.Unlock()
+	if n := puts[projections.ManifestKey("s4")]; n < len(evs)/2 {
+		t.Errorf("view of s4 written %d times for %d live events; want one write per event", n, len(evs))
 	}
 }
