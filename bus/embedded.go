@@ -215,19 +215,26 @@ func applyCluster(cfg EmbeddedConfig, opts *server.Options) error {
 			opts.Routes = append(opts.Routes, u)
 		}
 	}
-	if opts.Cluster.Port == 0 {
+	if opts.Cluster.Port <= 0 { // not a cluster node (or a random port, which routes cannot reach)
 		return nil
 	}
 	if opts.Cluster.Name == "" {
 		opts.Cluster.Name = DefaultClusterName
 	}
 	if cfg.ServerName == "" && opts.ServerName == "" {
-		opts.ServerName = "loopbus-" + strings.NewReplacer(":", "-", "[", "", "]", "").Replace(net.JoinHostPort(opts.Cluster.Host, strconv.Itoa(opts.Cluster.Port)))
-	}
-	if opts.Cluster.Port > 0 {
-		if err := canListen(opts.Cluster.Host, opts.Cluster.Port); err != nil {
-			return fmt.Errorf("cannot listen for cluster routes on %s:%d (choose another cluster listen address): %w", opts.Cluster.Host, opts.Cluster.Port, err)
+		// The name must differ between nodes and stay the same across
+		// restarts: the cluster address does, unless it is a wildcard,
+		// which every host may share; then the host name tells them apart.
+		host := opts.Cluster.Host
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			if hn, err := os.Hostname(); err == nil && hn != "" {
+				host = hn
+			}
 		}
+		opts.ServerName = "loopbus-" + strings.NewReplacer(":", "-", "[", "", "]", "").Replace(net.JoinHostPort(host, strconv.Itoa(opts.Cluster.Port)))
+	}
+	if err := canListen(opts.Cluster.Host, opts.Cluster.Port); err != nil {
+		return fmt.Errorf("cannot listen for cluster routes on %s:%d (choose another cluster listen address): %w", opts.Cluster.Host, opts.Cluster.Port, err)
 	}
 	return nil
 }

@@ -28,8 +28,9 @@ type ReadOptions struct {
 	// dead-letter stream; empty means malformed events are only logged and
 	// skipped (read-only tools must not write).
 	DeadLetter string
-	// OnSkip, if set, is called for every malformed message skipped, with
-	// its subject and stream sequence. Writers that guard on a session's
+	// OnSkip, if set, is called for every message skipped (malformed, or
+	// rejected by fn with ErrMalformed), with its subject and stream
+	// sequence. Writers that guard on a session's
 	// last sequence need it: the server counts those messages too.
 	OnSkip func(subject string, seq uint64)
 }

@@ -169,9 +169,11 @@ func stepSchemaVersion(d schemas.Step) string {
 // job failures.
 const MaxAttempts = 3
 
-// MaxPromptBytes bounds a rendered prompt; events carrying it must stay
-// under the event size limit.
-const MaxPromptBytes = 256 << 10
+// MaxPromptBytes bounds a rendered prompt; the job.requested carrying it,
+// JSON-escaped, with bounded feedback, must stay under bus.MaxEventBytes
+// (512 KiB). A prompt with many characters JSON escapes six-fold can still
+// exceed it: the session then fails with the reason (see Unrecordable).
+const MaxPromptBytes = 128 << 10
 
 // JobID names a job: session, step and iteration, and the attempt when it
 // is not the first.

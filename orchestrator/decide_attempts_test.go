@@ -84,7 +84,7 @@ func TestDecidePromptTooLarge(t *testing.T) {
 	if len(evs) != 2 || evs[0].Type != schemas.TypeStepFailed || evs[1].Type != schemas.TypeSessionFailed {
 		t.Fatalf("got %v", types(evs))
 	}
-	if reason := evs[1].Data.(*schemas.SessionFailed).Reason; !strings.Contains(reason, "300000 bytes, over the 262144-byte limit") {
+	if reason := evs[1].Data.(*schemas.SessionFailed).Reason; !strings.Contains(reason, "300000 bytes, over the 131072-byte limit") {
 		t.Errorf("reason: %s", reason)
 	}
 }

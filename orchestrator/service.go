@@ -25,8 +25,16 @@ type Config struct {
 	Name string
 }
 
-// Validate reports the first invalid value.
-func (c Config) Validate() error { return nil }
+// Validate reports the first invalid value: Name must be one subject token
+// (it names dead letters, loopbus.dlq.<name>.<seq>).
+func (c Config) Validate() error {
+	if c.Name != "" {
+		if err := schemas.ValidateSessionID(c.Name); err != nil {
+			return fmt.Errorf("orchestrator: name: %w", err)
+		}
+	}
+	return nil
+}
 
 // Service reads the whole stream in order, folds it into State and, once
 // caught up with the head, publishes each decision as one atomic batch
@@ -83,6 +91,10 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 func (s *Service) Run(ctx context.Context) error {
 	start := time.Now()
 	defer s.commits.Wait()
+	// Commits end with the read: if it fails, Run must not wait for a
+	// commit that retries until its context ends.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	err := s.bus.Read(ctx, bus.ReadOptions{
 		Follow:     true,
 		DeadLetter: s.cfg.Name,
@@ -134,7 +146,15 @@ func (s *Service) Run(ctx context.Context) error {
 // background. s.mu is held.
 func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 	sess := s.state.Sessions[trigger.Session]
-	if sess == nil || sess.terminal() || s.inflight[sess.ID] > sess.LastSeq {
+	switch {
+	case sess == nil:
+		return
+	case sess.terminal():
+		if s.inflight[sess.ID] != committing {
+			delete(s.inflight, sess.ID) // nothing more to decide
+		}
+		return
+	case s.inflight[sess.ID] > sess.LastSeq:
 		return
 	}
 	evs := Decide(s.state, trigger, s.now())
@@ -152,6 +172,9 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 			return // stopping: a restarted orchestrator decides again
 		}
 		defer func() { <-s.slots }()
+		if ctx.Err() != nil {
+			return // both were ready: do not start a batch while stopping
+		}
 		s.commit(ctx, trigger, id, expect, evs)
 	}()
 }
@@ -169,16 +192,10 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 		}
 		s.settled(ctx, id, res.Seq)
 	case errors.Is(err, bus.ErrStale), errors.Is(err, bus.ErrDuplicate):
-		// Newer events exist. Those read while this batch was committed
-		// found the session busy; decide again now if there were any,
-		// else when they arrive.
 		log.Debug().Err(err).Msg("decision superseded")
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		delete(s.inflight, id)
-		if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq > expect {
-			s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
-		}
+		s.superseded(ctx, id, expect)
 	case ctx.Err() != nil, errors.Is(err, bus.ErrConnectionLost):
 		// Not ours to judge: a restarted orchestrator decides again.
 	default:
@@ -195,13 +212,22 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 		case ferr == nil:
 			s.settled(ctx, id, fres.Seq)
 		case errors.Is(ferr, bus.ErrStale), errors.Is(ferr, bus.ErrDuplicate):
-			delete(s.inflight, id)
-			if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq > expect {
-				s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
-			}
+			s.superseded(ctx, id, expect)
 		default:
+			// The next event of the session (or a restart) tries again.
 			log.Error().Err(ferr).Msg("could not record the session's failure either")
+			delete(s.inflight, id)
 		}
+	}
+}
+
+// superseded: newer events than expect exist. Those read while the batch
+// was committed found the session busy; decide again now if there were
+// any, else when they arrive. s.mu is held.
+func (s *Service) superseded(ctx context.Context, id string, expect uint64) {
+	delete(s.inflight, id)
+	if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq > expect {
+		s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
 	}
 }
 

@@ -781,3 +781,50 @@ func TestRunnerDeadLettersReplays(t *testing.T) {
 	r.stop()
 	r.assertNoErrors(t)
 }
+
+// failingBus fails the first n batches with an error the bus would not
+// retry, then behaves.
+type failingBus struct {
+	*bus.Bus
+	mu sync.Mutex
+	n  int
+}
+
+func (f *failingBus) PublishBatch(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error) {
+	f.mu.Lock()
+	fail := f.n > 0
+	f.n--
+	f.mu.Unlock()
+	if fail {
+		return bus.Published{}, fmt.Errorf("%w: refused for the test", bus.ErrRejected)
+	}
+	return f.Bus.PublishBatch(ctx, session, expectLast, evs)
+}
+
+// TestRunnerRetriesAfterUnrecordableFallbackFails: when a decision and
+// then the session's failure both cannot be recorded, the session is not
+// left busy for ever: its next event decides again.
+func TestRunnerRetriesAfterUnrecordableFallbackFails(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	fb := &failingBus{Bus: b, n: 2}
+	r := startRunner(t, fb, "o1")
+	const session = "unrecordable"
+	start := startSession(t, b, session, twoSteps())
+	deadline := time.Now().Add(waitTimeout)
+	for r.log.count("could not record the session's failure either") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the decision and its fallback were never refused")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Any later event of the session is a new trigger.
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if _, err := b.Publish(ctx, schemas.Event{
+		ID: "nudge", Type: schemas.TypeToolCompleted, Session: session, Step: "draft", Job: "x", Correlation: start.ID, Time: time.Now(),
+		Data: &schemas.ToolCompleted{JobID: "x", ToolID: "t", Name: "n", Lane: "exec", Status: "ok"},
+	}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	waitEvents(t, b, session, "job.requested for draft", has(schemas.TypeJobRequested, "draft"))
+}

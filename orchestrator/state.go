@@ -81,7 +81,7 @@ type Step struct {
 
 func (s *Session) clone() *Session {
 	c := *s
-	c.seen = maps.Clone(s.seen)
+	c.seen = nil // Decide never reads it
 	c.Steps = make(map[string]*Step, len(s.Steps))
 	for k, v := range s.Steps {
 		sc := *v
@@ -119,8 +119,8 @@ func Check(st *State, ev schemas.Event) error {
 }
 
 // Evolve applies ev to st. It never fails: events that do not fit the
-// state (unknown session, stale job) change nothing but LastSeq. It is the
-// only function that changes State. Callers that read untrusted streams
+// state (unknown session, stale job) change nothing but LastSeq. With Skip,
+// it is the only function that changes State. Callers that read untrusted streams
 // call Check first.
 func Evolve(st *State, ev schemas.Event) {
 	if ev.Type == schemas.TypeSessionStarted {

@@ -412,7 +412,7 @@ own --data and --listen, and use --replicas 3 with the services, e.g.
 	}
 	cmd.Flags().StringVar(&listen, "listen", defaultPort, "listen address")
 	cmd.Flags().StringVar(&config, "config", "", "nats-server configuration file (TLS, accounts, permissions, cluster)")
-	cmd.Flags().StringVar(&name, "name", "", "server name (default: the server id; in a cluster loopbus-<cluster listen address>)")
+	cmd.Flags().StringVar(&name, "name", "", "server name (default: the server id; in a cluster loopbus-<cluster listen address>, the host name replacing a wildcard address)")
 	cmd.Flags().StringVar(&clusterListen, "cluster-listen", "", "host:port for routes from the other cluster nodes; makes this server a cluster node")
 	cmd.Flags().StringVar(&clusterName, "cluster-name", "", "cluster name, the same on every node (default "+bus.DefaultClusterName+")")
 	cmd.Flags().StringSliceVar(&routes, "routes", nil, "cluster URLs of the nodes, comma-separated (nats://host:port,...)")

@@ -46,7 +46,7 @@ var ErrInvalidConfig = errors.New("projector: invalid configuration")
 // Validate reports the first invalid value, wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
 	if c.CheckpointEvery < 0 || c.CatchUpBatch < 0 {
-		return fmt.Errorf("%w: negative checkpoint interval", ErrInvalidConfig)
+		return fmt.Errorf("%w: negative checkpoint or catch-up interval", ErrInvalidConfig)
 	}
 	return nil
 }
@@ -138,10 +138,16 @@ func (p *Service) run(ctx context.Context, from uint64, follow bool) error {
 		},
 	}, func(ev schemas.Event) error {
 		batch := catchingUp || rebuilding
-		// A view write that fails (the server is restarting, say) is
-		// retried: skipping it would leave the view wrong until rebuilt.
-		if err := retry(ctx, p.log, "update a view", func() error { return p.apply(ctx, ev, rebuilding, batch) }); err != nil {
+		// The event is folded once; a failed read of a stored view or a
+		// failed write (the server is restarting, say) is retried:
+		// skipping it would leave the view wrong until rebuilt.
+		if err := retry(ctx, p.log, "read a view", func() error { return p.apply(ctx, ev, rebuilding) }); err != nil {
 			return err
+		}
+		if !batch {
+			if err := retry(ctx, p.log, "write a view", func() error { return p.flush(ctx, rebuilding) }); err != nil {
+				return err
+			}
 		}
 		last = ev.Seq
 		n++
@@ -188,7 +194,8 @@ func retry(ctx context.Context, log zerolog.Logger, what string, fn func() error
 	}
 }
 
-// flush writes the manifests changed while catching up.
+// flush writes the changed manifests (one, once caught up; a batch's while
+// catching up). A manifest stays marked until it is written.
 func (p *Service) flush(ctx context.Context, rebuilding bool) error {
 	for session := range p.dirty {
 		m := p.live[session]
@@ -196,6 +203,8 @@ func (p *Service) flush(ctx context.Context, rebuilding bool) error {
 			return err
 		}
 		delete(p.dirty, session)
+		// While rebuilding there is no stored view to fall back on, so
+		// ended sessions stay cached (events may follow their end).
 		if m.Terminal() && !rebuilding {
 			delete(p.live, session)
 		}
@@ -203,9 +212,10 @@ func (p *Service) flush(ctx context.Context, rebuilding bool) error {
 	return nil
 }
 
-// apply folds ev into its session's manifest and writes the view, or with
-// batch only marks it for the next flush.
-func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding, batch bool) error {
+// apply folds ev into its session's manifest and marks it for the next
+// flush. It fails only before folding (reading a stored view), so a retry
+// never folds an event twice.
+func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) error {
 	m := p.live[ev.Session]
 	if m == nil && !rebuilding && ev.Type != schemas.TypeSessionStarted {
 		var stored projections.Manifest
@@ -226,20 +236,7 @@ func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding, batch
 	if m == nil || m.LastSeq == before {
 		return nil
 	}
-	if batch {
-		p.live[ev.Session] = m
-		p.dirty[ev.Session] = true
-		return nil
-	}
-	if err := p.bus.PutView(ctx, projections.ManifestKey(ev.Session), m); err != nil {
-		return err
-	}
-	// While rebuilding there is no stored view to fall back on, so ended
-	// sessions stay cached (events may follow their end).
-	if m.Terminal() && !rebuilding {
-		delete(p.live, ev.Session)
-	} else {
-		p.live[ev.Session] = m
-	}
+	p.live[ev.Session] = m
+	p.dirty[ev.Session] = true
 	return nil
 }

@@ -3,6 +3,7 @@ package projector_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -548,4 +549,47 @@ func TestCatchUpWritesViewsInBatches(t *testing.T) {
 	if n := puts[projections.ManifestKey("s4")]; n < len(evs)/2 {
 		t.Errorf("view of s4 written %d times for %d live events; want one write per event", n, len(evs))
 	}
+}
+
+// flakyBus fails the first write of a view whose manifest has reached
+// failAt, as a server restarting mid-write would.
+type flakyBus struct {
+	*bus.Bus
+	failAt atomic.Uint64
+	failed atomic.Bool
+}
+
+func (f *flakyBus) PutView(ctx context.Context, key string, v any) error {
+	if m, ok := v.(*projections.Manifest); ok && m.LastSeq >= f.failAt.Load() && f.failed.CompareAndSwap(false, true) {
+		return errors.New("view write failed for the test")
+	}
+	return f.Bus.PutView(ctx, key, v)
+}
+
+// TestFailedViewWriteIsRetried: a view write that fails after catch-up is
+// retried with the folded manifest; the event is not lost (no view stuck
+// before the session's end while the checkpoint moves past it).
+func TestFailedViewWriteIsRetried(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	evs := completeSession("s1")
+	p.publish(evs[0])
+	fb := &flakyBus{Bus: b}
+	fb.failAt.Store(1 << 62)
+	proj, err := projector.New(projector.Config{CheckpointEvery: 1}, fb, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := testnats.Run(t, "projector", proj.Run)
+	defer stop()
+	waitView(t, b, "s1", p.last["s1"])
+	p.publish(evs[1 : len(evs)-1]...)
+	waitView(t, b, "s1", p.last["s1"])
+	fb.failAt.Store(0)
+	p.publish(evs[len(evs)-1])
+	waitView(t, b, "s1", p.last["s1"])
+	if !fb.failed.Load() {
+		t.Fatal("no view write failed: the test did not test anything")
+	}
+	assertViewIsFold(t, b, "s1")
 }
