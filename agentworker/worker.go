@@ -191,12 +191,25 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	// sec masks the agent's secrets in everything published or logged; it
 	// is nil (masking nothing) until the agent's environment is known.
 	var sec *workspace.Secrets
+	// cli is what a claude or codex run reported; nil for exec.
+	var cli *cliOutcome
 	failWith := func(msg string, exit int, dur time.Duration, tail string, retryable bool) error {
 		msg = sec.Mask(msg)
-		_, err := s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobFailed{
+		jf := &schemas.JobFailed{
 			JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: s.cfg.ID,
 			ExitCode: exit, DurationMs: dur.Milliseconds(), Error: msg, OutputTail: tail, Retryable: retryable,
-		}))
+		}
+		if cli != nil {
+			jf.Usage, jf.IgnoredLines = cli.usageRef(), cli.ignored
+			if cli.rateLimit != "" {
+				jf.RateLimited = true
+				if !cli.resetAt.IsZero() {
+					t := cli.resetAt.UTC()
+					jf.ResetAt = &t
+				}
+			}
+		}
+		_, err := s.bus.Publish(ctx, s.resultEvent(req, jr, jf))
 		log.Warn().Str("error", msg).Msg("job failed")
 		return err
 	}
@@ -240,15 +253,32 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return err
 	}
 
-	res, runErr := s.runAgent(ctx, req, jr, ws, env, sec, d.NumDelivered)
+	var res procrun.Result
+	var runErr error
+	if jr.Agent.Backend == backendClaude || jr.Agent.Backend == backendCodex {
+		res, cli, runErr = s.runCLI(ctx, req, jr, ws, env, sec, d.NumDelivered)
+	} else {
+		res, runErr = s.runAgent(ctx, req, jr, ws, env, sec, d.NumDelivered)
+	}
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: hand the job back
 	}
 	switch {
+	case cli != nil && cli.publishErr != nil:
+		return cli.publishErr // its events are incomplete: run it again
 	case runErr != nil:
 		return fail(runErr.Error(), -1, res.Duration, "")
 	case res.TimedOut:
 		return fail(fmt.Sprintf("agent timed out after %s and was killed", time.Duration(jr.TimeoutMs)*time.Millisecond), res.ExitCode, res.Duration, res.Tail)
+	case cli != nil && cli.rateLimit != "":
+		// Not a success, whatever the exit code: the work was cut short.
+		msg := "the agent hit a usage or rate limit: " + cli.rateLimit
+		if !cli.resetAt.IsZero() {
+			msg += fmt.Sprintf(" (resets at %s)", cli.resetAt.UTC().Format(time.RFC3339))
+		}
+		return fail(msg, res.ExitCode, res.Duration, res.Tail)
+	case cli != nil && cli.failure != "":
+		return fail("the agent reported a failure: "+cli.failure, res.ExitCode, res.Duration, res.Tail)
 	case res.ExitCode != 0:
 		return fail(fmt.Sprintf("agent exited with code %d", res.ExitCode), res.ExitCode, res.Duration, res.Tail)
 	}
@@ -277,6 +307,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	_, err = s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobCompleted{
 		JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, RequestSeq: req.Seq, Worker: s.cfg.ID,
 		ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Artifacts: arts, OutputTail: res.Tail,
+		Usage: cli.usageRef(), IgnoredLines: cli.ignoredLines(),
 	}))
 	if err == nil {
 		log.Info().Dur("took", res.Duration).Int("artifacts", len(arts)).Msg("job completed")
@@ -312,8 +343,8 @@ func outputFault(err error) bool {
 }
 
 func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, error) {
-	if jr.Agent.Backend != "exec" {
-		return procrun.Result{}, fmt.Errorf("agent backend %q is not supported by this worker (supported: exec)", jr.Agent.Backend)
+	if jr.Agent.Backend != backendExec {
+		return procrun.Result{}, fmt.Errorf("agent backend %q is not supported by this worker (supported: exec, claude, codex)", jr.Agent.Backend)
 	}
 	if len(jr.Agent.Command) == 0 {
 		return procrun.Result{}, errors.New("agent command is empty")

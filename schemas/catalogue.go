@@ -41,6 +41,7 @@ func catalogueEntries() map[string]entry {
 		TypeJobFailed:        {func() any { return new(JobFailed) }},
 		TypeToolStarted:      {func() any { return new(ToolStarted) }},
 		TypeToolCompleted:    {func() any { return new(ToolCompleted) }},
+		TypeAgentMessage:     {func() any { return new(AgentMessage) }},
 		TypeArtifactStored:   {func() any { return new(ArtifactStored) }},
 		TypeValidationPassed: {func() any { return new(Verdict) }},
 		TypeValidationFailed: {func() any { return new(Verdict) }},

@@ -143,6 +143,7 @@ func samples(t *testing.T) map[string]any {
 		},
 		TypeToolStarted:   &ToolStarted{JobID: "job-1", ToolID: "job-1.0", Name: "exec", Lane: "agent", Input: "./agents/write.sh --model small"},
 		TypeToolCompleted: &ToolCompleted{JobID: "job-1", ToolID: "job-1.0", Name: "exec", Status: "error", ExitCode: 2, DurationMs: 75, Output: "usage: ...", Error: "exit status 2"},
+		TypeAgentMessage:  &AgentMessage{JobID: "job-1", Text: "I will run the tests first."},
 		TypeArtifactStored: &ArtifactStored{
 			JobID:    "job-1",
 			Artifact: outline,
@@ -180,8 +181,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 14 {
-		t.Errorf("catalogue has %d types, want 14", len(want))
+	if len(want) != 15 {
+		t.Errorf("catalogue has %d types, want 15", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

@@ -22,6 +22,7 @@ const (
 	TypeJobFailed        = "loopbus.job.failed"
 	TypeToolStarted      = "loopbus.tool.started"
 	TypeToolCompleted    = "loopbus.tool.completed"
+	TypeAgentMessage     = "loopbus.agent.message"
 	TypeArtifactStored   = "loopbus.artifact.stored"
 	TypeValidationPassed = "loopbus.validation.passed"
 	TypeValidationFailed = "loopbus.validation.failed"
@@ -112,10 +113,20 @@ type Step struct {
 
 // AgentSpec selects an agent backend and its options.
 type AgentSpec struct {
-	// Backend names the backend; "exec" runs Command as argv.
+	// Backend names the backend: "exec" runs Command as argv; "claude"
+	// and "codex" run those CLIs and read their JSON event streams.
 	Backend string `json:"backend"`
-	// Command is the argv for the exec backend.
+	// Command is the argv for the exec backend; for claude and codex,
+	// optionally the program (and leading arguments) to run instead of
+	// "claude" or "codex".
 	Command []string `json:"command,omitempty"`
+	// Model, for claude and codex.
+	Model string `json:"model,omitempty"`
+	// PermissionMode and AllowedTools, for claude.
+	PermissionMode string   `json:"permissionMode,omitempty"`
+	AllowedTools   []string `json:"allowedTools,omitempty"`
+	// Args are extra arguments appended to the claude or codex command.
+	Args []string `json:"args,omitempty"`
 	// Env adds variables to the agent's environment. Its values travel in
 	// events: secrets belong in the worker's environment (see SecretEnv).
 	Env map[string]string `json:"env,omitempty"`
@@ -209,6 +220,13 @@ type ToolCompleted struct {
 	Error      string `json:"error,omitempty"`
 }
 
+// AgentMessage is text an agent wrote while it worked (claude and codex
+// backends), truncated. Emitted by agentworker.
+type AgentMessage struct {
+	JobID string `json:"jobId"`
+	Text  string `json:"text"`
+}
+
 // ArtifactStored reports an artifact written to the object store.
 type ArtifactStored struct {
 	JobID    string      `json:"jobId"`
@@ -237,6 +255,9 @@ type JobCompleted struct {
 	Artifacts  []ArtifactRef `json:"artifacts"`
 	OutputTail string        `json:"outputTail,omitempty"`
 	Usage      *Usage        `json:"usage,omitempty"`
+	// IgnoredLines counts lines of the agent's event stream of types
+	// loopbus does not know (claude and codex backends).
+	IgnoredLines int `json:"ignoredLines,omitempty"`
 }
 
 // JobFailed reports an agent run that failed: non-zero exit, time-out,
@@ -254,6 +275,12 @@ type JobFailed struct {
 	// Retryable is true when the failure is not the agent's output's fault
 	// (for example the worker could not fetch an input).
 	Retryable bool `json:"retryable,omitempty"`
+	// RateLimited is set when the agent hit a usage or rate limit; ResetAt
+	// is when it lifts, if the agent said.
+	RateLimited bool       `json:"rateLimited,omitempty"`
+	ResetAt     *time.Time `json:"resetAt,omitempty"`
+	// IgnoredLines: see JobCompleted.
+	IgnoredLines int `json:"ignoredLines,omitempty"`
 }
 
 // ValidationError is one problem found in an artifact.

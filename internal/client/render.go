@@ -66,10 +66,16 @@ func Summarize(e schemas.Event) string {
 		return fmt.Sprintf("tool=%s %s", d.Name, oneLine(d.Input, 60))
 	case *schemas.ToolCompleted:
 		return fmt.Sprintf("tool=%s status=%s exit=%d %dms", d.Name, d.Status, d.ExitCode, d.DurationMs)
+	case *schemas.AgentMessage:
+		return fmt.Sprintf("job=%s %s", d.JobID, oneLine(d.Text, 80))
 	case *schemas.ArtifactStored:
 		return fmt.Sprintf("%s %d bytes %s", d.Artifact.Name, d.Artifact.Size, schemas.ShortHash(d.Artifact.Digest))
 	case *schemas.JobCompleted:
-		return fmt.Sprintf("job=%s exit=%d %dms artifacts=%d", d.JobID, d.ExitCode, d.DurationMs, len(d.Artifacts))
+		s := fmt.Sprintf("job=%s exit=%d %dms artifacts=%d", d.JobID, d.ExitCode, d.DurationMs, len(d.Artifacts))
+		if d.Usage != nil {
+			s += fmt.Sprintf(" tokens=%d/%d cost=$%.4f", d.Usage.InputTokens, d.Usage.OutputTokens, d.Usage.CostUSD)
+		}
+		return s
 	case *schemas.JobFailed:
 		return fmt.Sprintf("job=%s %s", d.JobID, oneLine(d.Error, 80))
 	case *schemas.Verdict:

@@ -47,7 +47,10 @@ import (
 )
 
 const (
-	backendExec = "exec"
+	backendExec   = "exec"
+	backendClaude = "claude"
+	backendCodex  = "codex"
+	backendList   = "exec, claude, codex"
 
 	defaultTimeout         = 10 * time.Minute
 	defaultValidateTimeout = time.Minute
@@ -283,7 +286,7 @@ func (l *loader) step(e entry) (schemas.Step, stepInfo) {
 // agent decodes a step's agent.
 func (l *loader) agent(e entry) schemas.AgentSpec {
 	var a schemas.AgentSpec
-	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"backend", "command", "env", "secret_env"})
+	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"backend", "command", "env", "secret_env", "model", "permission_mode", "allowed_tools", "args"})
 	if !ok {
 		return a
 	}
@@ -291,11 +294,37 @@ func (l *loader) agent(e entry) schemas.AgentSpec {
 		a.SecretEnv = l.secretEnv(se)
 	}
 	if be, ok := m.get("backend"); !ok {
-		l.errorf(e.keyPos, join(e.field, "backend"), "required (supported: %s)", backendExec)
+		l.errorf(e.keyPos, join(e.field, "backend"), "required (supported: %s)", backendList)
 	} else if b, ok := l.str(be); ok {
 		a.Backend = b
-		if b != backendExec {
-			l.errorf(be.valPos, be.field, "unsupported backend %q (supported: %s)", b, backendExec)
+		if b != backendExec && b != backendClaude && b != backendCodex {
+			l.errorf(be.valPos, be.field, "unsupported backend %q (supported: %s)", b, backendList)
+		}
+	}
+	// Options of the agent CLIs: only where they mean something.
+	for _, o := range []struct {
+		key      string
+		backends []string
+		list     *[]string
+		str      *string
+	}{
+		{key: "model", backends: []string{backendClaude, backendCodex}, str: &a.Model},
+		{key: "permission_mode", backends: []string{backendClaude}, str: &a.PermissionMode},
+		{key: "allowed_tools", backends: []string{backendClaude}, list: &a.AllowedTools},
+		{key: "args", backends: []string{backendClaude, backendCodex}, list: &a.Args},
+	} {
+		oe, ok := m.get(o.key)
+		if !ok {
+			continue
+		}
+		if a.Backend != "" && !slices.Contains(o.backends, a.Backend) {
+			l.errorf(oe.keyPos, oe.field, "not an option of the %s backend (only of %s)", a.Backend, strings.Join(o.backends, " and "))
+			continue
+		}
+		if o.str != nil {
+			*o.str, _ = l.str(oe)
+		} else if vals, _, ok := l.list(oe, "[a, b]"); ok {
+			*o.list = vals
 		}
 	}
 	if ce, ok := m.get("command"); ok {

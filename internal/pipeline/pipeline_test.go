@@ -274,7 +274,7 @@ steps:
     prompt: go
     outputs: [{name: a.txt}]
 `,
-			wantErr: `p.yaml:6: steps.a.agent.cmd: unknown key "cmd" (allowed: backend, command, env, secret_env)`,
+			wantErr: `p.yaml:6: steps.a.agent.cmd: unknown key "cmd" (allowed: backend, command, env, secret_env, model, permission_mode, allowed_tools, args)`,
 		},
 		{
 			name: "unknown output key",
@@ -358,18 +358,42 @@ steps:
     prompt: go
     outputs: [{name: a.txt}]
 `,
-			wantErr: `p.yaml:4: steps.a.agent.backend: required (supported: exec)`,
+			wantErr: `p.yaml:4: steps.a.agent.backend: required (supported: exec, claude, codex)`,
 		},
 		{
 			name: "unsupported backend",
 			yaml: `name: p
 steps:
   a:
-    agent: {backend: claude, command: [echo]}
+    agent: {backend: gemini, command: [echo]}
     prompt: go
     outputs: [{name: a.txt}]
 `,
-			wantErr: `p.yaml:4: steps.a.agent.backend: unsupported backend "claude" (supported: exec)`,
+			wantErr: `p.yaml:4: steps.a.agent.backend: unsupported backend "gemini" (supported: exec, claude, codex)`,
+		},
+		{
+			name: "claude option on the exec backend",
+			yaml: `name: p
+steps:
+  a:
+    agent: {backend: exec, command: [echo], model: sonnet}
+    prompt: go
+    outputs: [{name: a.txt}]
+`,
+			wantErr: `p.yaml:4: steps.a.agent.model: not an option of the exec backend (only of claude and codex)`,
+		},
+		{
+			name: "claude-only option on codex",
+			yaml: `name: p
+steps:
+  a:
+    agent:
+      backend: codex
+      allowed_tools: [Bash]
+    prompt: go
+    outputs: [{name: a.txt}]
+`,
+			wantErr: `p.yaml:6: steps.a.agent.allowed_tools: not an option of the codex backend (only of claude)`,
 		},
 		{
 			name: "missing command",

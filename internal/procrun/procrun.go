@@ -69,6 +69,12 @@ type Spec struct {
 	// StderrFile, if set, receives the full stderr (created or truncated,
 	// mode 0600). It may equal StdoutFile.
 	StderrFile string
+	// OnStdoutLine, if set, is called with each line of stdout (without
+	// the newline) as it is written, from one goroutine, in order; the
+	// last line is passed when the process's output ends even without a
+	// newline. Lines over MaxLine bytes are passed in pieces. The slice is
+	// only valid during the call.
+	OnStdoutLine func(line []byte)
 
 	// waitLeader replaces waitExited in tests of the fallback path.
 	waitLeader func(pid int) error
@@ -153,6 +159,11 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	if files.out != nil {
 		outW = append(outW, files.out)
 	}
+	var lines *lineWriter
+	if s.OnStdoutLine != nil {
+		lines = &lineWriter{fn: s.OnStdoutLine}
+		outW = append(outW, lines)
+	}
 	if files.err != nil {
 		errW = append(errW, files.err)
 	}
@@ -230,6 +241,9 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 		waitErr = cmd.Wait()
 	}
 	res.Duration = time.Since(start)
+	if lines != nil {
+		lines.flush() // the copying goroutines are done once Wait returned
+	}
 
 	var exitErr *exec.ExitError
 	switch {

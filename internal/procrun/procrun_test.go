@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -438,4 +439,37 @@ func isZombie(pid int) bool {
 	// The state follows the parenthesized command name.
 	i := strings.LastIndexByte(string(b), ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
+}
+
+func TestOnStdoutLine(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 70000)
+	tests := []struct {
+		name   string
+		script string
+		want   []string
+	}{
+		{name: "lines as written", script: `printf 'a\nbb\n'; printf 'c'; sleep 0.05; printf 'c\n'`, want: []string{"a", "bb", "cc"}},
+		{name: "last line without newline", script: `printf 'one\ntwo'`, want: []string{"one", "two"}},
+		{name: "stderr is not stdout", script: `echo out; echo err >&2`, want: []string{"out"}},
+		{name: "long line in one piece", script: `printf '%s\n' "` + long + `"`, want: []string{long}},
+		{name: "empty lines kept", script: `printf 'a\n\nb\n'`, want: []string{"a", "", "b"}},
+		{name: "no output", script: `true`, want: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var got []string
+			_, err := Run(context.Background(), Spec{
+				Argv:         []string{"sh", "-c", tt.script},
+				OnStdoutLine: func(l []byte) { got = append(got, string(l)) },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("lines %q, want %q", got, tt.want)
+			}
+		})
+	}
 }

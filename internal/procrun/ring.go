@@ -1,6 +1,7 @@
 package procrun
 
 import (
+	"bytes"
 	"io"
 	"strings"
 	"sync"
@@ -109,4 +110,54 @@ func (s sink) Write(p []byte) (int, error) {
 		_, _ = w.Write(p)
 	}
 	return len(p), nil
+}
+
+// MaxLine bounds the line lineWriter buffers before passing it on.
+const MaxLine = 4 << 20
+
+// lineWriter calls fn for each complete line written to it. The mutex
+// matters only when a copier outlives Wait (WaitDelay) while flush runs.
+type lineWriter struct {
+	mu  sync.Mutex
+	fn  func([]byte)
+	buf []byte
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			l.buf = append(l.buf, p...)
+			if len(l.buf) >= MaxLine {
+				l.flushLocked()
+			}
+			break
+		}
+		if len(l.buf) == 0 {
+			l.fn(p[:i])
+		} else {
+			l.buf = append(l.buf, p[:i]...)
+			l.fn(l.buf)
+			l.buf = l.buf[:0]
+		}
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+// flush passes on what is buffered as a last line.
+func (l *lineWriter) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.flushLocked()
+}
+
+func (l *lineWriter) flushLocked() {
+	if len(l.buf) > 0 {
+		l.fn(l.buf)
+		l.buf = l.buf[:0]
+	}
 }

@@ -1,0 +1,440 @@
+package agentcli
+
+// Parser for Claude Code's `claude -p --output-format stream-json --verbose`.
+//
+// The format is not formally specified; this follows public descriptions and
+// captured streams:
+//   - Claude Code CLI reference and headless mode docs (code.claude.com/docs):
+//     -p/--print reads the prompt from stdin when no prompt argument is given,
+//     stream-json with -p requires --verbose, flags --model, --permission-mode,
+//     --allowedTools (alias --allowed-tools).
+//   - Agent SDK message types (SDKSystemMessage, SDKAssistantMessage,
+//     SDKUserMessage, SDKResultMessage with subtype success | error_max_turns |
+//     error_during_execution | error_max_budget_usd |
+//     error_max_structured_output_retries, total_cost_usd, usage,
+//     SDKRateLimitEvent with rate_limit_info.status allowed | allowed_warning |
+//     rejected and resetsAt in Unix seconds).
+//   - Captured lines in github.com/humanlayer/humanlayer (claudecode-go),
+//     github.com/littlebearapps/untether (stream-json cheatsheet) and
+//     github.com/link-assistant/hive-mind (JSON examples).
+//   - Usage-limit shapes: github.com/anthropics/claude-code issues #18663,
+//     #21111, #49640 ("You've hit your limit · resets 1pm (Europe/Lisbon)",
+//     rate_limit_event interleaving), the older "Claude AI usage limit
+//     reached|<epoch>" result text, and a captured 5-hour cutoff: a
+//     rate_limit_event with status "rejected", an assistant message with
+//     "error":"rate_limit", then a result with subtype "success", is_error
+//     true, api_error_status 429 and the limit text.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	_ "time/tzdata" // reset texts name IANA zones; hosts may lack a zoneinfo database
+	"unicode/utf8"
+)
+
+// ClaudeOption configures the parser returned by NewClaude.
+type ClaudeOption func(*claudeParser)
+
+// WithClaudeClock sets the clock used to time tool calls (from the tool_use
+// line to its tool_result line) and to resolve "resets 3pm (Zone)" texts. The
+// default is time.Now.
+func WithClaudeClock(now func() time.Time) ClaudeOption {
+	return func(p *claudeParser) { p.now = now }
+}
+
+// NewClaude returns a Parser for the lines of one `claude -p --output-format
+// stream-json --verbose` run. Tool results are matched to their tool_use by
+// id; a result's token usage and total_cost_usd become a KindUsage; a usage
+// limit may be reported twice (by a rejected rate_limit_event and by the
+// error result that follows it).
+func NewClaude(opts ...ClaudeOption) Parser {
+	p := &claudeParser{now: time.Now, tools: map[string]claudeTool{}}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+// ClaudeArgv returns the command line for a headless Claude Code run whose
+// prompt is written to stdin: claude -p --output-format stream-json --verbose
+// [--model M] [--permission-mode P] [--allowedTools a,b] extra...
+// allowedTools is passed as one comma-separated value because the flag is
+// variadic and would otherwise swallow following positional arguments.
+func ClaudeArgv(model, permissionMode string, allowedTools, extraArgs []string) []string {
+	argv := []string{"claude", "-p", "--output-format", "stream-json", "--verbose"}
+	if model != "" {
+		argv = append(argv, "--model", model)
+	}
+	if permissionMode != "" {
+		argv = append(argv, "--permission-mode", permissionMode)
+	}
+	if len(allowedTools) > 0 {
+		argv = append(argv, "--allowedTools", strings.Join(allowedTools, ","))
+	}
+	return append(argv, extraArgs...)
+}
+
+type claudeTool struct {
+	name, lane string
+	started    time.Time
+}
+
+type claudeParser struct {
+	now   func() time.Time
+	tools map[string]claudeTool // open tool calls by tool_use id
+	// rejectedReset is the resetsAt of the last rejected rate_limit_event, so
+	// the limit result that follows (whose text has no date) gets a ResetAt.
+	rejectedReset time.Time
+}
+
+// claudeLine is the union of the top-level fields we read.
+type claudeLine struct {
+	Type          string          `json:"type"`
+	Subtype       string          `json:"subtype"`
+	Message       json.RawMessage `json:"message"`
+	IsError       bool            `json:"is_error"`
+	Result        string          `json:"result"`
+	Errors        []string        `json:"errors"`
+	TotalCostUSD  float64         `json:"total_cost_usd"`
+	Usage         claudeUsage     `json:"usage"`
+	RateLimitInfo *struct {
+		Status        string `json:"status"`
+		ResetsAt      int64  `json:"resetsAt"`
+		RateLimitType string `json:"rateLimitType"`
+	} `json:"rate_limit_info"`
+}
+
+type claudeUsage struct {
+	InputTokens              int64 `json:"input_tokens"`
+	OutputTokens             int64 `json:"output_tokens"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+}
+
+type claudeMessage struct {
+	// Content is an array of blocks, or a plain string for user prompts.
+	Content json.RawMessage `json:"content"`
+}
+
+type claudeBlock struct {
+	Type      string          `json:"type"`
+	Text      string          `json:"text"`
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Input     json.RawMessage `json:"input"`
+	ToolUseID string          `json:"tool_use_id"`
+	Content   json.RawMessage `json:"content"`
+	IsError   bool            `json:"is_error"`
+}
+
+// Line implements Parser.
+func (p *claudeParser) Line(line []byte) []Observation {
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 {
+		return nil
+	}
+	var l claudeLine
+	err := json.Unmarshal(line, &l)
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		// A field of an unexpected type is left zero; the rest is still usable.
+		err = nil
+	}
+	if err != nil || l.Type == "" {
+		return []Observation{{Kind: KindUnknown, Raw: "invalid", Text: claudeTruncate(string(line))}}
+	}
+	raw := l.Type
+	if l.Subtype != "" {
+		raw += "/" + l.Subtype
+	}
+	switch l.Type {
+	case "assistant":
+		return p.assistant(l, raw)
+	case "user":
+		return p.user(l, raw)
+	case "result":
+		return p.result(l, raw)
+	case "rate_limit_event":
+		return p.rateLimit(l, raw)
+	case "system", "stream_event":
+		// init, hooks, compaction, partial-message deltas: informational only.
+		return nil
+	}
+	return []Observation{{Kind: KindUnknown, Raw: raw}}
+}
+
+// blocks returns the content blocks of a message, or nil if the content is a
+// plain string or absent.
+func claudeBlocks(msg json.RawMessage) ([]claudeBlock, bool) {
+	var m claudeMessage
+	if len(msg) == 0 || json.Unmarshal(msg, &m) != nil {
+		return nil, false
+	}
+	var bs []claudeBlock
+	if len(m.Content) == 0 || m.Content[0] != '[' {
+		return nil, true
+	}
+	if json.Unmarshal(m.Content, &bs) != nil {
+		return nil, false
+	}
+	return bs, true
+}
+
+func (p *claudeParser) assistant(l claudeLine, raw string) []Observation {
+	bs, ok := claudeBlocks(l.Message)
+	if !ok {
+		return []Observation{{Kind: KindUnknown, Raw: raw}}
+	}
+	var obs []Observation
+	var now time.Time
+	for _, b := range bs {
+		switch b.Type {
+		case "text":
+			if strings.TrimSpace(b.Text) != "" {
+				obs = append(obs, Observation{Kind: KindMessage, Text: claudeTruncate(b.Text), Raw: raw})
+			}
+		case "tool_use":
+			if now.IsZero() {
+				now = p.now()
+			}
+			lane := ClaudeLane(b.Name)
+			p.tools[b.ID] = claudeTool{name: b.Name, lane: lane, started: now}
+			obs = append(obs, Observation{
+				Kind: KindToolStart, ToolID: b.ID, Name: b.Name, Lane: lane,
+				Input: claudeTruncate(claudeCompact(b.Input)), Raw: raw,
+			})
+		}
+		// thinking and other block kinds carry nothing loopbus records.
+	}
+	return obs
+}
+
+func (p *claudeParser) user(l claudeLine, raw string) []Observation {
+	bs, ok := claudeBlocks(l.Message)
+	if !ok {
+		return []Observation{{Kind: KindUnknown, Raw: raw}}
+	}
+	var obs []Observation
+	var now time.Time
+	for _, b := range bs {
+		if b.Type != "tool_result" {
+			continue // echoed prompt text and the like
+		}
+		if now.IsZero() {
+			now = p.now()
+		}
+		o := Observation{
+			Kind: KindToolEnd, ToolID: b.ToolUseID, IsError: b.IsError,
+			Output: claudeTruncate(claudeResultText(b.Content)), Raw: raw,
+		}
+		if t, ok := p.tools[b.ToolUseID]; ok {
+			o.Name, o.Lane = t.name, t.lane
+			if d := now.Sub(t.started); d > 0 {
+				o.Duration = d
+			}
+			delete(p.tools, b.ToolUseID)
+		}
+		obs = append(obs, o)
+	}
+	return obs
+}
+
+func (p *claudeParser) result(l claudeLine, raw string) []Observation {
+	u := Usage{
+		InputTokens:      l.Usage.InputTokens,
+		OutputTokens:     l.Usage.OutputTokens,
+		CacheReadTokens:  l.Usage.CacheReadInputTokens,
+		CacheWriteTokens: l.Usage.CacheCreationInputTokens,
+		CostUSD:          l.TotalCostUSD,
+	}
+	isErr := l.IsError || (l.Subtype != "" && l.Subtype != "success")
+	text := l.Result
+	if text == "" && len(l.Errors) > 0 {
+		text = strings.Join(l.Errors, "; ")
+	}
+	var obs []Observation
+	if u != (Usage{}) {
+		obs = append(obs, Observation{Kind: KindUsage, Usage: u, Raw: raw})
+	}
+	// Only an error result counts as a limit: a successful answer may well
+	// talk about usage limits.
+	if isErr && claudeLimitRe.MatchString(text) {
+		// An epoch in the text is exact; else the rejected event's resetsAt
+		// beats a time of day read from the text.
+		reset := claudeParseEpoch(text)
+		if reset.IsZero() {
+			reset = p.rejectedReset
+		}
+		if reset.IsZero() {
+			reset = claudeParseReset(text, p.now())
+		}
+		obs = append(obs, Observation{Kind: KindRateLimit, Text: claudeTruncate(text), ResetAt: reset, Raw: raw})
+	}
+	return append(obs, Observation{Kind: KindResult, Text: claudeTruncate(text), IsError: isErr, Usage: u, Raw: raw})
+}
+
+func (p *claudeParser) rateLimit(l claudeLine, raw string) []Observation {
+	info := l.RateLimitInfo
+	if info == nil || info.Status != "rejected" {
+		// "allowed" and "allowed_warning" are status reports, not hits.
+		return nil
+	}
+	o := Observation{Kind: KindRateLimit, Text: "rate limit rejected", Raw: raw}
+	if info.RateLimitType != "" {
+		o.Text = info.RateLimitType + " limit rejected"
+	}
+	if info.ResetsAt > 0 {
+		o.ResetAt = time.Unix(info.ResetsAt, 0).UTC()
+		p.rejectedReset = o.ResetAt
+	}
+	return []Observation{o}
+}
+
+// ClaudeLane maps a Claude Code tool name to a short category.
+func ClaudeLane(name string) string {
+	switch name {
+	case "Bash", "BashOutput", "KillShell", "KillBash":
+		return "shell"
+	case "Edit", "Write", "MultiEdit", "NotebookEdit":
+		return "edit"
+	case "Read", "Glob", "Grep", "LS", "NotebookRead":
+		return "read"
+	case "WebFetch", "WebSearch":
+		return "web"
+	case "Task", "Agent": // the subagent tool was renamed from Task to Agent
+		return "agent"
+	}
+	if strings.HasPrefix(name, "mcp__") {
+		return "mcp"
+	}
+	return "other"
+}
+
+// claudeResultText flattens tool_result content: a string, or an array of
+// blocks of which text blocks are kept.
+func claudeResultText(c json.RawMessage) string {
+	if len(c) == 0 {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(c, &s) == nil {
+		return s
+	}
+	var bs []claudeBlock
+	if json.Unmarshal(c, &bs) != nil {
+		return claudeCompact(c)
+	}
+	parts := make([]string, 0, len(bs))
+	for _, b := range bs {
+		switch b.Type {
+		case "text":
+			parts = append(parts, b.Text)
+		default:
+			parts = append(parts, "["+b.Type+"]")
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+func claudeCompact(j json.RawMessage) string {
+	if len(j) == 0 {
+		return ""
+	}
+	var b bytes.Buffer
+	if json.Compact(&b, j) != nil {
+		return string(j)
+	}
+	return b.String()
+}
+
+// claudeTruncate cuts s to at most MaxSummary bytes on a rune boundary.
+func claudeTruncate(s string) string {
+	if len(s) <= MaxSummary {
+		return s
+	}
+	cut := MaxSummary
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// claudeLimitRe matches the usage-limit texts Claude Code has printed over
+// time: "Claude AI usage limit reached|<epoch>", "You've hit your limit ·
+// resets 3pm (Zone)", "You've hit your session limit · resets 9:50pm (UTC)",
+// "5-hour limit reached · resets 2pm".
+var claudeLimitRe = regexp.MustCompile(`(?i)usage limit reached|hit your (?:[a-z-]+ )?limit|limit reached\s*[·∙•]\s*resets`)
+
+var (
+	claudeEpochRe = regexp.MustCompile(`limit reached\|(\d{9,13})`)
+	// "resets 3pm (Europe/Lisbon)", "resets 3:30am (UTC)",
+	// "resets Jan 21, 5am (Etc/GMT-9)", "resets Apr 23 at 4pm (America/Recife)".
+	claudeResetRe = regexp.MustCompile(`(?i)resets\s+(?:([A-Z][a-z]{2})\s+(\d{1,2})(?:,|\s+at)?\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)\s*(?:\(([^)]+)\))?`)
+)
+
+// claudeParseEpoch returns the time of a "limit reached|<epoch>" text, or
+// the zero time.
+func claudeParseEpoch(text string) time.Time {
+	m := claudeEpochRe.FindStringSubmatch(text)
+	if m == nil {
+		return time.Time{}
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	if n > 1e12 { // milliseconds
+		return time.UnixMilli(n).UTC()
+	}
+	return time.Unix(n, 0).UTC()
+}
+
+// claudeParseReset extracts the reset time from a usage-limit text, or the
+// zero time. Times without a date are the next such time after now; a text
+// without a zone is read in now's location.
+func claudeParseReset(text string, now time.Time) time.Time {
+	if t := claudeParseEpoch(text); !t.IsZero() {
+		return t
+	}
+	m := claudeResetRe.FindStringSubmatch(text)
+	if m == nil {
+		return time.Time{}
+	}
+	loc := now.Location()
+	if m[6] != "" {
+		l, err := time.LoadLocation(strings.TrimSpace(m[6]))
+		if err != nil {
+			return time.Time{}
+		}
+		loc = l
+	}
+	hour, _ := strconv.Atoi(m[3])
+	minute, _ := strconv.Atoi(m[4]) // "" gives 0
+	if hour < 1 || hour > 12 || minute > 59 {
+		return time.Time{}
+	}
+	hour %= 12
+	if strings.EqualFold(m[5], "pm") {
+		hour += 12
+	}
+	local := now.In(loc)
+	if m[1] != "" {
+		mon, err := time.Parse("Jan", m[1])
+		if err != nil {
+			return time.Time{}
+		}
+		day, _ := strconv.Atoi(m[2])
+		t := time.Date(local.Year(), mon.Month(), day, hour, minute, 0, 0, loc)
+		if t.Before(local.Add(-24 * time.Hour)) { // "Jan 2" seen in late December
+			t = t.AddDate(1, 0, 0)
+		}
+		return t.UTC()
+	}
+	t := time.Date(local.Year(), local.Month(), local.Day(), hour, minute, 0, 0, loc)
+	if !t.After(local) {
+		t = t.AddDate(0, 0, 1)
+	}
+	return t.UTC()
+}
