@@ -3,7 +3,10 @@
 // records as events.
 package agentcli
 
-import "time"
+import (
+	"time"
+	"unicode/utf8"
+)
 
 // Kind is the kind of an Observation.
 type Kind int
@@ -63,4 +66,16 @@ type Parser interface {
 	// Line parses one line (without the newline). Blank lines give nil.
 	// Malformed JSON gives one KindUnknown observation, never an error.
 	Line(line []byte) []Observation
+}
+
+// truncate cuts s to at most MaxSummary bytes on a rune boundary.
+func truncate(s string) string {
+	if len(s) <= MaxSummary {
+		return s
+	}
+	cut := MaxSummary
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }

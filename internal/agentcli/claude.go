@@ -34,7 +34,6 @@ import (
 	"strings"
 	"time"
 	_ "time/tzdata" // reset texts name IANA zones; hosts may lack a zoneinfo database
-	"unicode/utf8"
 )
 
 // ClaudeOption configures the parser returned by NewClaude.
@@ -146,7 +145,7 @@ func (p *claudeParser) Line(line []byte) []Observation {
 		err = nil
 	}
 	if err != nil || l.Type == "" {
-		return []Observation{{Kind: KindUnknown, Raw: "invalid", Text: claudeTruncate(string(line))}}
+		return []Observation{{Kind: KindUnknown, Raw: "invalid", Text: truncate(string(line))}}
 	}
 	raw := l.Type
 	if l.Subtype != "" {
@@ -196,7 +195,7 @@ func (p *claudeParser) assistant(l claudeLine, raw string) []Observation {
 		switch b.Type {
 		case "text":
 			if strings.TrimSpace(b.Text) != "" {
-				obs = append(obs, Observation{Kind: KindMessage, Text: claudeTruncate(b.Text), Raw: raw})
+				obs = append(obs, Observation{Kind: KindMessage, Text: truncate(b.Text), Raw: raw})
 			}
 		case "tool_use":
 			if now.IsZero() {
@@ -206,7 +205,7 @@ func (p *claudeParser) assistant(l claudeLine, raw string) []Observation {
 			p.tools[b.ID] = claudeTool{name: b.Name, lane: lane, started: now}
 			obs = append(obs, Observation{
 				Kind: KindToolStart, ToolID: b.ID, Name: b.Name, Lane: lane,
-				Input: claudeTruncate(claudeCompact(b.Input)), Raw: raw,
+				Input: truncate(claudeCompact(b.Input)), Raw: raw,
 			})
 		}
 		// thinking and other block kinds carry nothing loopbus records.
@@ -230,7 +229,7 @@ func (p *claudeParser) user(l claudeLine, raw string) []Observation {
 		}
 		o := Observation{
 			Kind: KindToolEnd, ToolID: b.ToolUseID, IsError: b.IsError,
-			Output: claudeTruncate(claudeResultText(b.Content)), Raw: raw,
+			Output: truncate(claudeResultText(b.Content)), Raw: raw,
 		}
 		if t, ok := p.tools[b.ToolUseID]; ok {
 			o.Name, o.Lane = t.name, t.lane
@@ -273,9 +272,9 @@ func (p *claudeParser) result(l claudeLine, raw string) []Observation {
 		if reset.IsZero() {
 			reset = claudeParseReset(text, p.now())
 		}
-		obs = append(obs, Observation{Kind: KindRateLimit, Text: claudeTruncate(text), ResetAt: reset, Raw: raw})
+		obs = append(obs, Observation{Kind: KindRateLimit, Text: truncate(text), ResetAt: reset, Raw: raw})
 	}
-	return append(obs, Observation{Kind: KindResult, Text: claudeTruncate(text), IsError: isErr, Usage: u, Raw: raw})
+	return append(obs, Observation{Kind: KindResult, Text: truncate(text), IsError: isErr, Usage: u, Raw: raw})
 }
 
 func (p *claudeParser) rateLimit(l claudeLine, raw string) []Observation {
@@ -350,18 +349,6 @@ func claudeCompact(j json.RawMessage) string {
 		return string(j)
 	}
 	return b.String()
-}
-
-// claudeTruncate cuts s to at most MaxSummary bytes on a rune boundary.
-func claudeTruncate(s string) string {
-	if len(s) <= MaxSummary {
-		return s
-	}
-	cut := MaxSummary
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
 }
 
 // claudeLimitRe matches the usage-limit texts Claude Code has printed over

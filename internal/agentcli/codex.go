@@ -34,7 +34,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // CodexArgv returns the command line that runs Codex non-interactively with
@@ -132,7 +131,7 @@ func (p *codexParser) Line(line []byte) []Observation {
 	}
 	var ev codexEvent
 	if err := codexUnmarshal(line, &ev); err != nil || ev.Type == "" {
-		return []Observation{{Kind: KindUnknown, Raw: "invalid", Text: codexTruncate(string(line))}}
+		return []Observation{{Kind: KindUnknown, Raw: "invalid", Text: truncate(string(line))}}
 	}
 	switch ev.Type {
 	case "thread.started", "turn.started", "item.plan.delta", "request_user_input":
@@ -191,9 +190,9 @@ func codexUnmarshal(data []byte, v any) error {
 
 // failure reports a fatal error, and a rate limit too when it is one.
 func (p *codexParser) failure(raw, msg string) []Observation {
-	obs := []Observation{{Kind: KindFailure, Raw: raw, Text: codexTruncate(msg)}}
+	obs := []Observation{{Kind: KindFailure, Raw: raw, Text: truncate(msg)}}
 	if codexIsLimit(msg) {
-		obs = append(obs, Observation{Kind: KindRateLimit, Raw: raw, Text: codexTruncate(msg), ResetAt: codexResetAt(msg, p.now())})
+		obs = append(obs, Observation{Kind: KindRateLimit, Raw: raw, Text: truncate(msg), ResetAt: codexResetAt(msg, p.now())})
 	}
 	return obs
 }
@@ -206,7 +205,7 @@ func (p *codexParser) item(evType string, it codexItem) []Observation {
 		if evType != "item.completed" {
 			return nil
 		}
-		return []Observation{{Kind: KindMessage, Raw: raw, Text: codexTruncate(it.Text)}}
+		return []Observation{{Kind: KindMessage, Raw: raw, Text: truncate(it.Text)}}
 	case "reasoning", "todo_list", "error":
 		// Known: reasoning summaries, the to-do list and non-fatal warnings
 		// are not recorded.
@@ -236,7 +235,7 @@ func (p *codexParser) item(evType string, it codexItem) []Observation {
 	case "collab_tool_call":
 		start.Lane, start.Name, start.Input = "agent", it.Tool, it.Prompt
 	}
-	start.Input = codexTruncate(start.Input)
+	start.Input = truncate(start.Input)
 
 	begun, seen := p.started[it.ID]
 	if evType != "item.completed" {
@@ -265,7 +264,7 @@ func (p *codexParser) item(evType string, it codexItem) []Observation {
 		end.Output = it.Status
 		end.IsError = codexFailedStatus(it.Status)
 	}
-	end.Output = codexTruncate(end.Output)
+	end.Output = truncate(end.Output)
 	if seen {
 		return []Observation{end}
 	}
@@ -316,18 +315,6 @@ func codexCompact(raw json.RawMessage) string {
 		return s
 	}
 	return b.String()
-}
-
-// codexTruncate cuts s to at most MaxSummary bytes on a rune boundary.
-func codexTruncate(s string) string {
-	if len(s) <= MaxSummary {
-		return s
-	}
-	cut := MaxSummary
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
 }
 
 // codexLimitMarkers are lower-case fragments of Codex's usage, quota and

@@ -263,11 +263,11 @@ func TestCodexIsLimit(t *testing.T) {
 
 func TestCodexTruncate(t *testing.T) {
 	s := strings.Repeat("é", MaxSummary) // 2 bytes a rune
-	got := codexTruncate("a" + s)
+	got := truncate("a" + s)
 	if len(got) > MaxSummary || !utf8.ValidString(got) || len(got) < MaxSummary-1 {
 		t.Fatalf("len %d, valid %v", len(got), utf8.ValidString(got))
 	}
-	if got := codexTruncate("short"); got != "short" {
+	if got := truncate("short"); got != "short" {
 		t.Fatalf("got %q", got)
 	}
 }
