@@ -40,7 +40,7 @@ func (s *Service) runCLI(ctx context.Context, req schemas.Event, jr *schemas.Job
 	var argv []string
 	var parser agentcli.Parser
 	a := jr.Agent
-	if a.Backend == backendClaude {
+	if a.Backend == schemas.BackendClaude {
 		argv, parser = agentcli.ClaudeArgv(a.Model, a.PermissionMode, a.AllowedTools, a.Args), agentcli.NewClaude()
 	} else {
 		argv, parser = agentcli.CodexArgv(a.Model, a.Args), agentcli.NewCodex()
@@ -118,13 +118,6 @@ func (s *Service) runCLI(ctx context.Context, req schemas.Event, jr *schemas.Job
 	}
 	return res, out, err
 }
-
-// Backends the worker runs.
-const (
-	backendExec   = "exec"
-	backendClaude = "claude"
-	backendCodex  = "codex"
-)
 
 // toolID names a tool call of one delivery of a job.
 func toolID(job, delivery, id string) string {

@@ -255,7 +255,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 
 	var res procrun.Result
 	var runErr error
-	if jr.Agent.Backend == backendClaude || jr.Agent.Backend == backendCodex {
+	if jr.Agent.Backend == schemas.BackendClaude || jr.Agent.Backend == schemas.BackendCodex {
 		res, cli, runErr = s.runCLI(ctx, req, jr, ws, env, sec, d.NumDelivered)
 	} else {
 		res, runErr = s.runAgent(ctx, req, jr, ws, env, sec, d.NumDelivered)
@@ -343,7 +343,7 @@ func outputFault(err error) bool {
 }
 
 func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, error) {
-	if jr.Agent.Backend != backendExec {
+	if jr.Agent.Backend != schemas.BackendExec {
 		return procrun.Result{}, fmt.Errorf("agent backend %q is not supported by this worker (supported: exec, claude, codex)", jr.Agent.Backend)
 	}
 	if len(jr.Agent.Command) == 0 {

@@ -136,6 +136,13 @@ type AgentSpec struct {
 	SecretEnv []string `json:"secretEnv,omitempty"`
 }
 
+// Agent backends (AgentSpec.Backend).
+const (
+	BackendExec   = "exec"
+	BackendClaude = "claude"
+	BackendCodex  = "codex"
+)
+
 // Output declares one artifact a step must produce.
 type Output struct {
 	Name string `json:"name"`

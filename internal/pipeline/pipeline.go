@@ -47,10 +47,7 @@ import (
 )
 
 const (
-	backendExec   = "exec"
-	backendClaude = "claude"
-	backendCodex  = "codex"
-	backendList   = "exec, claude, codex"
+	backendList = "exec, claude, codex"
 
 	defaultTimeout         = 10 * time.Minute
 	defaultValidateTimeout = time.Minute
@@ -297,7 +294,7 @@ func (l *loader) agent(e entry) schemas.AgentSpec {
 		l.errorf(e.keyPos, join(e.field, "backend"), "required (supported: %s)", backendList)
 	} else if b, ok := l.str(be); ok {
 		a.Backend = b
-		if b != backendExec && b != backendClaude && b != backendCodex {
+		if b != schemas.BackendExec && b != schemas.BackendClaude && b != schemas.BackendCodex {
 			l.errorf(be.valPos, be.field, "unsupported backend %q (supported: %s)", b, backendList)
 		}
 	}
@@ -308,10 +305,10 @@ func (l *loader) agent(e entry) schemas.AgentSpec {
 		list     *[]string
 		str      *string
 	}{
-		{key: "model", backends: []string{backendClaude, backendCodex}, str: &a.Model},
-		{key: "permission_mode", backends: []string{backendClaude}, str: &a.PermissionMode},
-		{key: "allowed_tools", backends: []string{backendClaude}, list: &a.AllowedTools},
-		{key: "args", backends: []string{backendClaude, backendCodex}, list: &a.Args},
+		{key: "model", backends: []string{schemas.BackendClaude, schemas.BackendCodex}, str: &a.Model},
+		{key: "permission_mode", backends: []string{schemas.BackendClaude}, str: &a.PermissionMode},
+		{key: "allowed_tools", backends: []string{schemas.BackendClaude}, list: &a.AllowedTools},
+		{key: "args", backends: []string{schemas.BackendClaude, schemas.BackendCodex}, list: &a.Args},
 	} {
 		oe, ok := m.get(o.key)
 		if !ok {
@@ -331,7 +328,7 @@ func (l *loader) agent(e entry) schemas.AgentSpec {
 		if argv, ok := l.argv(ce); ok {
 			a.Command = argv
 		}
-	} else if a.Backend == backendExec {
+	} else if a.Backend == schemas.BackendExec {
 		l.errorf(e.keyPos, join(e.field, "command"), "required for the exec backend: an argv list such as [sh, agent.sh]")
 	}
 	if ee, ok := m.get("env"); ok {
