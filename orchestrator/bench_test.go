@@ -27,7 +27,7 @@ func BenchmarkEvolveDecide(b *testing.B) {
 			Evolve(st, ev)
 		}
 		passed := schemas.Event{ID: "2", Type: schemas.TypeValidationPassed, Session: sess, Seq: 3,
-			Data: &schemas.Verdict{JobID: JobID(sess, "a", 1, 1), Step: "a", Iteration: 1, Artifacts: []schemas.ArtifactRef{art}}}
+			Data: &schemas.Verdict{JobID: JobID(sess, "a", 1, 1, 0), Step: "a", Iteration: 1, Artifacts: []schemas.ArtifactRef{art}}}
 		Evolve(st, passed)
 		if evs := Decide(st, passed, now); len(evs) != 2 {
 			b.Fatalf("%d events", len(evs))

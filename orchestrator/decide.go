@@ -16,91 +16,435 @@ import (
 // already applied. It is level-triggered: it looks at the whole session, not
 // only at the trigger, so a decision lost to a crash or to a concurrent
 // writer is made again on the next event. It does not change st. Event ids
-// are derived from the session's logical position (step, iteration), so a
-// repeated decision de-duplicates. trigger supplies causation; now supplies
-// the event time.
+// are derived from the session's logical position (step, round, iteration,
+// attempt, or the signal answered), so a repeated decision de-duplicates.
+// trigger supplies causation; now supplies the event time and ends
+// rate-limit waits.
+//
+// Signals are answered first, in order, each with signal.acknowledged
+// (a finished session acknowledges them as ignored). Then steps are
+// advanced; nothing is dispatched for a paused or stopped session or a held
+// step, and a request beyond the budget stops the session instead.
 func Decide(st *State, trigger schemas.Event, now time.Time) []schemas.Event {
 	orig := st.Sessions[trigger.Session]
-	if orig == nil || orig.terminal() {
+	if orig == nil || orig.terminal() && len(orig.Pending) == 0 {
 		return nil
 	}
-	s := orig.clone()
-	var out []schemas.Event
-	emit := func(typ, step string, data any, idParts ...string) {
-		ev := schemas.Event{
-			ID:          schemas.DeterministicID(append([]string{s.ID, typ}, idParts...)...),
-			Type:        typ,
-			Session:     s.ID,
-			Step:        step,
-			Causation:   trigger.ID,
-			Correlation: s.StartID,
-			Time:        now,
-			Data:        data,
-		}
-		if jr, ok := data.(*schemas.JobRequested); ok {
-			ev.Job = jr.JobID
-		}
-		evolveSession(s, ev)
-		out = append(out, ev)
-	}
-	fail := func(step string, iterations int, reason string) {
-		emit(schemas.TypeStepFailed, step, &schemas.StepFailed{Step: step, Iterations: iterations, Error: reason}, step)
-		emit(schemas.TypeSessionFailed, "", &schemas.SessionFailed{Step: step, Reason: fmt.Sprintf("step %s failed: %s", step, reason)})
-	}
-	request := func(st *Step, iteration, attempt int, feedback []schemas.Feedback) bool {
-		jr, err := jobRequest(s, st, iteration, attempt, feedback)
-		if err != nil {
-			fail(st.Def.Name, st.Iteration, err.Error())
-			return false
-		}
-		idParts := []string{st.Def.Name, strconv.Itoa(iteration)}
-		if attempt > 1 {
-			idParts = append(idParts, "attempt", strconv.Itoa(attempt))
-		}
-		emit(schemas.TypeJobRequested, st.Def.Name, jr, idParts...)
-		return true
-	}
+	d := &decider{s: orig.clone(), trigger: trigger, now: now}
+	d.decide()
+	return d.out
+}
 
-	for changed := true; changed && !s.terminal(); {
+// decider accumulates one decision; emit applies each event to its copy of
+// the session so later choices see earlier ones.
+type decider struct {
+	s       *Session
+	trigger schemas.Event
+	now     time.Time
+	out     []schemas.Event
+}
+
+func (d *decider) emit(typ, step string, data any, idParts ...string) {
+	s := d.s
+	ev := schemas.Event{
+		ID:          schemas.DeterministicID(append([]string{s.ID, typ}, idParts...)...),
+		Type:        typ,
+		Session:     s.ID,
+		Step:        step,
+		Causation:   d.trigger.ID,
+		Correlation: s.StartID,
+		Time:        d.now,
+		Data:        data,
+	}
+	switch x := data.(type) {
+	case *schemas.JobRequested:
+		ev.Job = x.JobID
+	case *schemas.JobCancelled:
+		ev.Job = x.JobID
+	}
+	evolveSession(s, ev)
+	d.out = append(d.out, ev)
+}
+
+// roundParts adds the round to an id when it is not the first.
+func roundParts(st *Step, parts ...string) []string {
+	if st.Round > 0 {
+		parts = append(parts, "round", strconv.Itoa(st.Round))
+	}
+	return parts
+}
+
+func (d *decider) fail(step string, iterations int, reason string) {
+	parts := []string{step}
+	if st := d.s.Steps[step]; st != nil {
+		parts = roundParts(st, step)
+	}
+	d.emit(schemas.TypeStepFailed, step, &schemas.StepFailed{Step: step, Iterations: iterations, Error: reason}, parts...)
+	d.emit(schemas.TypeSessionFailed, "", &schemas.SessionFailed{Step: step, Reason: fmt.Sprintf("step %s failed: %s", step, reason)})
+}
+
+// request dispatches a job, unless the budget forbids it: then the session
+// stops. It reports whether the decision goes on.
+func (d *decider) request(st *Step, iteration, attempt int, feedback []schemas.Feedback) bool {
+	s := d.s
+	if reason := s.overBudget(true); reason != "" {
+		d.stopForBudget(reason)
+		return false
+	}
+	jr, err := jobRequest(s, st, iteration, attempt, feedback)
+	if err != nil {
+		d.fail(st.Def.Name, st.Iteration, err.Error())
+		return false
+	}
+	idParts := []string{st.Def.Name, strconv.Itoa(iteration)}
+	if attempt > 1 {
+		idParts = append(idParts, "attempt", strconv.Itoa(attempt))
+	}
+	if jr.Round > 0 {
+		idParts = append(idParts, "round", strconv.Itoa(jr.Round))
+	}
+	d.emit(schemas.TypeJobRequested, st.Def.Name, jr, idParts...)
+	return true
+}
+
+// cancel cancels the step's job if it has not reported yet.
+func (d *decider) cancel(st *Step, reason string) (jobID string, ok bool) {
+	if !st.inFlight() {
+		return "", false
+	}
+	jobID = st.JobID
+	d.emit(schemas.TypeJobCancelled, st.Def.Name, &schemas.JobCancelled{JobID: jobID, Step: st.Def.Name, Iteration: st.Iteration, Reason: reason}, jobID)
+	return jobID, true
+}
+
+// cancelAll cancels every job in flight.
+func (d *decider) cancelAll(reason string) []string {
+	var ids []string
+	for _, name := range d.s.stepNames() {
+		if id, ok := d.cancel(d.s.Steps[name], reason); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (d *decider) stopForBudget(reason string) {
+	d.cancelAll("budget: " + reason)
+	d.emit(schemas.TypeSessionStopped, "", &schemas.SessionStopped{Kind: schemas.StopBudget, Reason: "budget: " + reason},
+		"budget", strconv.Itoa(d.s.Resumes))
+}
+
+func (d *decider) decide() {
+	s := d.s
+	for len(s.Pending) > 0 {
+		d.answer(s.Pending[0])
+	}
+	if s.terminal() {
+		return
+	}
+	dispatchable := func(st *Step) bool { return s.Status == StatusRunning && st.Hold == "" }
+	// Each pass changes some step; the bound only guards against a bug
+	// spinning the orchestrator for ever.
+	for pass, changed := 0, true; changed && !s.terminal() && pass < 8*len(s.Steps)+8; pass++ {
 		changed = false
 		for _, name := range s.stepNames() {
 			st := s.Steps[name]
 			switch {
 			case st.Status == StepRunning && st.Outcome == outcomePassed:
-				emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
+				d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 					Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
 					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: stepSchemaVersion(st.Def),
-				}, name)
+				}, roundParts(st, name)...)
 				changed = true
+			case st.Status == StepRunning && st.Outcome == outcomeFailed && st.RateLimited:
+				if st.WaitJob != st.JobID {
+					until := d.now.Add(DefaultRateLimitWait)
+					if st.ResetAt != nil {
+						until = *st.ResetAt
+					}
+					d.emit(schemas.TypeStepWaiting, name, &schemas.StepWaiting{Step: name, JobID: st.JobID, Until: until.UTC(),
+						Reason: "the agent hit a usage or rate limit: " + firstLine(st.Failure.Message)}, st.JobID)
+					changed = true
+				}
+				if dispatchable(st) && !d.now.Before(st.WaitUntil) {
+					// Not the agent's fault and not bounded by MaxAttempts:
+					// the limit lifts.
+					if !d.request(st, st.Iteration, st.Attempt+1, st.Feedback) {
+						return
+					}
+					changed = true
+				}
 			case st.Status == StepRunning && st.Outcome == outcomeFailed && st.Retryable && st.Attempt < MaxAttempts:
 				// Not the agent's fault (an input could not be fetched, its
 				// workers kept dying): run the same iteration again.
-				if !request(st, st.Iteration, st.Attempt+1, st.Feedback) {
-					return out
+				if dispatchable(st) {
+					if !d.request(st, st.Iteration, st.Attempt+1, st.Feedback) {
+						return
+					}
+					changed = true
 				}
-				changed = true
 			case st.Status == StepRunning && st.Outcome == outcomeFailed:
 				if st.Iteration >= st.Def.MaxIterations {
-					fail(name, st.Iteration, exhausted(st))
-					return out
+					d.fail(name, st.Iteration, exhausted(st))
+					return
 				}
-				fb := schemas.BoundFeedback(slices.Concat(st.Feedback, []schemas.Feedback{*st.Failure}))
-				if !request(st, st.Iteration+1, 1, fb) {
-					return out
+				if reason := s.breakerOpen(st); reason != "" && st.Hold == "" {
+					d.emit(schemas.TypeStepPaused, name, &schemas.StepPaused{Step: name, Kind: schemas.PauseBreaker, Reason: reason},
+						roundParts(st, name, "breaker", strconv.Itoa(st.Iteration))...)
+					changed = true
+					continue
 				}
-				changed = true
-			case st.Status == StepPending && s.ready(st):
-				if !request(st, 1, 1, nil) {
-					return out
+				if dispatchable(st) {
+					fb := schemas.BoundFeedback(slices.Concat(st.Feedback, []schemas.Feedback{*st.Failure}))
+					if !d.request(st, st.Iteration+1, 1, fb) {
+						return
+					}
+					changed = true
+				}
+			case st.Status == StepPending && s.ready(st) && dispatchable(st):
+				// A step cut short by a stop runs its iteration again.
+				if !d.request(st, max(st.Iteration, 1), 1, st.Feedback) {
+					return
 				}
 				changed = true
 			}
 		}
 		if !changed && s.allCompleted() {
-			emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: s.finalArtifacts()})
+			d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: s.finalArtifacts()})
 		}
 	}
-	return out
+	if s.Status == StatusRunning {
+		// Jobs in flight spend on: stop them once the budget is gone.
+		if reason := s.overBudget(false); reason != "" {
+			d.stopForBudget(reason)
+		}
+	}
+}
+
+// DefaultRateLimitWait is how long a step waits after an agent hit a usage
+// or rate limit without saying when it lifts.
+const DefaultRateLimitWait = 5 * time.Minute
+
+// overBudget returns why the session may not spend more ("" when it may).
+// Cost and tokens count what jobs reported; with dispatching, the
+// iterations bound counts the request about to be made.
+func (s *Session) overBudget(dispatching bool) string {
+	b, u := s.Budget, s.Spent()
+	switch {
+	case b.MaxCostUSD > 0 && u.CostUSD >= b.MaxCostUSD:
+		return fmt.Sprintf("cost $%.4f reached max_cost_usd $%.4f", u.CostUSD, b.MaxCostUSD)
+	case b.MaxTokens > 0 && u.InputTokens+u.OutputTokens >= b.MaxTokens:
+		return fmt.Sprintf("%d tokens reached max_tokens %d", u.InputTokens+u.OutputTokens, b.MaxTokens)
+	case dispatching && b.MaxIterations > 0 && s.Requests >= b.MaxIterations:
+		return fmt.Sprintf("%d agent runs reached max_iterations %d", s.Requests, b.MaxIterations)
+	}
+	return ""
+}
+
+// breakerOpen returns why the circuit breaker stops st ("" when it does
+// not): too many iterations in a row without progress, or identical
+// failures.
+func (s *Session) breakerOpen(st *Step) string {
+	b := schemas.Breaker{NoProgress: schemas.DefaultNoProgress, IdenticalFailures: schemas.DefaultIdenticalFailures}
+	if s.Pipeline.Breaker != nil {
+		b = s.Pipeline.Breaker.Or(b)
+	}
+	if st.Def.Breaker != nil {
+		b = st.Def.Breaker.Or(b)
+	}
+	if st.Failure == nil {
+		return ""
+	}
+	switch {
+	case st.Failure.Kind == "validation" && st.Repeats >= b.NoProgress:
+		return fmt.Sprintf("circuit breaker: %d iterations in a row without progress (same verdict errors, unchanged outputs); resume the step to go on", st.Repeats)
+	case st.Failure.Kind == "job" && st.Repeats >= b.IdenticalFailures:
+		return fmt.Sprintf("circuit breaker: %d identical job failures in a row (%s); resume the step to go on", st.Repeats, firstLine(st.Failure.Message))
+	}
+	return ""
+}
+
+// answer acts on one pending signal and acknowledges it.
+func (d *decider) answer(p PendingSignal) {
+	s := d.s
+	ack := func(result, detail string) {
+		d.emit(schemas.TypeSignalAcknowledged, p.Step, &schemas.SignalAcknowledged{SignalID: p.ID, Signal: p.Verb, Step: p.Step, Result: result, Detail: detail}, p.ID)
+	}
+	ignore := func(format string, args ...any) { ack(schemas.SignalIgnored, fmt.Sprintf(format, args...)) }
+	if s.terminal() {
+		ignore("session %s already %s", s.ID, s.Status)
+		return
+	}
+	var st *Step
+	if p.Step != "" {
+		if st = s.Steps[p.Step]; st == nil {
+			ignore("session %s has no step %s", s.ID, p.Step)
+			return
+		}
+	}
+	why := func(what string) string {
+		if p.Reason != "" {
+			return what + ": " + p.Reason
+		}
+		return what
+	}
+	switch {
+	case p.Verb == "stop" && st == nil:
+		if s.Status == StatusStopped {
+			ignore("session already stopped")
+			return
+		}
+		ids := d.cancelAll(why("stop signal"))
+		d.emit(schemas.TypeSessionStopped, "", &schemas.SessionStopped{Kind: schemas.StopSignal, Reason: why("stopped by signal")}, p.ID)
+		ack(schemas.SignalApplied, "session stopped; "+cancelled(ids))
+	case p.Verb == "stop":
+		if st.Status == StepCompleted {
+			ignore("step %s already completed", st.Def.Name)
+			return
+		}
+		id, ok := d.cancel(st, why("stop signal"))
+		var ids []string
+		if ok {
+			ids = []string{id}
+		}
+		d.emit(schemas.TypeStepPaused, st.Def.Name, &schemas.StepPaused{Step: st.Def.Name, Kind: schemas.PauseStop, Reason: why("stopped by signal")}, st.Def.Name, p.ID)
+		ack(schemas.SignalApplied, "step "+st.Def.Name+" stopped; "+cancelled(ids))
+	case p.Verb == "pause" && st == nil:
+		if s.Status != StatusRunning {
+			ignore("session already %s", s.Status)
+			return
+		}
+		d.emit(schemas.TypeSessionPaused, "", &schemas.SessionPaused{Reason: why("paused by signal")}, p.ID)
+		ack(schemas.SignalApplied, "session paused; running jobs finish, nothing new is dispatched")
+	case p.Verb == "pause":
+		if st.Status == StepCompleted || st.Hold != "" {
+			ignore("step %s is %s", st.Def.Name, stepState(st))
+			return
+		}
+		d.emit(schemas.TypeStepPaused, st.Def.Name, &schemas.StepPaused{Step: st.Def.Name, Kind: schemas.PauseSignal, Reason: why("paused by signal")}, st.Def.Name, p.ID)
+		ack(schemas.SignalApplied, "step "+st.Def.Name+" paused")
+	case p.Verb == "resume":
+		d.resume(p, st, ack, ignore)
+	case p.Verb == "info":
+		if p.Message == "" {
+			ignore("an info signal needs a message")
+			return
+		}
+		var names []string
+		for _, t := range s.hintTargets(p.Step) {
+			names = append(names, t.Def.Name)
+		}
+		if len(names) == 0 {
+			ignore("no step left to run")
+			return
+		}
+		ack(schemas.SignalApplied, "added to the next prompt of step "+strings.Join(names, ", "))
+	case p.Verb == "invalidate":
+		if st == nil {
+			ignore("invalidate names a step: SESSION/STEP")
+			return
+		}
+		var names []string
+		for _, name := range s.stepNames() {
+			if name != p.Step && !s.dependsOn(name, p.Step) {
+				continue
+			}
+			t := s.Steps[name]
+			d.cancel(t, why("step "+p.Step+" invalidated"))
+			d.emit(schemas.TypeStepInvalidated, name, &schemas.StepInvalidated{Step: name, Cause: p.Step, Reason: p.Reason}, name, p.ID)
+			names = append(names, name)
+		}
+		ack(schemas.SignalApplied, "runs again: "+strings.Join(names, ", "))
+	default:
+		ignore("unknown signal %q", p.Verb)
+	}
+}
+
+// resume resumes the session (and every held or waiting step) or one step.
+func (d *decider) resume(p PendingSignal, st *Step, ack func(result, detail string), ignore func(string, ...any)) {
+	s := d.s
+	var steps []*Step
+	if st != nil {
+		steps = []*Step{st}
+	} else {
+		for _, name := range s.stepNames() {
+			steps = append(steps, s.Steps[name])
+		}
+	}
+	var resumed []string
+	// Resuming a running session or a named step also ends rate-limit
+	// waits early: the user says the limit has lifted.
+	endWaits := st != nil || s.Status == StatusRunning
+	if st == nil && s.Status != StatusRunning {
+		if s.StopKind == schemas.StopBudget {
+			if reason := s.overBudget(true); reason != "" {
+				ignore("the budget is still exhausted (%s); start a new session with a larger budget", reason)
+				return
+			}
+		}
+		d.emit(schemas.TypeSessionResumed, "", &schemas.SessionResumed{Reason: p.Reason}, p.ID)
+		resumed = append(resumed, "session")
+	}
+	for _, t := range steps {
+		if t.Hold != "" || endWaits && t.waiting() && d.now.Before(t.WaitUntil) {
+			d.emit(schemas.TypeStepResumed, t.Def.Name, &schemas.StepResumed{Step: t.Def.Name, Reason: p.Reason}, t.Def.Name, p.ID)
+			resumed = append(resumed, "step "+t.Def.Name)
+		}
+	}
+	if len(resumed) == 0 {
+		if st != nil {
+			ignore("step %s is %s", st.Def.Name, stepState(st))
+		} else {
+			ignore("session is %s and no step is paused", s.Status)
+		}
+		return
+	}
+	ack(schemas.SignalApplied, "resumed "+strings.Join(resumed, ", "))
+}
+
+func cancelled(ids []string) string {
+	if len(ids) == 0 {
+		return "no job was running"
+	}
+	return "cancelled job " + strings.Join(ids, ", ")
+}
+
+// stepState describes a step for acknowledgements.
+func stepState(st *Step) string {
+	switch {
+	case st.Hold == schemas.PauseBreaker:
+		return "held by its circuit breaker"
+	case st.Hold != "":
+		return "already paused"
+	case st.waiting():
+		return "waiting until " + st.WaitUntil.Format(time.RFC3339)
+	case st.Status == StepCompleted:
+		return "completed"
+	}
+	return "not paused"
+}
+
+// dependsOn reports whether step name requires dep, directly or not.
+func (s *Session) dependsOn(name, dep string) bool {
+	seen := map[string]bool{}
+	var walk func(string) bool
+	walk = func(n string) bool {
+		if seen[n] {
+			return false
+		}
+		seen[n] = true
+		st := s.Steps[n]
+		if st == nil {
+			return false
+		}
+		for _, r := range st.Def.Requires {
+			if r == dep || walk(r) {
+				return true
+			}
+		}
+		return false
+	}
+	return walk(name)
 }
 
 func (s *Session) ready(st *Step) bool {
@@ -175,12 +519,15 @@ const MaxAttempts = 3
 // exceed it: the session then fails with the reason (see Unrecordable).
 const MaxPromptBytes = 128 << 10
 
-// JobID names a job: session, step and iteration, and the attempt when it
-// is not the first.
-func JobID(session, step string, iteration, attempt int) string {
+// JobID names a job: session, step and iteration, then the attempt and the
+// round when they are not the first.
+func JobID(session, step string, iteration, attempt, round int) string {
 	id := session + "." + step + "." + strconv.Itoa(iteration)
 	if attempt > 1 {
 		id += ".a" + strconv.Itoa(attempt)
+	}
+	if round > 0 {
+		id += ".r" + strconv.Itoa(round)
 	}
 	return id
 }
@@ -194,6 +541,8 @@ type PromptData struct {
 	Iteration int
 	Session   string
 	Step      string
+	// Hints is the formatted messages of info signals ("" when none).
+	Hints string
 }
 
 func jobRequest(s *Session, st *Step, iteration, attempt int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
@@ -205,7 +554,8 @@ func jobRequest(s *Session, st *Step, iteration, attempt int, feedback []schemas
 			arts[a.Name] = a
 		}
 	}
-	data := PromptData{Input: s.Input, Artifacts: arts, Feedback: schemas.FormatFeedback(feedback), Iteration: iteration, Session: s.ID, Step: st.Def.Name}
+	data := PromptData{Input: s.Input, Artifacts: arts, Feedback: schemas.FormatFeedback(feedback), Iteration: iteration, Session: s.ID, Step: st.Def.Name,
+		Hints: formatHints(st.Hints)}
 	prompt, err := RenderPrompt(st.Def.Prompt, data)
 	if err != nil {
 		return nil, err
@@ -214,16 +564,28 @@ func jobRequest(s *Session, st *Step, iteration, attempt int, feedback []schemas
 		return nil, fmt.Errorf("the rendered prompt is %d bytes, over the %d-byte limit; pass large content as artifacts (files in in/) instead", len(prompt), MaxPromptBytes)
 	}
 	return &schemas.JobRequested{
-		JobID: JobID(s.ID, st.Def.Name, iteration, attempt), Step: st.Def.Name, Iteration: iteration, Attempt: attempt,
+		JobID: JobID(s.ID, st.Def.Name, iteration, attempt, st.Round), Step: st.Def.Name, Iteration: iteration, Attempt: attempt,
 		Agent: st.Def.Agent, Prompt: prompt, Inputs: inputs, Outputs: st.Def.Outputs,
 		Validate: st.Def.Validate, TimeoutMs: st.Def.TimeoutMs, ValidateTimeoutMs: st.Def.ValidateTimeoutMs,
-		Dir: s.Pipeline.Dir, Feedback: feedback,
+		Dir: s.Pipeline.Dir, Feedback: feedback, Round: st.Round, Hints: slices.Clone(st.Hints),
 	}, nil
+}
+
+// formatHints renders info messages for a prompt, oldest first.
+func formatHints(hints []string) string {
+	var b strings.Builder
+	for _, h := range hints {
+		b.WriteString("- ")
+		b.WriteString(strings.ReplaceAll(strings.TrimSpace(h), "\n", "\n  "))
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // RenderPrompt executes a prompt template. When the template does not use
 // .Feedback and there is feedback, it is appended under its own heading, so
-// an agent always learns why its previous iteration failed.
+// an agent always learns why its previous iteration failed; so are .Hints,
+// the operator's info messages.
 func RenderPrompt(text string, data PromptData) (string, error) {
 	t, err := template.New("prompt").Option("missingkey=error").Parse(text)
 	if err != nil {
@@ -236,6 +598,10 @@ func RenderPrompt(text string, data PromptData) (string, error) {
 	if data.Feedback != "" && !strings.Contains(text, ".Feedback") {
 		b.WriteString("\n\n## Feedback from earlier iterations\n\n")
 		b.WriteString(data.Feedback)
+	}
+	if data.Hints != "" && !strings.Contains(text, ".Hints") {
+		b.WriteString("\n\n## Notes from the operator\n\n")
+		b.WriteString(data.Hints)
 	}
 	return b.String(), nil
 }

@@ -10,7 +10,7 @@ import (
 )
 
 func retryableFailure(step string, iteration, attempt int, msg string) schemas.Event {
-	job := JobID(sess, step, iteration, attempt)
+	job := JobID(sess, step, iteration, attempt, 0)
 	return schemas.Event{
 		ID: "retryable-" + job, Type: schemas.TypeJobFailed, Session: sess, Step: step, Job: job, Correlation: startID,
 		Data: &schemas.JobFailed{JobID: job, Step: step, Iteration: iteration, Worker: "w1", ExitCode: -1, Error: msg, Retryable: true},
@@ -19,7 +19,7 @@ func retryableFailure(step string, iteration, attempt int, msg string) schemas.E
 
 func requestedAttempt(step string, iteration, attempt int) schemas.Event {
 	ev := requested(step, iteration)
-	job := JobID(sess, step, iteration, attempt)
+	job := JobID(sess, step, iteration, attempt, 0)
 	ev.ID = schemas.DeterministicID(sess, schemas.TypeJobRequested, step, strconv.Itoa(iteration), "attempt", strconv.Itoa(attempt))
 	ev.Job = job
 	jr := *ev.Data.(*schemas.JobRequested)
@@ -31,7 +31,7 @@ func requestedAttempt(step string, iteration, attempt int) schemas.Event {
 // wantAttempt is wantJob for a later attempt of the same iteration.
 func wantAttempt(t *testing.T, ev schemas.Event, step string, iteration, attempt int) schemas.Event {
 	t.Helper()
-	job := JobID(sess, step, iteration, attempt)
+	job := JobID(sess, step, iteration, attempt, 0)
 	ev.ID = schemas.DeterministicID(sess, "loopbus.job.requested", step, strconv.Itoa(iteration), "attempt", strconv.Itoa(attempt))
 	ev.Job = job
 	jr := *ev.Data.(*schemas.JobRequested)

@@ -23,6 +23,9 @@ type Bus interface {
 type Config struct {
 	// Name identifies this replica in logs and dead letters; default "orchestrator".
 	Name string
+	// Tick is how often rate-limit waits are checked for their end;
+	// default 1s.
+	Tick time.Duration
 }
 
 // Validate reports the first invalid value: Name must be one subject token
@@ -32,6 +35,9 @@ func (c Config) Validate() error {
 		if err := schemas.ValidateSessionID(c.Name); err != nil {
 			return fmt.Errorf("orchestrator: name: %w", err)
 		}
+	}
+	if c.Tick < 0 {
+		return fmt.Errorf("orchestrator: tick %v is negative", c.Tick)
 	}
 	return nil
 }
@@ -57,6 +63,10 @@ type Service struct {
 	// after a commit, the sequence the batch ended at. No new decision for
 	// the session until the state has seen that far.
 	inflight map[string]uint64
+	// waits holds the sessions with a rate-limit wait; the ticker decides
+	// for them when it ends. Rebuilt from the stream on start, so a wait
+	// survives a restart.
+	waits    map[string]struct{}
 	caughtUp bool
 	// commits runs the background commits; slots bounds how many at once.
 	commits sync.WaitGroup
@@ -78,10 +88,13 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if cfg.Name == "" {
 		cfg.Name = "orchestrator"
 	}
+	if cfg.Tick == 0 {
+		cfg.Tick = time.Second
+	}
 	if b == nil || now == nil {
 		return nil, errors.New("orchestrator: bus and clock are required")
 	}
-	return &Service{cfg: cfg, bus: b, log: log, now: now, state: NewState(), inflight: map[string]uint64{},
+	return &Service{cfg: cfg, bus: b, log: log, now: now, state: NewState(), inflight: map[string]uint64{}, waits: map[string]struct{}{},
 		slots: make(chan struct{}, maxCommits)}, nil
 }
 
@@ -95,6 +108,11 @@ func (s *Service) Run(ctx context.Context) error {
 	// commit that retries until its context ends.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	s.commits.Add(1)
+	go func() {
+		defer s.commits.Done()
+		s.tick(ctx)
+	}()
 	err := s.bus.Read(ctx, bus.ReadOptions{
 		Follow:     true,
 		DeadLetter: s.cfg.Name,
@@ -118,7 +136,7 @@ func (s *Service) Run(ctx context.Context) error {
 			s.log.Info().Int("sessions", len(s.state.Sessions)).Dur("took", time.Since(start)).Msg("caught up with the stream")
 			// Decisions a crash may have lost: make them now.
 			for id, sess := range s.state.Sessions {
-				if !sess.terminal() {
+				if !sess.terminal() || len(sess.Pending) > 0 {
 					s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
 				}
 			}
@@ -131,6 +149,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return fmt.Errorf("%w: %w", bus.ErrMalformed, err)
 		}
 		Evolve(s.state, ev)
+		s.trackWait(ev.Session)
 		if s.caughtUp {
 			s.decide(ctx, ev)
 		}
@@ -142,6 +161,45 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
+// trackWait notes whether session has a rate-limit wait. s.mu is held.
+func (s *Service) trackWait(session string) {
+	if sess := s.state.Sessions[session]; sess != nil {
+		if _, ok := sess.WakeAt(); ok {
+			s.waits[session] = struct{}{}
+			return
+		}
+	}
+	delete(s.waits, session)
+}
+
+// tick decides again, every cfg.Tick, for the sessions whose rate-limit
+// wait has ended, until ctx ends.
+func (s *Service) tick(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if s.caughtUp {
+			now := s.now()
+			for id := range s.waits {
+				sess := s.state.Sessions[id]
+				if sess == nil {
+					continue
+				}
+				if at, ok := sess.WakeAt(); ok && !now.Before(at) {
+					s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
 // decide makes the decision trigger calls for and commits it in the
 // background. s.mu is held.
 func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
@@ -149,7 +207,7 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 	switch {
 	case sess == nil:
 		return
-	case sess.terminal():
+	case sess.terminal() && len(sess.Pending) == 0:
 		if s.inflight[sess.ID] != committing {
 			delete(s.inflight, sess.ID) // nothing more to decide
 		}

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sort"
+	"strings"
+	"time"
 
 	"github.com/loopbus/loopbus/schemas"
 )
@@ -15,6 +18,8 @@ import (
 // Session and step statuses in the orchestrator's state.
 const (
 	StatusRunning   = "running"
+	StatusPaused    = "paused"
+	StatusStopped   = "stopped"
 	StatusCompleted = "completed"
 	StatusFailed    = "failed"
 	StepPending     = "pending"
@@ -50,6 +55,20 @@ type Session struct {
 	LastSeq uint64
 	LastID  string
 	Steps   map[string]*Step
+	// StopKind and Reason say why a stopped or paused session is.
+	StopKind, Reason string
+	// Budget is the pipeline's budget tightened by the session's.
+	Budget schemas.Budget
+	// Usage holds each job's reported usage: a job reporting twice counts
+	// once.
+	Usage map[string]schemas.Usage
+	// Requests counts the jobs requested (agent runs) of the session.
+	Requests int
+	// Resumes counts session.resumed events (it keeps ids unique).
+	Resumes int
+	// Pending holds signals not acknowledged yet, oldest first. Finished
+	// sessions keep them too: they are acknowledged as ignored.
+	Pending []PendingSignal
 	// seen holds the ids of the session's events while it runs, to refuse
 	// a replayed copy that the server's duplicate window no longer
 	// catches. A finished session drops it, with its pipeline and steps:
@@ -77,6 +96,30 @@ type Step struct {
 	// Feedback accumulates the failures of earlier iterations.
 	Feedback  []schemas.Feedback
 	Artifacts []schemas.ArtifactRef
+	// Round counts runs cut short by job.cancelled or step.invalidated.
+	Round int
+	// Hold is the kind of step.paused holding the step ("" when none) and
+	// HoldReason its reason.
+	Hold, HoldReason string
+	// RateLimited marks a Failure caused by a usage or rate limit; ResetAt
+	// is when it lifts, if the agent said.
+	RateLimited bool
+	ResetAt     *time.Time
+	// WaitJob is the job whose rate-limit wait step.waiting recorded, and
+	// WaitUntil its end.
+	WaitJob   string
+	WaitUntil time.Time
+	// Hints are info messages for the step's next job.
+	Hints []string
+	// Repeats counts failures in a row with signature LastSig, for the
+	// circuit breaker.
+	LastSig string
+	Repeats int
+}
+
+// PendingSignal is a signal the orchestrator has not acknowledged yet.
+type PendingSignal struct {
+	ID, Verb, Step, Reason, Message string
 }
 
 func (s *Session) clone() *Session {
@@ -86,13 +129,50 @@ func (s *Session) clone() *Session {
 	for k, v := range s.Steps {
 		sc := *v
 		sc.Feedback = slices.Clone(v.Feedback)
+		sc.Hints = slices.Clone(v.Hints)
 		c.Steps[k] = &sc
 	}
+	c.Usage = maps.Clone(s.Usage)
+	c.Pending = slices.Clone(s.Pending)
 	return &c
 }
 
 // terminal reports whether the session has ended.
-func (s *Session) terminal() bool { return s.Status != StatusRunning }
+func (s *Session) terminal() bool { return s.Status == StatusCompleted || s.Status == StatusFailed }
+
+// Spent returns the session's usage so far, summed over its jobs.
+func (s *Session) Spent() schemas.Usage {
+	var u schemas.Usage
+	for _, j := range s.Usage {
+		u.InputTokens += j.InputTokens
+		u.OutputTokens += j.OutputTokens
+		u.CostUSD += j.CostUSD
+	}
+	return u
+}
+
+// WakeAt returns the earliest end of a rate-limit wait of a step that may
+// run: the service decides again then. ok is false when nothing waits.
+func (s *Session) WakeAt() (at time.Time, ok bool) {
+	if s.Status != StatusRunning {
+		return time.Time{}, false
+	}
+	for _, st := range s.Steps {
+		if st.waiting() && st.Hold == "" && (!ok || st.WaitUntil.Before(at)) {
+			at, ok = st.WaitUntil, true
+		}
+	}
+	return at, ok
+}
+
+// waiting reports whether the step's current job hit a rate limit whose
+// wait step.waiting recorded.
+func (st *Step) waiting() bool {
+	return st.Status == StepRunning && st.Outcome == outcomeFailed && st.RateLimited && st.WaitJob == st.JobID
+}
+
+// inFlight reports whether the step's current job has not reported yet.
+func (st *Step) inFlight() bool { return st.Status == StepRunning && st.Outcome == outcomeNone }
 
 // ErrReplayed: an event repeats the id of an earlier event of its running
 // session, or starts a session that has already started.
@@ -137,10 +217,10 @@ func Evolve(st *State, ev schemas.Event) {
 	}
 	evolveSession(s, ev)
 	if s.terminal() {
-		// Nothing is decided for a finished session again: keep only what
-		// identifies it (Check, LastSeq), so memory grows with the running
-		// sessions, not the history.
-		s.seen, s.Pipeline, s.Input, s.Steps = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil
+		// Nothing is decided for a finished session again (but signals
+		// are acknowledged): keep only what identifies it (Check, LastSeq),
+		// so memory grows with the running sessions, not the history.
+		s.seen, s.Pipeline, s.Input, s.Steps, s.Usage = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil
 	} else if ev.ID != "" {
 		s.seen[ev.ID] = struct{}{}
 	}
@@ -158,7 +238,14 @@ func Skip(st *State, session string, seq uint64) {
 
 func newSession(ev schemas.Event) *Session {
 	d := ev.Data.(*schemas.SessionStarted)
-	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{}, seen: map[string]struct{}{}}
+	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
+		Usage: map[string]schemas.Usage{}, seen: map[string]struct{}{}}
+	if d.Pipeline.Budget != nil {
+		s.Budget = *d.Pipeline.Budget
+	}
+	if d.Budget != nil {
+		s.Budget = s.Budget.Tighter(*d.Budget)
+	}
 	for _, def := range d.Pipeline.Steps {
 		s.Steps[def.Name] = &Step{Def: def, Status: StepPending}
 	}
@@ -174,13 +261,30 @@ func evolveSession(s *Session, ev schemas.Event) {
 		return st
 	}
 	switch d := ev.Data.(type) {
+	case *schemas.Signal:
+		verb := strings.TrimPrefix(ev.Type, "loopbus.signal.")
+		s.Pending = append(s.Pending, PendingSignal{ID: ev.ID, Verb: verb, Step: d.Step, Reason: d.Reason, Message: d.Message})
+	case *schemas.SignalAcknowledged:
+		i := slices.IndexFunc(s.Pending, func(p PendingSignal) bool { return p.ID == d.SignalID })
+		if i < 0 {
+			return
+		}
+		p := s.Pending[i]
+		s.Pending = slices.Delete(s.Pending, i, i+1)
+		if p.Verb == "info" && d.Result == schemas.SignalApplied {
+			for _, st := range s.hintTargets(p.Step) {
+				st.Hints = append(st.Hints, p.Message)
+			}
+		}
 	case *schemas.JobRequested:
 		attempt := max(d.Attempt, 1)
 		if st := s.Steps[d.Step]; st != nil && st.Status != StepCompleted &&
-			(d.Iteration > st.Iteration || d.Iteration == st.Iteration && attempt > st.Attempt) {
-			st.Status, st.Iteration, st.Attempt, st.JobID = StepRunning, d.Iteration, attempt, d.JobID
+			(st.Status == StepPending && d.Round >= st.Round || newer(d.Round, d.Iteration, attempt, st)) {
+			st.Status, st.Iteration, st.Attempt, st.JobID, st.Round = StepRunning, d.Iteration, attempt, d.JobID, d.Round
 			st.Outcome, st.Passed, st.Failure, st.Retryable = outcomeNone, nil, nil, false
+			st.RateLimited, st.ResetAt, st.WaitJob, st.WaitUntil, st.Hints = false, nil, "", time.Time{}, nil
 			st.Feedback = slices.Clone(d.Feedback)
+			s.Requests++
 		}
 	case *schemas.Verdict:
 		st := current(d.Step, d.JobID)
@@ -192,29 +296,122 @@ func evolveSession(s *Session, ev schemas.Event) {
 		} else {
 			st.Outcome = outcomeFailed
 			st.Failure = &schemas.Feedback{Iteration: d.Iteration, Kind: "validation", Errors: d.Errors, RetryHint: d.RetryHint}
+			st.repeat(verdictSignature(d))
+		}
+	case *schemas.JobCompleted:
+		if d.Usage != nil {
+			s.Usage[d.JobID] = *d.Usage
 		}
 	case *schemas.JobFailed:
+		if d.Usage != nil {
+			s.Usage[d.JobID] = *d.Usage
+		}
 		if st := current(d.Step, d.JobID); st != nil {
 			msg := d.Error
 			if d.OutputTail != "" {
 				msg += "\nLast output:\n" + d.OutputTail
 			}
-			st.Outcome, st.Retryable = outcomeFailed, d.Retryable
+			st.Outcome, st.Retryable = outcomeFailed, d.Retryable && !d.RateLimited
+			st.RateLimited, st.ResetAt = d.RateLimited, d.ResetAt
 			st.Failure = &schemas.Feedback{Iteration: d.Iteration, Kind: "job", Message: msg}
+			if !d.Retryable && !d.RateLimited {
+				st.repeat("job\x00" + d.Error)
+			}
+		}
+	case *schemas.JobCancelled:
+		if st := s.Steps[d.Step]; st != nil && st.Status == StepRunning && st.JobID == d.JobID {
+			// The same iteration runs again, in a new round.
+			st.Status, st.Round, st.Outcome, st.Passed, st.Failure = StepPending, st.Round+1, outcomeNone, nil, nil
+		}
+	case *schemas.StepWaiting:
+		if st := s.Steps[d.Step]; st != nil && st.JobID == d.JobID {
+			st.WaitJob, st.WaitUntil = d.JobID, d.Until
+		}
+	case *schemas.StepPaused:
+		if st := s.Steps[d.Step]; st != nil {
+			st.Hold, st.HoldReason = d.Kind, d.Reason
+		}
+	case *schemas.StepResumed:
+		if st := s.Steps[d.Step]; st != nil {
+			st.Hold, st.HoldReason, st.LastSig, st.Repeats = "", "", "", 0
+			if st.waiting() {
+				st.WaitUntil = time.Time{} // resuming ends a wait early
+			}
+		}
+	case *schemas.StepInvalidated:
+		if st := s.Steps[d.Step]; st != nil && st.Status != StepFailed {
+			round := st.Round + 1
+			*st = Step{Def: st.Def, Status: StepPending, Round: round, Hold: st.Hold, HoldReason: st.HoldReason, Hints: st.Hints}
 		}
 	case *schemas.StepCompleted:
 		if st := s.Steps[d.Step]; st != nil {
 			st.Status, st.Artifacts, st.Outcome = StepCompleted, d.Artifacts, outcomeNone
+			st.Hold, st.HoldReason, st.Hints = "", "", nil
 		}
 	case *schemas.StepFailed:
 		if st := s.Steps[d.Step]; st != nil {
 			st.Status = StepFailed
 		}
+	case *schemas.SessionPaused:
+		s.Status, s.StopKind, s.Reason = StatusPaused, "", d.Reason
+	case *schemas.SessionStopped:
+		s.Status, s.StopKind, s.Reason = StatusStopped, d.Kind, d.Reason
+	case *schemas.SessionResumed:
+		s.Status, s.StopKind, s.Reason = StatusRunning, "", ""
+		s.Resumes++
 	case *schemas.SessionCompleted:
 		s.Status = StatusCompleted
 	case *schemas.SessionFailed:
 		s.Status = StatusFailed
 	}
+}
+
+// newer reports whether a job request at (round, iteration, attempt) comes
+// after the step's current one.
+func newer(round, iteration, attempt int, st *Step) bool {
+	switch {
+	case round != st.Round:
+		return round > st.Round
+	case iteration != st.Iteration:
+		return iteration > st.Iteration
+	}
+	return attempt > st.Attempt
+}
+
+// repeat counts a failure with signature sig for the circuit breaker.
+func (st *Step) repeat(sig string) {
+	if sig == st.LastSig {
+		st.Repeats++
+		return
+	}
+	st.LastSig, st.Repeats = sig, 1
+}
+
+// verdictSignature identifies a failed verdict by its errors and the
+// digests of the outputs it judged: equal signatures mean no progress.
+func verdictSignature(d *schemas.Verdict) string {
+	parts := make([]string, 0, len(d.Errors)+len(d.Artifacts))
+	for _, e := range d.Errors {
+		parts = append(parts, "e\x00"+e.String())
+	}
+	for _, a := range d.Artifacts {
+		parts = append(parts, "a\x00"+a.Name+"\x00"+a.Digest)
+	}
+	sort.Strings(parts)
+	return "validation\x00" + strings.Join(parts, "\x01")
+}
+
+// hintTargets returns the steps an info signal for step ("" for all)
+// reaches: those not completed.
+func (s *Session) hintTargets(step string) []*Step {
+	var out []*Step
+	for _, name := range s.stepNames() {
+		st := s.Steps[name]
+		if (step == "" || step == name) && st.Status != StepCompleted && st.Status != StepFailed {
+			out = append(out, st)
+		}
+	}
+	return out
 }
 
 // stepNames returns the pipeline's steps in file order.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // newTestCatalogue returns a compiled catalogue or stops the test.
@@ -167,7 +168,21 @@ func samples(t *testing.T) map[string]any {
 			ContentHash:   ContentHash([]ArtifactRef{draft, notes}),
 			SchemaVersion: "sha256:0123456789ab",
 		},
-		TypeStepFailed: &StepFailed{Step: "outline", Iterations: 3, Error: "validation failed 3 times"},
+		TypeStepFailed:         &StepFailed{Step: "outline", Iterations: 3, Error: "validation failed 3 times"},
+		TypeSignalStop:         &Signal{Target: "sess-1", Reason: "wrong brief"},
+		TypeSignalPause:        &Signal{Target: "all"},
+		TypeSignalResume:       &Signal{Target: "sess-1/outline", Step: "outline"},
+		TypeSignalInfo:         &Signal{Target: "sess-1/outline", Step: "outline", Message: "Sections are strings, not objects."},
+		TypeSignalInvalidate:   &Signal{Target: "sess-1/outline", Step: "outline", Reason: "brief changed"},
+		TypeSignalAcknowledged: &SignalAcknowledged{SignalID: "sig-1", Signal: "stop", Result: SignalApplied, Detail: "cancelled job sess-1.outline.2"},
+		TypeJobCancelled:       &JobCancelled{JobID: "sess-1.outline.2", Step: "outline", Iteration: 2, Reason: "stop signal: wrong brief"},
+		TypeStepWaiting:        &StepWaiting{Step: "outline", JobID: "sess-1.outline.2", Until: time.Date(2026, 11, 22, 15, 0, 0, 0, time.UTC), Reason: "usage limit"},
+		TypeStepPaused:         &StepPaused{Step: "outline", Kind: PauseBreaker, Reason: "3 iterations without progress"},
+		TypeStepResumed:        &StepResumed{Step: "outline"},
+		TypeStepInvalidated:    &StepInvalidated{Step: "draft", Cause: "outline", Reason: "brief changed"},
+		TypeSessionPaused:      &SessionPaused{},
+		TypeSessionStopped:     &SessionStopped{Kind: StopBudget, Reason: "cost $0.52 reached max_cost_usd $0.50"},
+		TypeSessionResumed:     &SessionResumed{Reason: "budget raised"},
 	}
 }
 
@@ -181,16 +196,16 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 15 {
-		t.Errorf("catalogue has %d types, want 15", len(want))
+	if len(want) != 29 {
+		t.Errorf("catalogue has %d types, want 29", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {
 			t.Errorf("Known(%q) = false", typ)
 		}
 	}
-	if c.Known("loopbus.session.paused") {
-		t.Error(`Known("loopbus.session.paused") = true`)
+	if c.Known("loopbus.session.frozen") {
+		t.Error(`Known("loopbus.session.frozen") = true`)
 	}
 }
 
@@ -303,7 +318,7 @@ func TestCatalogueDecode(t *testing.T) {
 		{name: "not JSON at all", typ: TypeJobStarted, raw: "\xff\xfe", wantErr: ErrInvalidData},
 		{name: "empty", typ: TypeJobStarted, raw: ``, wantErr: ErrInvalidData},
 		{name: "trailing data", typ: TypeJobStarted, raw: `{"jobId":"j","worker":"w","delivery":1} {}`, wantErr: ErrInvalidData},
-		{name: "unknown type", typ: "loopbus.session.paused", raw: `{}`, wantErr: ErrUnknownType},
+		{name: "unknown type", typ: "loopbus.session.frozen", raw: `{}`, wantErr: ErrUnknownType},
 		{name: "malformed type", typ: "session.started", raw: `{}`, wantErr: ErrUnknownType},
 	}
 	for _, tt := range tests {
@@ -543,7 +558,7 @@ func TestSchemaFile(t *testing.T) {
 		wantErr error
 	}{
 		{name: "known", typ: TypeValidationFailed, want: `"$id": "urn:loopbus:schema:v1:validation.failed"`},
-		{name: "unknown", typ: "loopbus.session.paused", wantErr: ErrUnknownType},
+		{name: "unknown", typ: "loopbus.session.frozen", wantErr: ErrUnknownType},
 		{name: "malformed", typ: "loopbus.session", wantErr: ErrBadType},
 	}
 	for _, tt := range tests {

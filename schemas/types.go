@@ -88,6 +88,10 @@ type Pipeline struct {
 	Dir string `json:"dir,omitempty"`
 	// Steps in file order.
 	Steps []Step `json:"steps"`
+	// Budget bounds what a session of the pipeline may spend.
+	Budget *Budget `json:"budget,omitempty"`
+	// Breaker sets the circuit breaker's thresholds for every step.
+	Breaker *Breaker `json:"breaker,omitempty"`
 }
 
 // Step is one normalized pipeline step.
@@ -107,6 +111,8 @@ type Step struct {
 	// ValidateTimeoutMs bounds the validate command, in milliseconds.
 	ValidateTimeoutMs int64 `json:"validateTimeoutMs,omitempty"`
 	Final             bool  `json:"final,omitempty"`
+	// Breaker overrides the pipeline's circuit breaker thresholds.
+	Breaker *Breaker `json:"breaker,omitempty"`
 	// Line is the line of the step in the pipeline file (for messages).
 	Line int `json:"line,omitempty"`
 }
@@ -161,6 +167,9 @@ type SessionStarted struct {
 	Input    ArtifactRef `json:"input"`
 	// SourceHash is the first 16 hex digits of the input's sha-256.
 	SourceHash string `json:"sourceHash"`
+	// Budget is the session's own budget (loopbus run --max-cost-usd …);
+	// it applies together with the pipeline's.
+	Budget *Budget `json:"budget,omitempty"`
 }
 
 // Feedback is what an earlier failed iteration of a step left for the next.
@@ -194,6 +203,12 @@ type JobRequested struct {
 	// Dir is the pipeline directory (see Pipeline.Dir).
 	Dir      string     `json:"dir,omitempty"`
 	Feedback []Feedback `json:"feedback,omitempty"`
+	// Round counts the step's runs cut short by a stop or an invalidation
+	// before this one (0 at first); it keeps job ids unique.
+	Round int `json:"round,omitempty"`
+	// Hints are messages of info signals given since the step's previous
+	// job, oldest first; the prompt ends with them.
+	Hints []string `json:"hints,omitempty"`
 }
 
 // JobStarted reports that a worker took a job. Emitted by agentworker.
@@ -286,6 +301,9 @@ type JobFailed struct {
 	// is when it lifts, if the agent said.
 	RateLimited bool       `json:"rateLimited,omitempty"`
 	ResetAt     *time.Time `json:"resetAt,omitempty"`
+	// Cancelled is set when the worker killed the agent because the job
+	// was cancelled (job.cancelled).
+	Cancelled bool `json:"cancelled,omitempty"`
 	// IgnoredLines: see JobCompleted.
 	IgnoredLines int `json:"ignoredLines,omitempty"`
 }
