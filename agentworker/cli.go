@@ -29,19 +29,25 @@ type cliOutcome struct {
 	publishErr error
 }
 
-// runCLI runs the claude or codex backend: the CLI with its JSON event
-// stream on stdout, the prompt on stdin. Each line becomes events as it
-// arrives: tool calls → tool.started/tool.completed, text →
-// agent.message; usage, failures and limits go into the outcome. Every
-// text is masked with sec. The first publish that fails is kept in the
-// outcome (the caller hands the job back). The error is procrun's: the CLI
-// could not be started.
-func (s *Service) runCLI(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, *cliOutcome, error) {
+// runCLI runs the claude or codex backend under run: the CLI with its JSON
+// event stream on stdout, the prompt on stdin. Each line becomes events as
+// it arrives (published with ctx): tool calls → tool.started/tool.completed
+// with the lane from the lane table, text → agent.message; usage, failures
+// and limits go into the outcome. Every text is masked with sec. The first
+// publish that fails is kept in the outcome (the caller hands the job
+// back). A tool of a lane this worker lacks ends run through stop with a
+// *laneError; claude is told not to use those tools in the first place.
+// The error is procrun's: the CLI could not be started.
+func (s *Service) runCLI(ctx, run context.Context, stop context.CancelCauseFunc, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, *cliOutcome, error) {
 	var argv []string
 	var parser agentcli.Parser
 	a := jr.Agent
 	if a.Backend == schemas.BackendClaude {
-		argv, parser = agentcli.ClaudeArgv(a.Model, a.PermissionMode, a.AllowedTools, a.Args), agentcli.NewClaude()
+		var disallowed []string
+		if len(s.lacks) > 0 {
+			disallowed = s.lanes.ClaudeRules(s.lacks...)
+		}
+		argv, parser = agentcli.ClaudeArgv(a.Model, a.PermissionMode, a.AllowedTools, disallowed, a.Args), agentcli.NewClaude()
 	} else {
 		argv, parser = agentcli.CodexArgv(a.Model, a.Args), agentcli.NewCodex()
 	}
@@ -60,15 +66,23 @@ func (s *Service) runCLI(ctx context.Context, req schemas.Event, jr *schemas.Job
 	}
 	names := map[string]string{} // tool id → masked name, for the end
 	messages := 0
+	stopped := false
 	onLine := func(line []byte) {
 		for _, o := range parser.Line(line) {
 			switch o.Kind {
 			case agentcli.KindToolStart:
 				name := nonEmpty(sec.Mask(o.Name), "tool")
 				names[o.ToolID] = name
+				lane := s.lanes.Lane(o.Name, o.Category)
 				publish(schemas.TypeToolStarted, &schemas.ToolStarted{
-					JobID: jr.JobID, ToolID: toolID(jr.JobID, d, o.ToolID), Name: name, Lane: o.Lane, Input: sec.Mask(o.Input),
+					JobID: jr.JobID, ToolID: toolID(jr.JobID, d, o.ToolID), Name: name, Lane: lane, Input: sec.Mask(o.Input),
 				}, "tool", o.ToolID, "started")
+				if !s.has[lane] && !stopped {
+					stopped = true
+					s.log.Warn().Str("session", req.Session).Str("job", jr.JobID).Str("tool", name).Str("lane", lane).
+						Msg("the agent used a tool of a lane this worker does not run: killing it")
+					stop(&laneError{tool: name, lane: lane, has: s.cfg.Lanes})
+				}
 			case agentcli.KindToolEnd:
 				name := nonEmpty(names[o.ToolID], nonEmpty(sec.Mask(o.Name), "tool"))
 				status := "ok"
@@ -76,7 +90,7 @@ func (s *Service) runCLI(ctx context.Context, req schemas.Event, jr *schemas.Job
 					status = "error"
 				}
 				publish(schemas.TypeToolCompleted, &schemas.ToolCompleted{
-					JobID: jr.JobID, ToolID: toolID(jr.JobID, d, o.ToolID), Name: name, Lane: o.Lane, Status: status,
+					JobID: jr.JobID, ToolID: toolID(jr.JobID, d, o.ToolID), Name: name, Lane: s.lanes.Lane(o.Name, o.Category), Status: status,
 					DurationMs: o.Duration.Milliseconds(), Output: sec.Mask(o.Output),
 				}, "tool", o.ToolID, "completed")
 			case agentcli.KindMessage:
@@ -103,7 +117,7 @@ func (s *Service) runCLI(ctx context.Context, req schemas.Event, jr *schemas.Job
 			}
 		}
 	}
-	res, err := procrun.Run(ctx, procrun.Spec{
+	res, err := procrun.Run(run, procrun.Spec{
 		Argv:         argv,
 		Dir:          ws.Root,
 		Env:          env,

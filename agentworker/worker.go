@@ -12,6 +12,12 @@
 // The worker does not trust job.requested: artifact and variable names are
 // checked again before anything runs, and outputs are read only through
 // workspace.OpenOutput (no links, regular files within the size limit).
+//
+// Every worker follows job.cancelled (all of them, not through the shared
+// queue) and kills the agent of a cancelled job it runs; a job cancelled
+// before a worker takes it is failed without running. A worker may run
+// only some tool lanes (Config.Lanes): it leaves jobs that need others to
+// other workers and stops an agent that uses a tool of a lane it lacks.
 package agentworker
 
 import (
@@ -24,9 +30,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/agentcli"
 	"github.com/loopbus/loopbus/internal/procrun"
 	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
@@ -36,6 +44,9 @@ import (
 // Bus is what the worker needs from the event bus.
 type Bus interface {
 	Consume(ctx context.Context, cfg bus.ConsumerConfig, h bus.Handler) error
+	Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error
+	LastSeq(ctx context.Context) (uint64, error)
+	SubjectLastSeq(ctx context.Context, subject string) (uint64, error)
 	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
 	PutArtifact(ctx context.Context, object, name string, r io.Reader) (schemas.ArtifactRef, error)
 	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
@@ -67,6 +78,14 @@ type Config struct {
 	// workspace.LooksSecret). A listed variable must be unset, empty or at
 	// least workspace.MinSecretLen bytes long.
 	SecretEnv []string
+	// Lanes are the tool lanes (agentcli.AllLanes) this worker runs; empty
+	// means all. A job whose allowed tools (claude) or program (exec) need
+	// another lane is left to other workers; an agent that uses a tool of
+	// another lane anyway is stopped and its job failed.
+	Lanes []string
+	// LaneTable maps tool names to lanes, over agentcli.DefaultLanes (see
+	// agentcli.LaneTable).
+	LaneTable map[string]string
 }
 
 // ErrInvalidConfig: a Config value is out of range.
@@ -81,6 +100,14 @@ func (c Config) Validate() error {
 		if err := workspace.ValidateSecretName(n); err != nil {
 			return fmt.Errorf("%w: secret env: %w", ErrInvalidConfig, err)
 		}
+	}
+	for _, l := range c.Lanes {
+		if err := agentcli.CheckLane(l); err != nil {
+			return fmt.Errorf("%w: lanes: %w", ErrInvalidConfig, err)
+		}
+	}
+	if _, err := agentcli.NewLaneTable(c.LaneTable); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return nil
 }
@@ -108,15 +135,29 @@ func (c Config) withDefaults() Config {
 	if c.Env == nil {
 		c.Env = workspace.BaseEnv()
 	}
+	if len(c.Lanes) == 0 {
+		c.Lanes = agentcli.AllLanes()
+	}
 	return c
 }
 
 // Service is one worker process.
 type Service struct {
-	cfg Config
-	bus Bus
-	log zerolog.Logger
-	now func() time.Time
+	cfg   Config
+	bus   Bus
+	log   zerolog.Logger
+	now   func() time.Time
+	lanes *agentcli.LaneTable
+	// has are the lanes this worker runs, lacks the others.
+	has   map[string]bool
+	lacks []string
+
+	mu sync.Mutex
+	// running are the jobs being handled, by jobKey.
+	running map[string]*runningJob
+	// refused are the jobs (by jobKey) left to other workers for a lane,
+	// so that the reason is logged once per job.
+	refused map[string]bool
 }
 
 // New returns a worker.
@@ -136,21 +177,55 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	}
 	log = log.With().Str("worker", cfg.ID).Logger()
 	log.Debug().Int("secret_values", sec.Len()).Strs("secret_env", cfg.SecretEnv).Msg("secret environment values are masked")
-	return &Service{cfg: cfg, bus: b, log: log, now: now}, nil
+	table, err := agentcli.NewLaneTable(cfg.LaneTable)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	s := &Service{cfg: cfg, bus: b, log: log, now: now, lanes: table, has: map[string]bool{},
+		running: map[string]*runningJob{}, refused: map[string]bool{}}
+	for _, l := range cfg.Lanes {
+		s.has[l] = true
+	}
+	for _, l := range agentcli.AllLanes() {
+		if !s.has[l] {
+			s.lacks = append(s.lacks, l)
+		}
+	}
+	return s, nil
 }
 
 // ConsumerName is the durable consumer all worker replicas share.
 const ConsumerName = "agentworker"
 
+// maxDeliveries bounds the deliveries of one job request. Lane releases
+// count as deliveries, so it leaves room for hours of them; the runs of a
+// job are bounded by Config.MaxAttempts, counted in job.started events.
+const maxDeliveries = 10000
+
 // Run takes jobs until ctx ends. A job is acknowledged only after its
 // result is published; a job interrupted by shutdown is handed back at once.
+// Alongside, Run follows job.cancelled from its start on and kills the
+// agents of cancelled jobs (see followCancellations).
 func (s *Service) Run(ctx context.Context) error {
-	s.log.Info().Int("concurrency", s.cfg.Concurrency).Msg("agent worker ready")
+	from, err := s.followStart(ctx)
+	if err != nil || ctx.Err() != nil {
+		return err
+	}
+	fctx, stopFollowing := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.followCancellations(fctx, from)
+	}()
+	defer wg.Wait()
+	defer stopFollowing()
+	s.log.Info().Int("concurrency", s.cfg.Concurrency).Strs("lanes", s.cfg.Lanes).Msg("agent worker ready")
 	return s.bus.Consume(ctx, bus.ConsumerConfig{
 		Durable:     ConsumerName,
 		Subjects:    []string{schemas.SubjectPrefix + ".*.job.requested"},
 		AckWait:     s.cfg.AckWait,
-		MaxDeliver:  s.cfg.MaxAttempts + 2,
+		MaxDeliver:  max(s.cfg.MaxAttempts+2, maxDeliveries),
 		Concurrency: s.cfg.Concurrency,
 	}, s.handle)
 }
@@ -188,17 +263,21 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return fmt.Errorf("%w: %s is not a job request", bus.ErrPermanent, req.Type)
 	}
 	log := s.log.With().Str("session", req.Session).Str("job", jr.JobID).Logger()
+	// The job is registered before anything else, so that every
+	// job.cancelled stored from now on reaches it (see onCancelled); one
+	// stored earlier is found just below. jctx ends when the job is
+	// cancelled, or uses a lane this worker lacks; the agent runs under it.
+	jctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	defer s.track(req.Session, jr.JobID, stop)()
 	// sec masks the agent's secrets in everything published or logged; it
 	// is nil (masking nothing) until the agent's environment is known.
 	var sec *workspace.Secrets
 	// cli is what a claude or codex run reported; nil for exec.
 	var cli *cliOutcome
-	failWith := func(msg string, exit int, dur time.Duration, tail string, retryable bool) error {
-		msg = sec.Mask(msg)
-		jf := &schemas.JobFailed{
-			JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: s.cfg.ID,
-			ExitCode: exit, DurationMs: dur.Milliseconds(), Error: msg, OutputTail: tail, Retryable: retryable,
-		}
+	result := func(jf *schemas.JobFailed) error {
+		jf.JobID, jf.Step, jf.Iteration, jf.Worker = jr.JobID, jr.Step, jr.Iteration, s.cfg.ID
+		jf.Error = sec.Mask(jf.Error)
 		if cli != nil {
 			jf.Usage, jf.IgnoredLines = cli.usageRef(), cli.ignored
 			if cli.rateLimit != "" {
@@ -210,14 +289,61 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 			}
 		}
 		_, err := s.bus.Publish(ctx, s.resultEvent(req, jr, jf))
-		log.Warn().Str("error", msg).Msg("job failed")
+		if jf.Cancelled {
+			log.Info().Str("error", jf.Error).Msg("job cancelled")
+		} else {
+			log.Warn().Str("error", jf.Error).Msg("job failed")
+		}
 		return err
+	}
+	failWith := func(msg string, exit int, dur time.Duration, tail string, retryable bool) error {
+		return result(&schemas.JobFailed{ExitCode: exit, DurationMs: dur.Milliseconds(), Error: msg, OutputTail: tail, Retryable: retryable})
 	}
 	fail := func(msg string, exit int, dur time.Duration, tail string) error {
 		return failWith(msg, exit, dur, tail, false)
 	}
+	// stopped publishes the result of a job whose jctx was ended by a
+	// cancellation or a lane violation; it reports false for any other.
+	stopped := func(res procrun.Result) (bool, error) {
+		var ce *cancelledError
+		var le *laneError
+		switch cause := context.Cause(jctx); {
+		case ctx.Err() != nil:
+			return false, nil // shutting down: the caller hands the job back
+		case errors.As(cause, &ce):
+			return true, result(&schemas.JobFailed{ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(),
+				Error: ce.Error(), OutputTail: res.Tail, Cancelled: true})
+		case errors.As(cause, &le):
+			return true, fail(le.Error(), res.ExitCode, res.Duration, res.Tail)
+		}
+		return false, nil
+	}
+
+	reason, cancelled, err := s.cancellation(ctx, req, jr)
+	if err != nil {
+		return err
+	}
+	if cancelled {
+		log.Info().Str("reason", reason).Msg("the job was cancelled before it started; not running it")
+		return result(&schemas.JobFailed{ExitCode: -1, Error: (&cancelledError{reason: reason}).Error(), Cancelled: true})
+	}
+	if tool, lane, ok := s.missingLane(jr); ok {
+		if s.firstRefusal(req.Session, jr.JobID) {
+			log.Info().Str("tool", tool).Str("lane", lane).Strs("lanes", s.cfg.Lanes).
+				Msg("leaving the job to another worker: it needs a tool of a lane this worker does not run")
+		}
+		return bus.Release(laneRetryDelay(d.NumDelivered))
+	}
 	if int(d.NumDelivered) > s.cfg.MaxAttempts {
-		return failWith(fmt.Sprintf("job abandoned: it was handed to a worker %d time(s) and never finished (its workers stopped or crashed)", d.NumDelivered-1), -1, 0, "", true)
+		// Deliveries count lane releases too: what counts is how often a
+		// worker started the job.
+		starts, err := s.starts(ctx, req, jr)
+		if err != nil {
+			return err
+		}
+		if starts >= s.cfg.MaxAttempts {
+			return failWith(fmt.Sprintf("job abandoned: workers started it %d time(s) and never finished it (they stopped or crashed)", starts), -1, 0, "", true)
+		}
 	}
 	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, &schemas.JobStarted{
 		JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(d.NumDelivered),
@@ -240,7 +366,10 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	if sec, err = workspace.NewSecrets(env, append(slices.Clone(s.cfg.SecretEnv), jr.Agent.SecretEnv...)); err != nil {
 		return fail(err.Error(), -1, 0, "")
 	}
-	if err := ws.Fetch(ctx, s.bus, jr.Inputs, ws.In); err != nil {
+	if err := ws.Fetch(jctx, s.bus, jr.Inputs, ws.In); err != nil {
+		if ok, err := stopped(procrun.Result{ExitCode: -1}); ok {
+			return err
+		}
 		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) {
 			return failWith("cannot provide inputs: "+err.Error(), -1, 0, "", true)
 		}
@@ -256,12 +385,15 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	var res procrun.Result
 	var runErr error
 	if jr.Agent.Backend == schemas.BackendClaude || jr.Agent.Backend == schemas.BackendCodex {
-		res, cli, runErr = s.runCLI(ctx, req, jr, ws, env, sec, d.NumDelivered)
+		res, cli, runErr = s.runCLI(ctx, jctx, stop, req, jr, ws, env, sec, d.NumDelivered)
 	} else {
-		res, runErr = s.runAgent(ctx, req, jr, ws, env, sec, d.NumDelivered)
+		res, runErr = s.runAgent(ctx, jctx, req, jr, ws, env, sec, d.NumDelivered)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: hand the job back
+	}
+	if ok, err := stopped(res); ok {
+		return err
 	}
 	switch {
 	case cli != nil && cli.publishErr != nil:
@@ -342,7 +474,8 @@ func outputFault(err error) bool {
 	return errors.Is(err, workspace.ErrUnsafeOutput) || errors.Is(err, schemas.ErrBadName) || errors.Is(err, workspace.ErrSecretInOutput)
 }
 
-func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, error) {
+// runAgent runs the exec backend under run; events are published with ctx.
+func (s *Service) runAgent(ctx, run context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, error) {
 	if jr.Agent.Backend != schemas.BackendExec {
 		return procrun.Result{}, fmt.Errorf("agent backend %q is not supported by this worker (supported: exec, claude, codex)", jr.Agent.Backend)
 	}
@@ -351,13 +484,14 @@ func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.J
 	}
 	toolID := schemas.DeterministicID(jr.JobID, strconv.FormatUint(delivery, 10), "exec")
 	name := filepath.Base(jr.Agent.Command[0])
+	lane := s.lanes.Lane(name, execCategory)
 	argv := strings.Join(jr.Agent.Command, " ")
 	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeToolStarted, &schemas.ToolStarted{
-		JobID: jr.JobID, ToolID: toolID, Name: sec.Mask(name), Lane: "exec", Input: truncate(sec.Mask(argv), 500),
+		JobID: jr.JobID, ToolID: toolID, Name: sec.Mask(name), Lane: lane, Input: truncate(sec.Mask(argv), 500),
 	}, toolID, "started")); err != nil {
 		return procrun.Result{}, err
 	}
-	res, err := procrun.Run(ctx, procrun.Spec{
+	res, err := procrun.Run(run, procrun.Spec{
 		Argv:    jr.Agent.Command,
 		Dir:     ws.Root,
 		Env:     env,
@@ -370,13 +504,15 @@ func (s *Service) runAgent(ctx context.Context, req schemas.Event, jr *schemas.J
 	if err != nil {
 		err = errors.New(sec.Mask(err.Error()))
 	}
-	tc := &schemas.ToolCompleted{JobID: jr.JobID, ToolID: toolID, Name: sec.Mask(name), Lane: "exec",
+	tc := &schemas.ToolCompleted{JobID: jr.JobID, ToolID: toolID, Name: sec.Mask(name), Lane: lane,
 		Status: "ok", ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Output: res.Tail}
 	switch {
 	case err != nil:
 		tc.Status, tc.Error = "error", err.Error()
 	case res.TimedOut:
 		tc.Status, tc.Error = "timeout", "timed out"
+	case res.Canceled:
+		tc.Status, tc.Error = "error", "killed: "+sec.Mask(context.Cause(run).Error())
 	case res.ExitCode != 0:
 		tc.Status = "error"
 	}

@@ -84,7 +84,7 @@ func request(jobID, step string, iteration int, argv []string, outputs ...string
 }
 
 // publishRequest publishes a job.requested and returns its stream sequence.
-func publishRequest(t *testing.T, b *bus.Bus, jr *schemas.JobRequested) uint64 {
+func publishRequest(t testing.TB, b *bus.Bus, jr *schemas.JobRequested) uint64 {
 	t.Helper()
 	p, err := b.Publish(context.Background(), schemas.Event{
 		ID:          schemas.DeterministicID("test", session, "job.requested", jr.JobID),
@@ -294,7 +294,7 @@ echo "agent done"
 	}
 	ts := evs[2].Data.(*schemas.ToolStarted)
 	tc := evs[3].Data.(*schemas.ToolCompleted)
-	if ts.JobID != jr.JobID || ts.Name != "sh" || ts.Lane != "exec" || ts.ToolID == "" || !strings.Contains(ts.Input, argv[1]) {
+	if ts.JobID != jr.JobID || ts.Name != "sh" || ts.Lane != "no-net" || ts.ToolID == "" || !strings.Contains(ts.Input, argv[1]) {
 		t.Errorf("tool.started = %+v", *ts)
 	}
 	if tc.ToolID != ts.ToolID || tc.Status != "ok" || tc.ExitCode != 0 || tc.Error != "" || !strings.Contains(tc.Output, "agent done") {
@@ -827,6 +827,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{name: "negative attempts", cfg: agentworker.Config{MaxAttempts: -1}, wantErr: true},
 		{name: "negative output limit", cfg: agentworker.Config{MaxOutputBytes: -1}, wantErr: true},
 		{name: "negative ack wait", cfg: agentworker.Config{AckWait: -time.Second}, wantErr: true},
+		{name: "some lanes", cfg: agentworker.Config{Lanes: []string{"no-net", "net"}, LaneTable: map[string]string{"Bash": "net", "mcp__db__*": "heavy"}}},
+		{name: "unknown lane", cfg: agentworker.Config{Lanes: []string{"no-net", "gpu"}}, wantErr: true},
+		{name: "lane table with an unknown lane", cfg: agentworker.Config{LaneTable: map[string]string{"Bash": "hevy"}}, wantErr: true},
+		{name: "lane table with a bad key", cfg: agentworker.Config{LaneTable: map[string]string{"Bash(git:*)": "net"}}, wantErr: true},
 		{name: "no bus", nilBus: true, wantErr: true},
 	}
 	for _, tt := range tests {

@@ -765,6 +765,21 @@ func (b *Bus) SessionLastSeq(ctx context.Context, session string) (uint64, error
 	return m.Sequence, nil
 }
 
+// SubjectLastSeq returns the stream sequence of the newest event on
+// subject (which may contain wildcards), or 0 if there is none. It is one
+// request to the server: a cheap way to learn whether anything was
+// published on a subject since a sequence before reading it.
+func (b *Bus) SubjectLastSeq(ctx context.Context, subject string) (uint64, error) {
+	m, err := b.stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("last event on %s: %w", subject, b.connErr(err))
+	}
+	return m.Sequence, nil
+}
+
 // GetEvent reads and decodes the event stored at seq.
 func (b *Bus) GetEvent(ctx context.Context, seq uint64) (schemas.Event, error) {
 	m, err := b.stream.GetMsg(ctx, seq)

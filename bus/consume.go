@@ -17,10 +17,20 @@ import (
 // ErrPermanent marks a Handler error that retrying cannot fix: the message
 // is terminated and copied to the dead-letter stream with the error as
 // reason. A Handler returns nil to ack, an error wrapping ErrPermanent to
-// terminate, or any other error to have the message redelivered after a
-// back-off; the context's error after the consumer is stopped naks without
-// delay so another replica takes over.
+// terminate, Release to hand the message back, or any other error to have
+// the message redelivered after a back-off; the context's error after the
+// consumer is stopped naks without delay so another replica takes over.
 var ErrPermanent = errors.New("permanent failure")
+
+// Release returns a Handler error that hands the message back without
+// counting it as a failure: it is redelivered, to this or another replica,
+// after delay, and nothing is logged above debug level. JetStream still
+// counts the delivery, so it counts toward ConsumerConfig.MaxDeliver.
+func Release(delay time.Duration) error { return &releaseError{delay: delay} }
+
+type releaseError struct{ delay time.Duration }
+
+func (e *releaseError) Error() string { return fmt.Sprintf("released for redelivery in %s", e.delay) }
 
 // Delivery is one event handed to a Handler.
 type Delivery struct {
@@ -277,6 +287,7 @@ func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg,
 	herr := h(ctx, Delivery{Event: ev, NumDelivered: meta.NumDelivered})
 	stopHB()
 	log := b.log.With().Str("consumer", cfg.Durable).Str("type", ev.Type).Str("id", ev.ID).Uint64("seq", ev.Seq).Logger()
+	var rel *releaseError
 	switch {
 	case herr == nil:
 		if err := msg.DoubleAck(context.WithoutCancel(ctx)); err != nil {
@@ -286,6 +297,9 @@ func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg,
 		log.Error().Err(herr).Msg("event failed permanently; dead-lettered")
 		b.deadLetter(ctx, cfg.Durable, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), herr.Error())
 		_ = msg.TermWithReason(truncate(herr.Error(), 200))
+	case errors.As(herr, &rel):
+		log.Debug().Dur("redeliver_in", rel.delay).Msg("event released")
+		_ = msg.NakWithDelay(rel.delay)
 	case ctx.Err() != nil:
 		_ = msg.Nak()
 	case int(meta.NumDelivered) >= cfg.MaxDeliver:

@@ -711,6 +711,17 @@ func comparableManifest(t *testing.T, raw string) map[string]any {
 		}
 		dropObjects(st["artifacts"])
 	}
+	// Jobs by id without the session, and without the worker that ran them.
+	if jobs, ok := m["jobs"].(map[string]any); ok {
+		byID := map[string]any{}
+		for id, v := range jobs {
+			if j, ok := v.(map[string]any); ok {
+				delete(j, "worker")
+			}
+			byID[strings.TrimPrefix(id, session+".")] = v
+		}
+		m["jobs"] = byID
+	}
 	return m
 }
 

@@ -163,7 +163,7 @@ func (d *decider) decide() {
 						until = *st.ResetAt
 					}
 					d.emit(schemas.TypeStepWaiting, name, &schemas.StepWaiting{Step: name, JobID: st.JobID, Until: until.UTC(),
-						Reason: "the agent hit a usage or rate limit: " + firstLine(st.Failure.Message)}, st.JobID)
+						Reason: firstLine(st.Failure.Message)}, st.JobID)
 					changed = true
 				}
 				if dispatchable(st) && !d.now.Before(st.WaitUntil) {

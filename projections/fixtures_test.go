@@ -173,7 +173,16 @@ func (b *builder) start(session string) {
 
 // request emits job.requested for iteration of step and returns the job id.
 func (b *builder) request(session, step string, iteration int, fb ...schemas.Feedback) string {
+	return b.requestRound(session, step, iteration, 0, nil, fb...)
+}
+
+// requestRound emits job.requested for iteration of step in a later round
+// (after runs cut short), with info-signal hints, and returns the job id.
+func (b *builder) requestRound(session, step string, iteration, round int, hints []string, fb ...schemas.Feedback) string {
 	id := jobID(session, step, iteration)
+	if round > 0 {
+		id = testID(session, "job", step, strconv.Itoa(iteration), "round", strconv.Itoa(round))
+	}
 	var st schemas.Step
 	for _, s := range writingKitPipeline().Steps {
 		if s.Name == step {
@@ -193,6 +202,8 @@ func (b *builder) request(session, step string, iteration int, fb ...schemas.Fee
 		TimeoutMs: st.TimeoutMs,
 		Dir:       "/srv/loopbus/pipelines",
 		Feedback:  fb,
+		Round:     round,
+		Hints:     hints,
 	})
 	return id
 }
@@ -207,12 +218,17 @@ func (b *builder) tool(session, step, job string) {
 }
 
 func (b *builder) jobCompleted(session, step, job, worker string, iteration int, arts ...schemas.ArtifactRef) {
+	b.jobCompletedUsage(session, step, job, worker, iteration, &schemas.Usage{InputTokens: 5120, OutputTokens: 830}, arts...)
+}
+
+// jobCompletedUsage is jobCompleted reporting usage u.
+func (b *builder) jobCompletedUsage(session, step, job, worker string, iteration int, u *schemas.Usage, arts ...schemas.ArtifactRef) {
 	for _, a := range arts {
 		b.add(session, schemas.TypeArtifactStored, step, job, &schemas.ArtifactStored{JobID: job, Artifact: a})
 	}
 	b.add(session, schemas.TypeJobCompleted, step, job, &schemas.JobCompleted{
 		JobID: job, Step: step, Iteration: iteration, RequestSeq: 2, Worker: worker,
-		DurationMs: 41310, Artifacts: arts, Usage: &schemas.Usage{InputTokens: 5120, OutputTokens: 830},
+		DurationMs: 41310, Artifacts: arts, Usage: u,
 	})
 }
 
@@ -411,4 +427,232 @@ func beforeStarted() []schemas.Event {
 
 func onlyBeforeStarted() []schemas.Event {
 	return beforeStarted()[:3]
+}
+
+// Control events: signals and what the orchestrator records for them.
+
+// signal emits signal.<verb> for the session (or one step) and returns its
+// event id.
+func (b *builder) signal(session, verb, step, reason, message string) string {
+	ev := b.add(session, schemas.SignalTypes()[verb], step, "", &schemas.Signal{
+		Target: session + map[bool]string{true: "/" + step}[step != ""], Step: step, Reason: reason, Message: message,
+	})
+	return ev.ID
+}
+
+func (b *builder) ack(session, signalID, verb, step, result, detail string) {
+	b.add(session, schemas.TypeSignalAcknowledged, step, "", &schemas.SignalAcknowledged{
+		SignalID: signalID, Signal: verb, Step: step, Result: result, Detail: detail,
+	})
+}
+
+func (b *builder) cancel(session, step, job string, iteration int, reason string) {
+	b.add(session, schemas.TypeJobCancelled, step, job, &schemas.JobCancelled{JobID: job, Step: step, Iteration: iteration, Reason: reason})
+}
+
+// killed is a worker's report of a cancelled job it killed.
+func (b *builder) killed(session, step, job, worker string, iteration int, u *schemas.Usage) {
+	b.add(session, schemas.TypeJobFailed, step, job, &schemas.JobFailed{
+		JobID: job, Step: step, Iteration: iteration, Worker: worker, ExitCode: -1, DurationMs: 950,
+		Error: "cancelled: agent killed", Cancelled: true, Usage: u,
+	})
+}
+
+func (b *builder) stepPaused(session, step, kind, reason string) {
+	b.add(session, schemas.TypeStepPaused, step, "", &schemas.StepPaused{Step: step, Kind: kind, Reason: reason})
+}
+
+func (b *builder) stepResumed(session, step, reason string) {
+	b.add(session, schemas.TypeStepResumed, step, "", &schemas.StepResumed{Step: step, Reason: reason})
+}
+
+// resetAt is when the fixtures' usage limit lifts.
+var resetAt = time.Date(2026, 11, 22, 15, 0, 0, 0, time.UTC)
+
+// stopResume: a stop signal stops the session while summary runs (its job
+// is cancelled and its worker reports the kill, with usage); a resume
+// signal resumes it and summary runs iteration 1 again in round 1, with
+// the hint an info signal gave meanwhile; then the session completes.
+func stopResume() []schemas.Event {
+	var b builder
+	b.start(sessionID)
+	job := b.request(sessionID, "summary", 1)
+	b.jobStarted(sessionID, "summary", job, "worker-a")
+	b.add(sessionID, schemas.TypeToolStarted, "summary", job, &schemas.ToolStarted{JobID: job, ToolID: "t1", Name: "Bash", Input: "ls -la"})
+	stop := b.signal(sessionID, "stop", "", "wrong input file", "")
+	b.add(sessionID, schemas.TypeSessionStopped, "", "", &schemas.SessionStopped{Kind: schemas.StopSignal, Reason: "wrong input file"})
+	b.cancel(sessionID, "summary", job, 1, "session stopped: wrong input file")
+	b.ack(sessionID, stop, "stop", "", schemas.SignalApplied, "session stopped; 1 job cancelled")
+	b.killed(sessionID, "summary", job, "worker-a", 1, &schemas.Usage{InputTokens: 800, OutputTokens: 20, CostUSD: 0.004})
+	info := b.signal(sessionID, "info", "summary", "", "The talk is about event sourcing, not CQRS.")
+	b.ack(sessionID, info, "info", "summary", schemas.SignalApplied, "hint queued for summary's next job")
+	// A resume while stopped resumes; a second one is ignored.
+	resume := b.signal(sessionID, "resume", "", "input fixed", "")
+	b.add(sessionID, schemas.TypeSessionResumed, "", "", &schemas.SessionResumed{Reason: "input fixed"})
+	b.ack(sessionID, resume, "resume", "", schemas.SignalApplied, "session resumed")
+	again := b.signal(sessionID, "resume", "", "", "")
+	b.ack(sessionID, again, "resume", "", schemas.SignalIgnored, "session is running")
+	job = b.requestRound(sessionID, "summary", 1, 1, []string{"The talk is about event sourcing, not CQRS."})
+	b.jobStarted(sessionID, "summary", job, "worker-b")
+	sum := artifact(sessionID, "summary", 1, "summary.json", summaryJSON)
+	b.jobCompletedUsage(sessionID, "summary", job, "worker-b", 1, &schemas.Usage{InputTokens: 5120, OutputTokens: 830, CostUSD: 0.0312}, sum)
+	b.passed(sessionID, "summary", job, 1, sum)
+	b.stepCompleted(sessionID, "summary", job, 1, "summary-v1", sum)
+	b.runStep(sessionID, "ideas", "worker-a", 1, "ideas.json", ideasJSON, "ideas-v1")
+	// A pause and resume of the session between steps.
+	b.add(sessionID, schemas.TypeSessionPaused, "", "", &schemas.SessionPaused{Reason: "lunch"})
+	b.add(sessionID, schemas.TypeSessionResumed, "", "", &schemas.SessionResumed{})
+	kit := b.runStep(sessionID, "writing-kit", "worker-a", 1, "writing-kit.md", kitMD, "")
+	b.sessionCompleted(sessionID, kit...)
+	return b.evs
+}
+
+// budgetPipeline is the writing-kit pipeline with a budget of $0.50.
+func budgetPipeline() schemas.Pipeline {
+	p := writingKitPipeline()
+	p.Budget = &schemas.Budget{MaxCostUSD: 0.50, MaxIterations: 12}
+	return p
+}
+
+// budgetStop: the pipeline's budget ($0.50, 12 runs) tightened by the
+// session's ($0.10, 100000 tokens); ideas' first iteration runs over it
+// and the session stops with kind budget, cancelling ideas' second job.
+func budgetStop() []schemas.Event {
+	var b builder
+	in := inputRef(sessionID)
+	b.add(sessionID, schemas.TypeSessionStarted, "", "", &schemas.SessionStarted{
+		Pipeline: budgetPipeline(), Input: in, SourceHash: shortHash(in.Digest),
+		Budget: &schemas.Budget{MaxCostUSD: 0.10, MaxTokens: 100000},
+	})
+	sum := artifact(sessionID, "summary", 1, "summary.json", summaryJSON)
+	job := b.request(sessionID, "summary", 1)
+	b.jobStarted(sessionID, "summary", job, "worker-a")
+	b.jobCompletedUsage(sessionID, "summary", job, "worker-a", 1, &schemas.Usage{InputTokens: 20000, OutputTokens: 3000, CostUSD: 0.045}, sum)
+	b.passed(sessionID, "summary", job, 1, sum)
+	b.stepCompleted(sessionID, "summary", job, 1, "summary-v1", sum)
+	job = b.request(sessionID, "ideas", 1)
+	b.jobStarted(sessionID, "ideas", job, "worker-a")
+	bad := artifact(sessionID, "ideas", 1, "ideas.json", ideasBad)
+	b.jobCompletedUsage(sessionID, "ideas", job, "worker-a", 1, &schemas.Usage{InputTokens: 25000, OutputTokens: 4000, CostUSD: 0.06}, bad)
+	b.failedValidation(sessionID, "ideas", job, 1, ideasHint, ideasErrors, bad)
+	job = b.request(sessionID, "ideas", 2, schemas.Feedback{Iteration: 1, Kind: "validation", Errors: ideasErrors, RetryHint: ideasHint})
+	b.jobStarted(sessionID, "ideas", job, "worker-b")
+	b.add(sessionID, schemas.TypeSessionStopped, "", "", &schemas.SessionStopped{Kind: schemas.StopBudget, Reason: "cost $0.105 reached the budget of $0.10"})
+	b.cancel(sessionID, "ideas", job, 2, "budget reached")
+	b.killed(sessionID, "ideas", job, "worker-b", 2, nil)
+	return b.evs
+}
+
+// rateLimitWait: summary's agent hits its usage limit; the step waits
+// until the reset, then runs iteration 2 and completes.
+func rateLimitWait() []schemas.Event {
+	var b builder
+	b.start(sessionID)
+	job := b.request(sessionID, "summary", 1)
+	b.jobStarted(sessionID, "summary", job, "worker-a")
+	reset := resetAt
+	b.add(sessionID, schemas.TypeJobFailed, "summary", job, &schemas.JobFailed{
+		JobID: job, Step: "summary", Iteration: 1, Worker: "worker-a", ExitCode: 1, DurationMs: 2100,
+		Error: "usage limit reached; resets at 15:00 UTC", RateLimited: true, ResetAt: &reset,
+		Usage: &schemas.Usage{InputTokens: 310, OutputTokens: 12, CostUSD: 0.0021},
+	})
+	b.add(sessionID, schemas.TypeStepWaiting, "summary", job, &schemas.StepWaiting{Step: "summary", JobID: job, Until: resetAt, Reason: "usage limit"})
+	b.runStep(sessionID, "summary", "worker-a", 2, "summary.json", summaryJSON, "summary-v1")
+	// ideas waits too, and is still waiting.
+	job = b.request(sessionID, "ideas", 1)
+	b.jobFailed(sessionID, "ideas", job, "worker-b", 1, "429 Too Many Requests")
+	b.add(sessionID, schemas.TypeStepWaiting, "ideas", job, &schemas.StepWaiting{Step: "ideas", JobID: job, Until: resetAt.Add(90 * time.Second), Reason: "rate limit"})
+	return b.evs
+}
+
+// breakerOpenClose: ideas fails validation with the same errors twice in
+// a row (a breaker set to trip after 2); the breaker opens; a resume
+// signal closes it and the step passes on its third iteration. Then
+// writing-kit is paused and resumed, and stopped while it runs.
+func breakerOpenClose() []schemas.Event {
+	var b builder
+	b.start(sessionID)
+	b.runStep(sessionID, "summary", "worker-a", 1, "summary.json", summaryJSON, "summary-v1")
+	var fb []schemas.Feedback
+	for it := 1; it <= 2; it++ {
+		job := b.request(sessionID, "ideas", it, fb...)
+		b.jobStarted(sessionID, "ideas", job, "worker-a")
+		bad := artifact(sessionID, "ideas", it, "ideas.json", ideasBad)
+		b.jobCompleted(sessionID, "ideas", job, "worker-a", it, bad)
+		b.failedValidation(sessionID, "ideas", job, it, ideasHint, ideasErrors, bad)
+		fb = append(fb, schemas.Feedback{Iteration: it, Kind: "validation", Errors: ideasErrors, RetryHint: ideasHint})
+	}
+	b.stepPaused(sessionID, "ideas", schemas.PauseBreaker, "no progress: 2 iterations in a row with the same errors and unchanged outputs")
+	resume := b.signal(sessionID, "resume", "ideas", "schema fixed", "")
+	b.stepResumed(sessionID, "ideas", "schema fixed")
+	b.ack(sessionID, resume, "resume", "ideas", schemas.SignalApplied, "breaker closed")
+	b.runStep(sessionID, "ideas", "worker-b", 3, "ideas.json", ideasJSON, "ideas-v1")
+	// A paused and a stopped step, each resumed.
+	b.stepPaused(sessionID, "writing-kit", schemas.PauseSignal, "review the ideas first")
+	b.stepResumed(sessionID, "writing-kit", "")
+	job := b.request(sessionID, "writing-kit", 1)
+	b.stepPaused(sessionID, "writing-kit", schemas.PauseStop, "wrong tone")
+	b.cancel(sessionID, "writing-kit", job, 1, "step stopped: wrong tone")
+	return b.evs
+}
+
+// invalidation: summary and ideas complete; an invalidate signal for
+// summary invalidates it and ideas (which requires it); summary runs again
+// from iteration 1 in round 1.
+func invalidation() []schemas.Event {
+	var b builder
+	b.start(sessionID)
+	b.runStep(sessionID, "summary", "worker-a", 1, "summary.json", summaryJSON, "summary-v1")
+	b.runStep(sessionID, "ideas", "worker-a", 1, "ideas.json", ideasJSON, "ideas-v1")
+	job := b.request(sessionID, "writing-kit", 1)
+	b.jobStarted(sessionID, "writing-kit", job, "worker-b")
+	inv := b.signal(sessionID, "invalidate", "summary", "the talk was updated", "")
+	b.add(sessionID, schemas.TypeStepInvalidated, "summary", "", &schemas.StepInvalidated{Step: "summary", Cause: "summary", Reason: "the talk was updated"})
+	b.add(sessionID, schemas.TypeStepInvalidated, "ideas", "", &schemas.StepInvalidated{Step: "ideas", Cause: "summary", Reason: "the talk was updated"})
+	b.add(sessionID, schemas.TypeStepInvalidated, "writing-kit", "", &schemas.StepInvalidated{Step: "writing-kit", Cause: "summary", Reason: "the talk was updated"})
+	b.cancel(sessionID, "writing-kit", job, 1, "invalidated")
+	b.ack(sessionID, inv, "invalidate", "summary", schemas.SignalApplied, "3 steps invalidated")
+	job = b.requestRound(sessionID, "summary", 1, 1, nil)
+	b.jobStarted(sessionID, "summary", job, "worker-a")
+	return b.evs
+}
+
+// usageSums: usage summed per job, step and session; one job reports
+// twice (the last report counts), a failed job's usage counts, a job
+// without usage adds nothing.
+func usageSums() []schemas.Event {
+	var b builder
+	b.start(sessionID)
+	u := func(in, out int64, cost float64) *schemas.Usage {
+		return &schemas.Usage{InputTokens: in, OutputTokens: out, CostUSD: cost}
+	}
+	job := b.request(sessionID, "summary", 1)
+	b.jobStarted(sessionID, "summary", job, "worker-a")
+	b.add(sessionID, schemas.TypeJobFailed, "summary", job, &schemas.JobFailed{
+		JobID: job, Step: "summary", Iteration: 1, Worker: "worker-a", ExitCode: 2, Error: "agent crashed", Usage: u(1000, 100, 0.01),
+	})
+	job = b.request(sessionID, "summary", 2)
+	b.jobStarted(sessionID, "summary", job, "worker-a")
+	sum := artifact(sessionID, "summary", 2, "summary.json", summaryJSON)
+	b.jobCompletedUsage(sessionID, "summary", job, "worker-a", 2, u(2000, 200, 0.1), sum)
+	// Redelivered after a lost ack: the same job reports again, and only
+	// its last report counts.
+	b.jobStarted(sessionID, "summary", job, "worker-b")
+	b.jobCompletedUsage(sessionID, "summary", job, "worker-b", 2, u(2100, 210, 0.2), sum)
+	b.passed(sessionID, "summary", job, 2, sum)
+	b.stepCompleted(sessionID, "summary", job, 2, "summary-v1", sum)
+	job = b.request(sessionID, "ideas", 1)
+	b.jobStarted(sessionID, "ideas", job, "worker-b")
+	ideas := artifact(sessionID, "ideas", 1, "ideas.json", ideasJSON)
+	b.jobCompletedUsage(sessionID, "ideas", job, "worker-b", 1, u(3000, 300, 0.1), ideas)
+	b.passed(sessionID, "ideas", job, 1, ideas)
+	b.stepCompleted(sessionID, "ideas", job, 1, "ideas-v1", ideas)
+	job = b.request(sessionID, "writing-kit", 1)
+	b.jobStarted(sessionID, "writing-kit", job, "worker-a")
+	kit := artifact(sessionID, "writing-kit", 1, "writing-kit.md", kitMD)
+	b.jobCompletedUsage(sessionID, "writing-kit", job, "worker-a", 1, nil, kit)
+	b.passed(sessionID, "writing-kit", job, 1, kit)
+	b.stepCompleted(sessionID, "writing-kit", job, 1, "", kit)
+	b.sessionCompleted(sessionID, kit)
+	return b.evs
 }

@@ -5,6 +5,7 @@ package projections
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -14,13 +15,17 @@ import (
 )
 
 // ManifestVersion is the value of Manifest.Version.
-const ManifestVersion = 1
+const ManifestVersion = 2
 
 // Session statuses (Manifest.Status).
 const (
 	StatusRunning   = "running"
 	StatusCompleted = "completed"
 	StatusFailed    = "failed"
+	// StatusPaused: session.paused; nothing new is dispatched.
+	StatusPaused = "paused"
+	// StatusStopped: session.stopped; running jobs were cancelled.
+	StatusStopped = "stopped"
 )
 
 // Step statuses (StepView.Status).
@@ -29,10 +34,34 @@ const (
 	StepStatusInProgress = "in_progress"
 	StepStatusCompleted  = "completed"
 	StepStatusFailed     = "failed"
+	// StepStatusPaused, StepStatusStopped and StepStatusBreaker: the step is
+	// held by step.paused of kind pause, stop or breaker (StepView.Hold).
+	StepStatusPaused  = "paused"
+	StepStatusStopped = "stopped"
+	StepStatusBreaker = "breaker"
+	// StepStatusWaiting: the step waits for a usage or rate limit to lift
+	// (StepView.Wait).
+	StepStatusWaiting = "waiting"
 )
 
-// MaxFeedbackBytes bounds StepView.LastFeedback, in bytes.
+// Job statuses (JobView.Status).
+const (
+	JobStatusRequested = "requested"
+	JobStatusRunning   = "running"
+	JobStatusCompleted = "completed"
+	JobStatusFailed    = "failed"
+	JobStatusCancelled = "cancelled"
+)
+
+// MaxFeedbackBytes bounds StepView.LastFeedback, and every reason, detail
+// and message the manifest keeps, in bytes.
 const MaxFeedbackBytes = 2000
+
+// MaxSignals bounds Manifest.Signals: only the newest are kept.
+const MaxSignals = 20
+
+// MaxHints bounds StepView.Hints: only the newest are kept.
+const MaxHints = 10
 
 // Manifest is the session manifest view: the state of one session and of
 // each of its steps, as folded from the session's events by FoldManifest.
@@ -43,7 +72,8 @@ type Manifest struct {
 	ContentID string `json:"contentId"`
 	// Pipeline is the pipeline name.
 	Pipeline string `json:"pipeline"`
-	// Status is StatusRunning, StatusCompleted or StatusFailed.
+	// Status is StatusRunning, StatusPaused, StatusStopped,
+	// StatusCompleted or StatusFailed.
 	Status    string    `json:"status"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -61,6 +91,21 @@ type Manifest struct {
 	Error string `json:"error,omitempty"`
 	// FailedStep is the step session.failed blamed, if any.
 	FailedStep string `json:"failedStep,omitempty"`
+	// Hold is why the session is paused or stopped; nil otherwise. Its kind
+	// is "pause" (session.paused), or the kind of session.stopped: "signal"
+	// or "budget".
+	Hold *Hold `json:"hold,omitempty"`
+	// Budget is the pipeline's budget tightened by the session's own
+	// (schemas.Budget.Tighter); nil when neither bounds anything.
+	Budget *schemas.Budget `json:"budget,omitempty"`
+	// Usage sums the usage of every job (see Jobs); nil before any.
+	Usage *schemas.Usage `json:"usage,omitempty"`
+	// Jobs maps each job id to its view: every job requested, plus jobs
+	// of pipeline steps that reported without a request folded.
+	Jobs map[string]*JobView `json:"jobs,omitempty"`
+	// Signals are the newest MaxSignals signals, oldest first, each with
+	// its acknowledgement once the orchestrator gave it.
+	Signals []SignalView `json:"signals,omitempty"`
 	// LastSeq is the stream sequence of the last event folded (0 when no
 	// folded event came from the stream).
 	LastSeq uint64 `json:"lastSeq"`
@@ -89,6 +134,94 @@ type StepView struct {
 	// LastFeedback summarises the newest failed verdict or job error of the
 	// step in one paragraph of at most MaxFeedbackBytes bytes.
 	LastFeedback string `json:"lastFeedback,omitempty"`
+	// MaxIterations is the step's iteration limit from the pipeline.
+	MaxIterations int `json:"maxIterations,omitempty"`
+	// Round is the round of the step's newest job (see
+	// schemas.JobRequested.Round).
+	Round int `json:"round,omitempty"`
+	// Hold is set while the step is held by step.paused; cleared by
+	// step.resumed. It sets Status unless the step completed or failed.
+	Hold *Hold `json:"hold,omitempty"`
+	// Wait is set by step.waiting until the step's next job.requested.
+	Wait *Wait `json:"wait,omitempty"`
+	// Usage sums the usage of the step's jobs; nil before any.
+	Usage *schemas.Usage `json:"usage,omitempty"`
+	// CancelledJobs counts the step's jobs job.cancelled cancelled.
+	CancelledJobs int `json:"cancelledJobs,omitempty"`
+	// Invalidations counts step.invalidated events of the step;
+	// LastInvalidation is the newest.
+	Invalidations    int           `json:"invalidations,omitempty"`
+	LastInvalidation *Invalidation `json:"lastInvalidation,omitempty"`
+	// HintsDelivered counts the info-signal messages delivered in the
+	// step's prompts; Hints are the newest MaxHints of them, oldest first.
+	HintsDelivered int    `json:"hintsDelivered,omitempty"`
+	Hints          []Hint `json:"hints,omitempty"`
+}
+
+// Hold says why a session or step is held.
+type Hold struct {
+	// Kind is, for a session, "pause", "signal" or "budget"; for a step,
+	// the kind of step.paused: "pause", "stop" or "breaker".
+	Kind   string    `json:"kind"`
+	Reason string    `json:"reason,omitempty"`
+	Since  time.Time `json:"since,omitzero"`
+}
+
+// Wait is a step's wait for a usage or rate limit to lift (step.waiting).
+type Wait struct {
+	JobID  string    `json:"jobId,omitempty"`
+	Until  time.Time `json:"until"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// Invalidation is one step.invalidated: the step runs again from its
+// first iteration.
+type Invalidation struct {
+	// Cause is the step the invalidation named (the step or one it
+	// depends on).
+	Cause  string    `json:"cause,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at,omitzero"`
+}
+
+// Hint is an info-signal message delivered in a job's prompt.
+type Hint struct {
+	JobID     string `json:"jobId,omitempty"`
+	Iteration int    `json:"iteration"`
+	Message   string `json:"message"`
+}
+
+// JobView is one agent job: what it ran for, how it ended and what it
+// used. A job cancelled by job.cancelled stays cancelled whatever its
+// worker reports afterwards.
+type JobView struct {
+	Step      string `json:"step"`
+	Iteration int    `json:"iteration,omitempty"`
+	Round     int    `json:"round,omitempty"`
+	// Status is one of the JobStatus constants.
+	Status string `json:"status"`
+	Worker string `json:"worker,omitempty"`
+	// Usage is the job's newest usage report: a job reported twice counts
+	// once, with its last report.
+	Usage *schemas.Usage `json:"usage,omitempty"`
+	// Reason is why the job was cancelled.
+	Reason string `json:"reason,omitempty"`
+}
+
+// SignalView is a signal (signal.*) and its acknowledgement.
+type SignalView struct {
+	// ID is the signal event's id; the acknowledgement names it.
+	ID string `json:"id,omitempty"`
+	// Signal is the verb: stop, pause, resume, info or invalidate.
+	Signal  string    `json:"signal"`
+	Step    string    `json:"step,omitempty"`
+	Reason  string    `json:"reason,omitempty"`
+	Message string    `json:"message,omitempty"`
+	At      time.Time `json:"at,omitzero"`
+	// Result is "applied" or "ignored" once acknowledged, else empty.
+	Result         string    `json:"result,omitempty"`
+	Detail         string    `json:"detail,omitempty"`
+	AcknowledgedAt time.Time `json:"acknowledgedAt,omitzero"`
 }
 
 // FoldManifest applies one event to m and returns the result.
@@ -102,6 +235,17 @@ type StepView struct {
 // when ev.Seq != 0, LastSeq to ev.Seq; event types that do not concern the
 // manifest, and a repeated session.started, change nothing else. LastSeq
 // therefore never decreases.
+//
+// Control events fold as the orchestrator means them: session.paused and
+// session.stopped hold a running session (Status paused or stopped, Hold
+// says why) until session.resumed; step.paused holds a step until
+// step.resumed; step.waiting makes a step wait until its next
+// job.requested; job.cancelled marks a job cancelled for good and puts its
+// step back to pending with the iteration not used up; step.invalidated
+// resets a step to pending at iteration 0, keeping its usage and counters.
+// Usage is summed per job (a job's last report replaces earlier ones), per
+// step and for the session. Signals are kept with their acknowledgement.
+// A completed or failed session or step is never held.
 //
 // The fold is tolerant: data of an unexpected Go type (the registered
 // pointer type and the plain struct are both accepted), nil data and step
@@ -137,23 +281,56 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		if !ok {
 			return m
 		}
-		sv := m.step(orElse(d.Step, ev.Step))
+		name := orElse(d.Step, ev.Step)
+		sv := m.step(name)
 		if sv == nil {
 			return m
 		}
+		id := orElse(d.JobID, ev.Job)
 		sv.Status = StepStatusInProgress
 		sv.Iterations = max(sv.Iterations, d.Iteration)
-		sv.JobID = orElse(d.JobID, ev.Job)
+		sv.JobID = id
 		sv.Worker = ""
+		sv.Round = d.Round
+		sv.Wait = nil
+		for _, h := range d.Hints {
+			sv.HintsDelivered++
+			sv.Hints = append(sv.Hints, Hint{JobID: id, Iteration: d.Iteration, Message: paragraph(h)})
+		}
+		if n := len(sv.Hints) - MaxHints; n > 0 {
+			sv.Hints = slices.Delete(sv.Hints, 0, n)
+		}
+		if id != "" {
+			// A job keeps the step it was first known for, so the
+			// step's usage sum stays right.
+			if j := m.job(id, name); j.Step == name {
+				j.Iteration, j.Round = d.Iteration, d.Round
+			}
+		}
+		m.settle(sv)
 
 	case schemas.TypeJobStarted:
 		d, ok := dataAs[schemas.JobStarted](ev.Data)
 		if !ok {
 			return m
 		}
-		if sv := m.stepOfJob(orElse(d.JobID, ev.Job)); sv != nil {
+		id := orElse(d.JobID, ev.Job)
+		if j := m.Jobs[id]; j != nil && id != "" {
+			j.Worker = d.Worker
+			if j.Status == JobStatusRequested {
+				j.Status = JobStatusRunning
+			}
+		}
+		if sv := m.stepOfJob(id); sv != nil {
 			sv.Worker = d.Worker
 		}
+
+	case schemas.TypeJobCompleted:
+		d, ok := dataAs[schemas.JobCompleted](ev.Data)
+		if !ok {
+			return m
+		}
+		m.jobEnded(orElse(d.JobID, ev.Job), orElse(d.Step, ev.Step), d.Iteration, JobStatusCompleted, d.Worker, d.Usage)
 
 	case schemas.TypeValidationFailed:
 		d, ok := dataAs[schemas.Verdict](ev.Data)
@@ -169,13 +346,101 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		if !ok {
 			return m
 		}
-		if sv := m.stepOfJob(orElse(d.JobID, ev.Job)); sv != nil {
+		id := orElse(d.JobID, ev.Job)
+		m.jobEnded(id, orElse(d.Step, ev.Step), d.Iteration, JobStatusFailed, d.Worker, d.Usage)
+		// A cancelled job's kill report is not the step's feedback.
+		if sv := m.stepOfJob(id); sv != nil && !d.Cancelled && !m.cancelled(id) {
 			msg := d.Error
 			if strings.TrimSpace(msg) == "" {
 				msg = fmt.Sprintf("job failed (exit code %d)", d.ExitCode)
 			}
 			sv.LastFeedback = paragraph(msg)
 		}
+
+	case schemas.TypeJobCancelled:
+		d, ok := dataAs[schemas.JobCancelled](ev.Data)
+		if !ok {
+			return m
+		}
+		id := orElse(d.JobID, ev.Job)
+		name := orElse(d.Step, ev.Step)
+		if j := m.Jobs[id]; j != nil {
+			name = orElse(j.Step, name)
+		}
+		sv := m.step(name)
+		if sv == nil || id == "" {
+			return m
+		}
+		j := m.job(id, name)
+		if j.Status == JobStatusCancelled {
+			return m // told twice
+		}
+		j.Status, j.Reason = JobStatusCancelled, paragraph(d.Reason)
+		if j.Iteration == 0 {
+			j.Iteration = d.Iteration
+		}
+		sv.CancelledJobs++
+		if sv.JobID == id && sv.Status != StepStatusCompleted && sv.Status != StepStatusFailed {
+			// The cancelled iteration runs again: it is not used up.
+			sv.Iterations = min(sv.Iterations, max(j.Iteration-1, 0))
+			sv.Worker = ""
+			m.settle(sv)
+		}
+
+	case schemas.TypeStepWaiting:
+		d, ok := dataAs[schemas.StepWaiting](ev.Data)
+		if !ok {
+			return m
+		}
+		sv := m.step(orElse(d.Step, ev.Step))
+		if sv == nil {
+			return m
+		}
+		sv.Wait = &Wait{JobID: orElse(d.JobID, ev.Job), Until: d.Until, Reason: paragraph(d.Reason)}
+		m.settle(sv)
+
+	case schemas.TypeStepPaused:
+		d, ok := dataAs[schemas.StepPaused](ev.Data)
+		if !ok {
+			return m
+		}
+		sv := m.step(orElse(d.Step, ev.Step))
+		if sv == nil {
+			return m
+		}
+		sv.Hold = &Hold{Kind: d.Kind, Reason: paragraph(d.Reason), Since: ev.Time}
+		m.settle(sv)
+
+	case schemas.TypeStepResumed:
+		d, ok := dataAs[schemas.StepResumed](ev.Data)
+		if !ok {
+			return m
+		}
+		sv := m.step(orElse(d.Step, ev.Step))
+		if sv == nil {
+			return m
+		}
+		sv.Hold = nil
+		m.settle(sv)
+
+	case schemas.TypeStepInvalidated:
+		d, ok := dataAs[schemas.StepInvalidated](ev.Data)
+		if !ok {
+			return m
+		}
+		sv := m.step(orElse(d.Step, ev.Step))
+		if sv == nil {
+			return m
+		}
+		// The step starts over: what its earlier run produced no longer
+		// stands. Usage, hints and the counters are history and stay.
+		sv.Status = StepStatusPending
+		sv.ContentHash, sv.SchemaVersion, sv.ErrorMessage, sv.LastFeedback = "", "", "", ""
+		sv.CompletedAt, sv.Artifacts, sv.Wait = nil, nil, nil
+		sv.Iterations, sv.JobID, sv.Worker = 0, "", ""
+		sv.Invalidations++
+		sv.LastInvalidation = &Invalidation{Cause: d.Cause, Reason: paragraph(d.Reason), At: ev.Time}
+		m.settle(sv)
 
 	case schemas.TypeStepCompleted:
 		d, ok := dataAs[schemas.StepCompleted](ev.Data)
@@ -201,6 +466,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		}
 		sv.Artifacts = slices.Clone(d.Artifacts)
 		sv.ErrorMessage = ""
+		sv.Wait = nil
 
 	case schemas.TypeStepFailed:
 		d, ok := dataAs[schemas.StepFailed](ev.Data)
@@ -214,19 +480,82 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sv.Status = StepStatusFailed
 		sv.ErrorMessage = d.Error
 		sv.Iterations = max(sv.Iterations, d.Iterations)
+		sv.Wait = nil
+
+	case schemas.TypeSessionPaused:
+		if m.Terminal() {
+			return m
+		}
+		d, _ := dataAs[schemas.SessionPaused](ev.Data)
+		m.Hold = &Hold{Kind: schemas.PauseSignal, Since: ev.Time}
+		if d != nil {
+			m.Hold.Reason = paragraph(d.Reason)
+		}
+		m.Status = StatusPaused
+
+	case schemas.TypeSessionStopped:
+		if m.Terminal() {
+			return m
+		}
+		d, _ := dataAs[schemas.SessionStopped](ev.Data)
+		m.Hold = &Hold{Kind: schemas.StopSignal, Since: ev.Time}
+		if d != nil {
+			m.Hold.Kind = orElse(d.Kind, schemas.StopSignal)
+			m.Hold.Reason = paragraph(d.Reason)
+		}
+		m.Status = StatusStopped
+
+	case schemas.TypeSessionResumed:
+		if m.Terminal() {
+			return m
+		}
+		m.Hold = nil
+		m.Status = StatusRunning
 
 	case schemas.TypeSessionCompleted:
 		m.Status = StatusCompleted
+		m.Hold = nil
 		if d, ok := dataAs[schemas.SessionCompleted](ev.Data); ok {
 			m.Final = slices.Clone(d.Final)
 		}
 
 	case schemas.TypeSessionFailed:
 		m.Status = StatusFailed
+		m.Hold = nil
 		if d, ok := dataAs[schemas.SessionFailed](ev.Data); ok {
 			m.Error = d.Reason
 			m.FailedStep = d.Step
 		}
+
+	case schemas.TypeSignalAcknowledged:
+		d, ok := dataAs[schemas.SignalAcknowledged](ev.Data)
+		if !ok {
+			return m
+		}
+		sg := m.signal(d.SignalID)
+		if sg == nil {
+			// The signal itself is older than the newest MaxSignals (or
+			// was never folded): keep the answer anyway.
+			sg = m.addSignal(SignalView{ID: d.SignalID, Signal: d.Signal, Step: d.Step})
+		}
+		sg.Result, sg.Detail, sg.AcknowledgedAt = d.Result, paragraph(d.Detail), ev.Time
+
+	case schemas.TypeSignalStop, schemas.TypeSignalPause, schemas.TypeSignalResume,
+		schemas.TypeSignalInfo, schemas.TypeSignalInvalidate:
+		d, ok := dataAs[schemas.Signal](ev.Data)
+		if !ok {
+			return m
+		}
+		sv := SignalView{ID: ev.ID, Signal: strings.TrimPrefix(ev.Type, "loopbus.signal."),
+			Step: d.Step, Reason: paragraph(d.Reason), Message: paragraph(d.Message), At: ev.Time}
+		if sg := m.signal(ev.ID); sg != nil {
+			// A signal stored twice (another event id would be another
+			// signal): keep its acknowledgement.
+			sv.Result, sv.Detail, sv.AcknowledgedAt = sg.Result, sg.Detail, sg.AcknowledgedAt
+			*sg = sv
+			return m
+		}
+		m.addSignal(sv)
 	}
 	return m
 }
@@ -272,13 +601,178 @@ func startManifest(ev schemas.Event) *Manifest {
 			continue // malformed pipeline: keep the first of duplicate names
 		}
 		m.Steps[st.Name] = &StepView{
-			Status:   StepStatusPending,
-			Requires: slices.Clone(st.Requires),
-			Final:    st.Final,
+			Status:        StepStatusPending,
+			Requires:      slices.Clone(st.Requires),
+			Final:         st.Final,
+			MaxIterations: st.MaxIterations,
 		}
 		m.StepOrder = append(m.StepOrder, st.Name)
 	}
+	var b schemas.Budget
+	if d.Pipeline.Budget != nil {
+		b = *d.Pipeline.Budget
+	}
+	if d.Budget != nil {
+		b = b.Tighter(*d.Budget)
+	}
+	if b != (schemas.Budget{}) {
+		m.Budget = &b
+	}
 	return m
+}
+
+// settle sets the status of a step that has not completed or failed from
+// its hold, its wait and its current job: a hold shows first, then a wait,
+// then a current job that was not cancelled (in progress), else pending.
+func (m *Manifest) settle(sv *StepView) {
+	switch {
+	case sv.Status == StepStatusCompleted || sv.Status == StepStatusFailed:
+	case sv.Hold != nil:
+		switch sv.Hold.Kind {
+		case schemas.PauseStop:
+			sv.Status = StepStatusStopped
+		case schemas.PauseBreaker:
+			sv.Status = StepStatusBreaker
+		default:
+			sv.Status = StepStatusPaused
+		}
+	case sv.Wait != nil:
+		sv.Status = StepStatusWaiting
+	case sv.JobID != "" && !m.cancelled(sv.JobID):
+		sv.Status = StepStatusInProgress
+	default:
+		sv.Status = StepStatusPending
+	}
+}
+
+// job returns the view of job id, creating it (requested, of step) if new.
+func (m *Manifest) job(id, step string) *JobView {
+	if j := m.Jobs[id]; j != nil {
+		return j
+	}
+	if m.Jobs == nil {
+		m.Jobs = map[string]*JobView{}
+	}
+	j := &JobView{Step: step, Status: JobStatusRequested}
+	m.Jobs[id] = j
+	return j
+}
+
+// cancelled reports whether job id was cancelled.
+func (m *Manifest) cancelled(id string) bool {
+	j := m.Jobs[id]
+	return j != nil && j.Status == JobStatusCancelled
+}
+
+// jobEnded records a job's result: its status (unless it was cancelled)
+// and its usage, which replaces an earlier report of the same job. A job
+// not requested before is recorded if it names a pipeline step.
+func (m *Manifest) jobEnded(id, step string, iteration int, status, worker string, u *schemas.Usage) {
+	if id == "" {
+		return
+	}
+	j := m.Jobs[id]
+	if j == nil {
+		if m.step(step) == nil {
+			return
+		}
+		j = m.job(id, step)
+		j.Iteration = iteration
+	}
+	if j.Status != JobStatusCancelled {
+		j.Status = status
+	}
+	j.Worker = orElse(worker, j.Worker)
+	if u != nil && *u == (schemas.Usage{}) {
+		u = nil
+	}
+	if u == nil && j.Usage == nil {
+		return
+	}
+	if u != nil {
+		c := *u
+		c.CostUSD = finite(c.CostUSD)
+		u = &c
+	}
+	j.Usage = u
+	m.sumUsage(j.Step)
+}
+
+// sumUsage recomputes the usage of step and of the session from the jobs'.
+// Jobs are summed in id order so that the float sums, and so the fold, are
+// deterministic.
+func (m *Manifest) sumUsage(step string) {
+	ids := make([]string, 0, len(m.Jobs))
+	for id := range m.Jobs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var total, ofStep schemas.Usage
+	for _, id := range ids {
+		j := m.Jobs[id]
+		if j == nil || j.Usage == nil {
+			continue
+		}
+		addUsage(&total, *j.Usage)
+		if j.Step == step {
+			addUsage(&ofStep, *j.Usage)
+		}
+	}
+	m.Usage = usagePtr(total)
+	if sv := m.step(step); sv != nil {
+		sv.Usage = usagePtr(ofStep)
+	}
+}
+
+func addUsage(sum *schemas.Usage, u schemas.Usage) {
+	sum.InputTokens += u.InputTokens
+	sum.OutputTokens += u.OutputTokens
+	c := finite(sum.CostUSD + u.CostUSD)
+	if math.Abs(c) < 1e9 {
+		// Rounded to a billionth of a dollar, so sums read 0.3, not
+		// 0.30000000000000004.
+		c = math.Round(c*1e9) / 1e9
+	}
+	sum.CostUSD = c
+}
+
+// finite clamps x to the float64 range (JSON has no infinities).
+func finite(x float64) float64 {
+	if math.IsInf(x, 0) || math.IsNaN(x) {
+		return math.Copysign(math.MaxFloat64, x)
+	}
+	return x
+}
+
+// usagePtr returns &u, or nil for zero usage.
+func usagePtr(u schemas.Usage) *schemas.Usage {
+	if u == (schemas.Usage{}) {
+		return nil
+	}
+	return &u
+}
+
+// signal returns the kept signal with event id id, or nil.
+func (m *Manifest) signal(id string) *SignalView {
+	if id == "" {
+		return nil
+	}
+	for i := range m.Signals {
+		if m.Signals[i].ID == id {
+			return &m.Signals[i]
+		}
+	}
+	return nil
+}
+
+// addSignal appends sg, drops the oldest beyond MaxSignals and returns
+// the kept copy.
+func (m *Manifest) addSignal(sg SignalView) *SignalView {
+	m.Signals = append(m.Signals, sg)
+	if n := len(m.Signals) - MaxSignals; n > 0 {
+		m.Signals = slices.Delete(m.Signals, 0, n)
+	}
+	return &m.Signals[len(m.Signals)-1]
 }
 
 // step returns the view of a pipeline step, or nil for an unknown name.

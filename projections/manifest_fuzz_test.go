@@ -3,6 +3,7 @@ package projections
 import (
 	"encoding/binary"
 	"encoding/json"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -35,7 +36,18 @@ var fuzzTypes = []fuzzType{
 	{schemas.TypeValidationFailed, func() any { return new(schemas.Verdict) }},
 	{schemas.TypeStepCompleted, func() any { return new(schemas.StepCompleted) }},
 	{schemas.TypeStepFailed, func() any { return new(schemas.StepFailed) }},
-	{"loopbus.session.paused", nil},
+	{schemas.TypeSessionPaused, func() any { return new(schemas.SessionPaused) }},
+	{schemas.TypeSessionStopped, func() any { return new(schemas.SessionStopped) }},
+	{schemas.TypeSessionResumed, func() any { return new(schemas.SessionResumed) }},
+	{schemas.TypeJobCancelled, func() any { return new(schemas.JobCancelled) }},
+	{schemas.TypeStepWaiting, func() any { return new(schemas.StepWaiting) }},
+	{schemas.TypeStepPaused, func() any { return new(schemas.StepPaused) }},
+	{schemas.TypeStepResumed, func() any { return new(schemas.StepResumed) }},
+	{schemas.TypeStepInvalidated, func() any { return new(schemas.StepInvalidated) }},
+	{schemas.TypeSignalStop, func() any { return new(schemas.Signal) }},
+	{schemas.TypeSignalInfo, func() any { return new(schemas.Signal) }},
+	{schemas.TypeSignalAcknowledged, func() any { return new(schemas.SignalAcknowledged) }},
+	{"loopbus.session.snoozed", nil},
 }
 
 var fuzzSessions = []string{sessionID, otherSession, ""}
@@ -94,7 +106,7 @@ func decodeEvents(data []byte) []schemas.Event {
 			}
 		}
 		evs = append(evs, schemas.Event{
-			Type: ft.typ, Session: session, Step: step,
+			ID: strconv.FormatUint(seq, 10), Type: ft.typ, Session: session, Step: step,
 			Time: t0.Add(time.Duration(seq) * time.Second), Seq: seq, Data: d,
 		})
 	}
@@ -116,12 +128,16 @@ func encodeEvents(evs []schemas.Event) []byte {
 		}
 		return jobs[id]
 	}
+	// Event ids become the decoded ids: the sequence.
+	ids := map[string]string{}
+	sig := func(id string) string { return ids[id] }
 	var out []byte
 	for _, ev := range evs {
+		ids[ev.ID] = strconv.FormatUint(uint64(uint16(ev.Seq)), 10)
 		ti := max(0, slices.IndexFunc(fuzzTypes, func(ft fuzzType) bool { return ft.typ == ev.Type }))
 		si := max(0, slices.Index(fuzzSessions, ev.Session))
 		pi := max(0, slices.Index(fuzzSteps, ev.Step))
-		raw, _ := json.Marshal(compactData(ev.Data, job))
+		raw, _ := json.Marshal(compactData(ev.Data, job, sig))
 		// Pad to a multiple of 4 with spaces, which JSON ignores.
 		for len(raw)%4 != 0 {
 			raw = append(raw, ' ')
@@ -138,8 +154,9 @@ func encodeEvents(evs []schemas.Event) []byte {
 }
 
 // compactData returns the members of d that the fold reads, as JSON the
-// registered type decodes; job maps job ids to their aliases.
-func compactData(d any, job func(string) string) any {
+// registered type decodes; job maps job ids to their aliases, sig event
+// ids to the decoded ones.
+func compactData(d any, job, sig func(string) string) any {
 	type obj = map[string]any
 	arts := func(as []schemas.ArtifactRef) []obj {
 		var out []obj
@@ -156,11 +173,29 @@ func compactData(d any, job func(string) string) any {
 		}
 		return obj{"pipeline": obj{"name": d.Pipeline.Name, "steps": steps}, "input": obj{"name": d.Input.Name}, "sourceHash": d.SourceHash}
 	case *schemas.JobRequested:
-		return obj{"jobId": job(d.JobID), "step": d.Step, "iteration": d.Iteration}
+		return obj{"jobId": job(d.JobID), "step": d.Step, "iteration": d.Iteration, "round": d.Round, "hints": d.Hints}
+	case *schemas.JobCompleted:
+		return obj{"jobId": job(d.JobID), "step": d.Step, "usage": d.Usage}
+	case *schemas.JobCancelled:
+		return obj{"jobId": job(d.JobID), "step": d.Step, "iteration": d.Iteration, "reason": d.Reason}
+	case *schemas.StepWaiting:
+		return obj{"step": d.Step, "jobId": job(d.JobID), "until": d.Until, "reason": d.Reason}
+	case *schemas.StepPaused:
+		return obj{"step": d.Step, "kind": d.Kind, "reason": d.Reason}
+	case *schemas.StepResumed:
+		return obj{"step": d.Step}
+	case *schemas.StepInvalidated:
+		return obj{"step": d.Step, "cause": d.Cause}
+	case *schemas.SessionStopped:
+		return obj{"kind": d.Kind, "reason": d.Reason}
+	case *schemas.Signal:
+		return obj{"step": d.Step, "reason": d.Reason, "message": d.Message}
+	case *schemas.SignalAcknowledged:
+		return obj{"signalId": sig(d.SignalID), "signal": d.Signal, "result": d.Result}
 	case *schemas.JobStarted:
 		return obj{"jobId": job(d.JobID), "worker": d.Worker}
 	case *schemas.JobFailed:
-		return obj{"jobId": job(d.JobID), "error": d.Error[:min(len(d.Error), 40)], "exitCode": d.ExitCode}
+		return obj{"jobId": job(d.JobID), "error": d.Error[:min(len(d.Error), 40)], "exitCode": d.ExitCode, "usage": d.Usage, "cancelled": d.Cancelled}
 	case *schemas.Verdict:
 		if len(d.Errors) == 0 {
 			return obj{"jobId": job(d.JobID)}
@@ -229,7 +264,20 @@ func FuzzFoldManifest(f *testing.F) {
 				if len(sv.LastFeedback) > MaxFeedbackBytes {
 					t.Fatalf("event %d: feedback of %d bytes", i, len(sv.LastFeedback))
 				}
+				if len(sv.Hints) > MaxHints {
+					t.Fatalf("event %d: %d hints kept", i, len(sv.Hints))
+				}
+				if !slices.Contains(stepStatuses, sv.Status) {
+					t.Fatalf("event %d: step %s has status %q", i, name, sv.Status)
+				}
 			}
+			if len(m.Signals) > MaxSignals {
+				t.Fatalf("event %d: %d signals kept", i, len(m.Signals))
+			}
+			if !slices.Contains(sessionStatuses, m.Status) || (m.Hold != nil) != (m.Status == StatusPaused || m.Status == StatusStopped) {
+				t.Fatalf("event %d: status %q with hold %+v", i, m.Status, m.Hold)
+			}
+			checkUsageSums(t, i, m)
 		}
 		if m == nil {
 			return
@@ -244,5 +292,77 @@ func FuzzFoldManifest(f *testing.F) {
 		if again := foldAll(evs); !reflect.DeepEqual(again, m) {
 			t.Fatal("the fold is not deterministic")
 		}
+		// So does folding on from the first half's view stored as JSON,
+		// as the projector does.
+		half := foldAll(evs[:len(evs)/2])
+		if half != nil {
+			b, err := json.Marshal(half)
+			if err != nil {
+				t.Fatalf("marshal: %v", err)
+			}
+			var stored *Manifest
+			if err := json.Unmarshal(b, &stored); err != nil {
+				t.Fatalf("unmarshal: %v", err)
+			}
+			for _, ev := range evs[len(evs)/2:] {
+				stored = FoldManifest(stored, ev)
+			}
+			got, _ := json.Marshal(stored)
+			want, _ := json.Marshal(m)
+			if string(got) != string(want) {
+				t.Fatalf("folding on from a stored view differs:\n%s\nwant\n%s", got, want)
+			}
+		}
 	})
+}
+
+var (
+	sessionStatuses = []string{StatusRunning, StatusPaused, StatusStopped, StatusCompleted, StatusFailed}
+	stepStatuses    = []string{StepStatusPending, StepStatusInProgress, StepStatusCompleted, StepStatusFailed,
+		StepStatusPaused, StepStatusStopped, StepStatusBreaker, StepStatusWaiting}
+)
+
+// checkUsageSums checks that the session's and each step's token counts are
+// the sums of their jobs' and that costs agree to a millionth of a dollar
+// (the sums are rounded).
+func checkUsageSums(t *testing.T, i int, m *Manifest) {
+	t.Helper()
+	var total schemas.Usage
+	steps := map[string]*schemas.Usage{}
+	for _, j := range m.Jobs {
+		if j == nil || j.Usage == nil {
+			continue
+		}
+		total.InputTokens += j.Usage.InputTokens
+		total.OutputTokens += j.Usage.OutputTokens
+		total.CostUSD += j.Usage.CostUSD
+		s := steps[j.Step]
+		if s == nil {
+			s = &schemas.Usage{}
+			steps[j.Step] = s
+		}
+		s.InputTokens += j.Usage.InputTokens
+		s.OutputTokens += j.Usage.OutputTokens
+		s.CostUSD += j.Usage.CostUSD
+	}
+	same := func(got *schemas.Usage, want schemas.Usage) bool {
+		var g schemas.Usage
+		if got != nil {
+			g = *got
+		}
+		return g.InputTokens == want.InputTokens && g.OutputTokens == want.OutputTokens &&
+			math.Abs(g.CostUSD-want.CostUSD) <= 1e-6*max(1, math.Abs(want.CostUSD))
+	}
+	if !same(m.Usage, total) {
+		t.Fatalf("event %d: session usage %+v, jobs sum to %+v", i, m.Usage, total)
+	}
+	for name, sv := range m.Steps {
+		var want schemas.Usage
+		if s := steps[name]; s != nil {
+			want = *s
+		}
+		if !same(sv.Usage, want) {
+			t.Fatalf("event %d: step %s usage %+v, its jobs sum to %+v", i, name, sv.Usage, want)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +33,12 @@ var goldenCases = []struct {
 	{"other_session", otherSessionInterleaved},
 	{"before_started", beforeStarted},
 	{"only_before_started", onlyBeforeStarted},
+	{"stop_resume", stopResume},
+	{"budget_stop", budgetStop},
+	{"rate_limit_wait", rateLimitWait},
+	{"breaker_open_close", breakerOpenClose},
+	{"invalidation", invalidation},
+	{"usage_sums", usageSums},
 }
 
 func foldAll(evs []schemas.Event) *Manifest {
@@ -276,7 +283,7 @@ func TestFoldTransitions(t *testing.T) {
 		{
 			name: "unknown types and mistyped data only bump",
 			events: []schemas.Event{started(1),
-				ev(2, "loopbus.session.paused", nil),
+				ev(2, "loopbus.session.snoozed", nil),
 				ev(3, schemas.TypeJobRequested, &schemas.StepFailed{Step: "summary"}),
 				ev(4, schemas.TypeStepCompleted, (*schemas.StepCompleted)(nil))},
 			want: want{status: StatusRunning, lastSeq: 4, updatedAt: at(4), steps: map[string]stepWant{"summary": pending}},
@@ -347,7 +354,7 @@ func TestFoldTransitions(t *testing.T) {
 					m.Status, m.LastSeq, m.UpdatedAt, m.Error, m.FailedStep, len(m.Final),
 					w.status, w.lastSeq, w.updatedAt, w.errMsg, w.failedStep, w.final)
 			}
-			if m.Version != 1 || m.ContentID != sessionID || !m.CreatedAt.Equal(t0.Add(time.Duration(tc.events[0].Seq)*time.Second)) {
+			if m.Version != ManifestVersion || m.ContentID != sessionID || !m.CreatedAt.Equal(t0.Add(time.Duration(tc.events[0].Seq)*time.Second)) {
 				t.Errorf("version %d contentId %q createdAt %v", m.Version, m.ContentID, m.CreatedAt)
 			}
 			if want := []string{"summary", "ideas", "writing-kit"}; !reflect.DeepEqual(m.StepOrder, want) || len(m.Steps) != 3 {
@@ -476,5 +483,429 @@ func TestTerminal(t *testing.T) {
 	}
 	if !foldAll(happyPath()).Terminal() || !foldAll(stepExhausted()).Terminal() || foldAll(validationRetry()).Terminal() {
 		t.Error("Terminal() disagrees with the golden cases")
+	}
+}
+
+// upTo returns evs up to and including the nth (from 1) event of type typ.
+func upTo(t *testing.T, evs []schemas.Event, typ string, nth int) []schemas.Event {
+	t.Helper()
+	for i, e := range evs {
+		if e.Type == typ {
+			if nth--; nth == 0 {
+				return evs[:i+1]
+			}
+		}
+	}
+	t.Fatalf("fewer than the wanted %s events", typ)
+	return nil
+}
+
+// TestControlStates checks the states the control cases pass through on
+// the way to their goldens: each case is folded up to the nth event of a
+// type, and the session's and steps' statuses and details compared.
+func TestControlStates(t *testing.T) {
+	type step struct {
+		status     string
+		iterations int
+		hold       string // hold kind, "" for none
+	}
+	tests := []struct {
+		name   string
+		events func() []schemas.Event
+		typ    string
+		nth    int
+		status string
+		hold   string // the session's hold kind
+		steps  map[string]step
+		check  func(t *testing.T, m *Manifest)
+	}{
+		{
+			name: "a stop signal is recorded unanswered", events: stopResume, typ: schemas.TypeSignalStop, nth: 1,
+			status: StatusRunning, steps: map[string]step{"summary": {StepStatusInProgress, 1, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				if len(m.Signals) != 1 || m.Signals[0].Signal != "stop" || m.Signals[0].Reason != "wrong input file" || m.Signals[0].Result != "" {
+					t.Errorf("signals = %+v", m.Signals)
+				}
+			},
+		},
+		{
+			name: "session stopped, its job not yet cancelled", events: stopResume, typ: schemas.TypeSessionStopped, nth: 1,
+			status: StatusStopped, hold: schemas.StopSignal, steps: map[string]step{"summary": {StepStatusInProgress, 1, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				if m.Hold.Reason != "wrong input file" || !m.Hold.Since.Equal(at(6)) {
+					t.Errorf("hold = %+v", m.Hold)
+				}
+			},
+		},
+		{
+			name: "cancelled job: step pending, its iteration not used", events: stopResume, typ: schemas.TypeJobCancelled, nth: 1,
+			status: StatusStopped, hold: schemas.StopSignal, steps: map[string]step{"summary": {StepStatusPending, 0, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				sv := m.Steps["summary"]
+				if sv.CancelledJobs != 1 || sv.Worker != "" {
+					t.Errorf("summary = %+v", sv)
+				}
+				if j := m.Jobs[sv.JobID]; j == nil || j.Status != JobStatusCancelled || j.Reason != "session stopped: wrong input file" {
+					t.Errorf("job = %+v", j)
+				}
+			},
+		},
+		{
+			name: "acknowledged stop", events: stopResume, typ: schemas.TypeSignalAcknowledged, nth: 1,
+			status: StatusStopped, hold: schemas.StopSignal,
+			check: func(t *testing.T, m *Manifest) {
+				if sg := m.Signals[0]; sg.Result != schemas.SignalApplied || sg.Detail != "session stopped; 1 job cancelled" || !sg.AcknowledgedAt.Equal(at(8)) {
+					t.Errorf("signal = %+v", sg)
+				}
+			},
+		},
+		{
+			name: "the kill report counts its usage but is no feedback", events: stopResume, typ: schemas.TypeJobFailed, nth: 1,
+			status: StatusStopped, hold: schemas.StopSignal, steps: map[string]step{"summary": {StepStatusPending, 0, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				sv := m.Steps["summary"]
+				if sv.LastFeedback != "" || m.Jobs[sv.JobID].Status != JobStatusCancelled {
+					t.Errorf("summary = %+v, job %+v", sv, m.Jobs[sv.JobID])
+				}
+				want := schemas.Usage{InputTokens: 800, OutputTokens: 20, CostUSD: 0.004}
+				if m.Usage == nil || *m.Usage != want || sv.Usage == nil || *sv.Usage != want {
+					t.Errorf("usage: session %+v step %+v", m.Usage, sv.Usage)
+				}
+			},
+		},
+		{
+			name: "resumed", events: stopResume, typ: schemas.TypeSessionResumed, nth: 1,
+			status: StatusRunning, steps: map[string]step{"summary": {StepStatusPending, 0, ""}},
+		},
+		{
+			name: "the re-run carries round and hint", events: stopResume, typ: schemas.TypeJobRequested, nth: 2,
+			status: StatusRunning, steps: map[string]step{"summary": {StepStatusInProgress, 1, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				sv := m.Steps["summary"]
+				if sv.Round != 1 || sv.HintsDelivered != 1 || len(sv.Hints) != 1 || sv.Hints[0].Message != "The talk is about event sourcing, not CQRS." || sv.Hints[0].Iteration != 1 {
+					t.Errorf("summary = %+v", sv)
+				}
+			},
+		},
+		{
+			name: "paused", events: stopResume, typ: schemas.TypeSessionPaused, nth: 1,
+			status: StatusPaused, hold: schemas.PauseSignal, steps: map[string]step{"ideas": {StepStatusCompleted, 1, ""}},
+		},
+		{
+			name: "paused then resumed", events: stopResume, typ: schemas.TypeSessionResumed, nth: 2, status: StatusRunning,
+		},
+		{
+			name: "stopped by the budget", events: budgetStop, typ: schemas.TypeJobFailed, nth: 1,
+			status: StatusStopped, hold: schemas.StopBudget, steps: map[string]step{"summary": {StepStatusCompleted, 1, ""}, "ideas": {StepStatusPending, 1, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				want := schemas.Budget{MaxCostUSD: 0.10, MaxTokens: 100000, MaxIterations: 12}
+				if m.Budget == nil || *m.Budget != want {
+					t.Errorf("budget = %+v, want %+v", m.Budget, want)
+				}
+				if m.Usage == nil || m.Usage.CostUSD != 0.105 || m.Usage.InputTokens != 45000 {
+					t.Errorf("usage = %+v", m.Usage)
+				}
+			},
+		},
+		{
+			name: "waiting for the usage limit", events: rateLimitWait, typ: schemas.TypeStepWaiting, nth: 1,
+			status: StatusRunning, steps: map[string]step{"summary": {StepStatusWaiting, 1, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				if w := m.Steps["summary"].Wait; w == nil || !w.Until.Equal(resetAt) || w.Reason != "usage limit" || w.JobID != jobID(sessionID, "summary", 1) {
+					t.Errorf("wait = %+v", w)
+				}
+			},
+		},
+		{
+			name: "the next request ends the wait", events: rateLimitWait, typ: schemas.TypeJobRequested, nth: 2,
+			status: StatusRunning, steps: map[string]step{"summary": {StepStatusInProgress, 2, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				if m.Steps["summary"].Wait != nil {
+					t.Errorf("wait = %+v", m.Steps["summary"].Wait)
+				}
+			},
+		},
+		{
+			name: "breaker open", events: breakerOpenClose, typ: schemas.TypeStepPaused, nth: 1,
+			status: StatusRunning, steps: map[string]step{"ideas": {StepStatusBreaker, 2, schemas.PauseBreaker}},
+			check: func(t *testing.T, m *Manifest) {
+				if h := m.Steps["ideas"].Hold; h.Reason != "no progress: 2 iterations in a row with the same errors and unchanged outputs" {
+					t.Errorf("hold = %+v", h)
+				}
+			},
+		},
+		{
+			name: "breaker closed", events: breakerOpenClose, typ: schemas.TypeStepResumed, nth: 1,
+			status: StatusRunning, steps: map[string]step{"ideas": {StepStatusInProgress, 2, ""}},
+		},
+		{
+			name: "step paused before it ran", events: breakerOpenClose, typ: schemas.TypeStepPaused, nth: 2,
+			steps: map[string]step{"writing-kit": {StepStatusPaused, 0, schemas.PauseSignal}, "ideas": {StepStatusCompleted, 3, ""}}, status: StatusRunning,
+		},
+		{
+			name: "step resumed before it ran", events: breakerOpenClose, typ: schemas.TypeStepResumed, nth: 2,
+			steps: map[string]step{"writing-kit": {StepStatusPending, 0, ""}}, status: StatusRunning,
+		},
+		{
+			name: "step stopped while running", events: breakerOpenClose, typ: schemas.TypeStepPaused, nth: 3,
+			steps: map[string]step{"writing-kit": {StepStatusStopped, 1, schemas.PauseStop}}, status: StatusRunning,
+		},
+		{
+			name: "stopped step's job cancelled", events: breakerOpenClose, typ: schemas.TypeJobCancelled, nth: 1,
+			steps: map[string]step{"writing-kit": {StepStatusStopped, 0, schemas.PauseStop}}, status: StatusRunning,
+		},
+		{
+			name: "invalidated step starts over", events: invalidation, typ: schemas.TypeStepInvalidated, nth: 1,
+			status: StatusRunning, steps: map[string]step{"summary": {StepStatusPending, 0, ""}, "ideas": {StepStatusCompleted, 1, ""}, "writing-kit": {StepStatusInProgress, 1, ""}},
+			check: func(t *testing.T, m *Manifest) {
+				sv := m.Steps["summary"]
+				if sv.Artifacts != nil || sv.ContentHash != "" || sv.CompletedAt != nil || sv.JobID != "" || sv.Invalidations != 1 ||
+					sv.LastInvalidation == nil || sv.LastInvalidation.Cause != "summary" || sv.Usage == nil {
+					t.Errorf("summary = %+v", sv)
+				}
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := foldAll(upTo(t, tc.events(), tc.typ, tc.nth))
+			hold := ""
+			if m.Hold != nil {
+				hold = m.Hold.Kind
+			}
+			if m.Status != tc.status || hold != tc.hold {
+				t.Errorf("session status %q hold %q, want %q %q", m.Status, hold, tc.status, tc.hold)
+			}
+			for name, want := range tc.steps {
+				sv := m.Steps[name]
+				got := step{sv.Status, sv.Iterations, ""}
+				if sv.Hold != nil {
+					got.hold = sv.Hold.Kind
+				}
+				if got != want {
+					t.Errorf("step %s = %+v, want %+v", name, got, want)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, m)
+			}
+		})
+	}
+}
+
+// TestFoldFromStoredView checks what the projector relies on: folding
+// from a manifest decoded from its JSON (a stored view) gives the same
+// manifest as folding from the start, wherever the history is cut.
+func TestFoldFromStoredView(t *testing.T) {
+	for _, tc := range goldenCases {
+		t.Run(tc.name, func(t *testing.T) {
+			evs := tc.events()
+			want := marshal(t, foldAll(evs))
+			for cut := 1; cut < len(evs); cut++ {
+				m := foldAll(evs[:cut])
+				if m == nil {
+					continue
+				}
+				var stored *Manifest
+				if err := json.Unmarshal(marshal(t, m), &stored); err != nil {
+					t.Fatal(err)
+				}
+				for _, ev := range evs[cut:] {
+					stored = FoldManifest(stored, ev)
+				}
+				if got := marshal(t, stored); !bytes.Equal(got, want) {
+					t.Fatalf("cut after event %d: folding on from the stored view gives\n%s\nwant\n%s", cut, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestControlOnEndedSessions: an ended session is never held or resumed,
+// a repeated job.cancelled counts once, and a job's last usage report
+// replaces earlier ones, also when it carries none.
+func TestControlOnEndedSessions(t *testing.T) {
+	j1 := jobID(sessionID, "summary", 1)
+	tests := []struct {
+		name   string
+		events []schemas.Event
+		status string
+		check  func(t *testing.T, m *Manifest)
+	}{
+		{
+			name: "completed session is not paused",
+			events: []schemas.Event{started(1), ev(2, schemas.TypeSessionCompleted, &schemas.SessionCompleted{}),
+				ev(3, schemas.TypeSessionPaused, &schemas.SessionPaused{Reason: "late"}), ev(4, schemas.TypeSessionStopped, nil)},
+			status: StatusCompleted,
+			check: func(t *testing.T, m *Manifest) {
+				if m.Hold != nil {
+					t.Errorf("hold = %+v", m.Hold)
+				}
+			},
+		},
+		{
+			name: "failed session is not resumed",
+			events: []schemas.Event{started(1), ev(2, schemas.TypeSessionFailed, &schemas.SessionFailed{Reason: "x"}),
+				ev(3, schemas.TypeSessionResumed, &schemas.SessionResumed{})},
+			status: StatusFailed,
+		},
+		{
+			name: "ending a stopped session clears the hold",
+			events: []schemas.Event{started(1), ev(2, schemas.TypeSessionStopped, &schemas.SessionStopped{Kind: "budget", Reason: "r"}),
+				ev(3, schemas.TypeSessionFailed, &schemas.SessionFailed{Reason: "x"})},
+			status: StatusFailed,
+			check: func(t *testing.T, m *Manifest) {
+				if m.Hold != nil {
+					t.Errorf("hold = %+v", m.Hold)
+				}
+			},
+		},
+		{
+			name:   "stopped without data is a signal stop",
+			events: []schemas.Event{started(1), ev(2, schemas.TypeSessionStopped, nil)},
+			status: StatusStopped,
+			check: func(t *testing.T, m *Manifest) {
+				if m.Hold == nil || m.Hold.Kind != schemas.StopSignal {
+					t.Errorf("hold = %+v", m.Hold)
+				}
+			},
+		},
+		{
+			name: "a job cancelled twice counts once",
+			events: []schemas.Event{started(1), requested(2, "summary", 1),
+				ev(3, schemas.TypeJobCancelled, &schemas.JobCancelled{JobID: j1, Step: "summary", Iteration: 1, Reason: "a"}),
+				ev(4, schemas.TypeJobCancelled, &schemas.JobCancelled{JobID: j1, Step: "summary", Iteration: 1, Reason: "b"})},
+			status: StatusRunning,
+			check: func(t *testing.T, m *Manifest) {
+				if sv := m.Steps["summary"]; sv.CancelledJobs != 1 || sv.Status != StepStatusPending || m.Jobs[j1].Reason != "a" {
+					t.Errorf("summary = %+v job %+v", sv, m.Jobs[j1])
+				}
+			},
+		},
+		{
+			name: "a completed step is not held or cancelled back to pending",
+			events: []schemas.Event{started(1), requested(2, "summary", 1),
+				ev(3, schemas.TypeStepCompleted, &schemas.StepCompleted{Step: "summary", JobID: j1, Iterations: 1}),
+				ev(4, schemas.TypeStepPaused, &schemas.StepPaused{Step: "summary", Kind: schemas.PauseSignal}),
+				ev(5, schemas.TypeJobCancelled, &schemas.JobCancelled{JobID: j1, Step: "summary", Iteration: 1}),
+				ev(6, schemas.TypeStepWaiting, &schemas.StepWaiting{Step: "summary", Until: resetAt})},
+			status: StatusRunning,
+			check: func(t *testing.T, m *Manifest) {
+				if sv := m.Steps["summary"]; sv.Status != StepStatusCompleted || sv.Iterations != 1 {
+					t.Errorf("summary = %+v", sv)
+				}
+			},
+		},
+		{
+			name: "the last usage report wins, also an empty one",
+			events: []schemas.Event{started(1), requested(2, "summary", 1),
+				ev(3, schemas.TypeJobCompleted, &schemas.JobCompleted{JobID: j1, Step: "summary", Usage: &schemas.Usage{InputTokens: 9, CostUSD: 1}}),
+				ev(4, schemas.TypeJobFailed, &schemas.JobFailed{JobID: j1, Step: "summary"})},
+			status: StatusRunning,
+			check: func(t *testing.T, m *Manifest) {
+				if m.Usage != nil || m.Steps["summary"].Usage != nil || m.Jobs[j1].Usage != nil || m.Jobs[j1].Status != JobStatusFailed {
+					t.Errorf("usage %+v step %+v job %+v", m.Usage, m.Steps["summary"].Usage, m.Jobs[j1])
+				}
+			},
+		},
+		{
+			name: "a report of an unrequested job of a pipeline step counts; of another step not",
+			events: []schemas.Event{started(1),
+				ev(2, schemas.TypeJobCompleted, &schemas.JobCompleted{JobID: "x", Step: "ideas", Iteration: 2, Usage: &schemas.Usage{OutputTokens: 5}}),
+				ev(3, schemas.TypeJobCompleted, &schemas.JobCompleted{JobID: "y", Step: "publish", Usage: &schemas.Usage{OutputTokens: 7}})},
+			status: StatusRunning,
+			check: func(t *testing.T, m *Manifest) {
+				if len(m.Jobs) != 1 || m.Jobs["x"].Iteration != 2 || m.Usage == nil || m.Usage.OutputTokens != 5 || m.Steps["ideas"].Usage.OutputTokens != 5 {
+					t.Errorf("jobs %+v usage %+v", m.Jobs, m.Usage)
+				}
+			},
+		},
+		{
+			name: "signals beyond MaxSignals drop the oldest; an answer to a dropped one is kept",
+			events: func() []schemas.Event {
+				evs := []schemas.Event{started(1)}
+				for i := range MaxSignals + 3 {
+					e := ev(uint64(2+i), schemas.TypeSignalInfo, &schemas.Signal{Target: sessionID, Message: "m" + strconv.Itoa(i)})
+					e.ID = "sig-" + strconv.Itoa(i)
+					evs = append(evs, e)
+				}
+				return append(evs, ev(100, schemas.TypeSignalAcknowledged, &schemas.SignalAcknowledged{SignalID: "sig-0", Signal: "info", Result: schemas.SignalIgnored}))
+			}(),
+			status: StatusRunning,
+			check: func(t *testing.T, m *Manifest) {
+				if len(m.Signals) != MaxSignals || m.Signals[0].ID != "sig-4" || m.Signals[MaxSignals-1].ID != "sig-0" || m.Signals[MaxSignals-1].Result != schemas.SignalIgnored {
+					t.Errorf("%d signals: first %+v last %+v", len(m.Signals), m.Signals[0], m.Signals[len(m.Signals)-1])
+				}
+			},
+		},
+		{
+			name: "hints beyond MaxHints drop the oldest",
+			events: func() []schemas.Event {
+				hints := make([]string, MaxHints+2)
+				for i := range hints {
+					hints[i] = "hint " + strconv.Itoa(i)
+				}
+				return []schemas.Event{started(1), ev(2, schemas.TypeJobRequested, &schemas.JobRequested{JobID: j1, Step: "summary", Iteration: 1, Hints: hints})}
+			}(),
+			status: StatusRunning,
+			check: func(t *testing.T, m *Manifest) {
+				sv := m.Steps["summary"]
+				if sv.HintsDelivered != MaxHints+2 || len(sv.Hints) != MaxHints || sv.Hints[0].Message != "hint 2" {
+					t.Errorf("hints delivered %d kept %d first %+v", sv.HintsDelivered, len(sv.Hints), sv.Hints[0])
+				}
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := foldAll(tc.events)
+			if m.Status != tc.status {
+				t.Errorf("status %q, want %q", m.Status, tc.status)
+			}
+			if tc.check != nil {
+				tc.check(t, m)
+			}
+		})
+	}
+}
+
+func TestCloneIsDeepForControlFields(t *testing.T) {
+	tests := []struct {
+		name   string
+		events func() []schemas.Event
+		mutate func(c *Manifest)
+	}{
+		{"budget, hold, usage and jobs", budgetStop, func(c *Manifest) {
+			c.Hold.Reason, c.Budget.MaxCostUSD, c.Usage.CostUSD = "x", 9, 9
+			c.Steps["ideas"].Usage.CostUSD = 9
+			for _, j := range c.Jobs {
+				j.Status = "x"
+				if j.Usage != nil {
+					j.Usage.CostUSD = 9
+				}
+			}
+			c.Jobs["new"] = &JobView{}
+		}},
+		{"signals and hints", stopResume, func(c *Manifest) {
+			c.Signals[0].Result = "x"
+			c.Steps["summary"].Hints[0].Message = "x"
+		}},
+		{"wait", rateLimitWait, func(c *Manifest) { c.Steps["ideas"].Wait.Reason = "x" }},
+		{"step hold", breakerOpenClose, func(c *Manifest) { c.Steps["writing-kit"].Hold.Reason = "x" }},
+		{"invalidation", invalidation, func(c *Manifest) { c.Steps["summary"].LastInvalidation.Cause = "x" }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := foldAll(tc.events())
+			c := m.Clone()
+			if !reflect.DeepEqual(c, m) {
+				t.Fatal("clone differs from the original")
+			}
+			orig := marshal(t, m)
+			tc.mutate(c)
+			if !bytes.Equal(marshal(t, m), orig) {
+				t.Error("changing the clone changed the original")
+			}
+		})
 	}
 }

@@ -1,6 +1,10 @@
 package projections
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/loopbus/loopbus/schemas"
+)
 
 // Clone returns a deep copy of m that shares no memory with it, so the copy
 // stays unchanged while FoldManifest mutates m (and vice versa). Clone of a
@@ -16,6 +20,21 @@ func (m *Manifest) Clone() *Manifest {
 	}
 	c.StepOrder = slices.Clone(m.StepOrder)
 	c.Final = slices.Clone(m.Final)
+	c.Hold = clonePtr(m.Hold)
+	c.Budget = clonePtr(m.Budget)
+	c.Usage = clonePtr(m.Usage)
+	c.Signals = slices.Clone(m.Signals)
+	if m.Jobs != nil {
+		c.Jobs = make(map[string]*JobView, len(m.Jobs))
+		for id, j := range m.Jobs {
+			if j != nil {
+				jc := *j
+				jc.Usage = clonePtr(j.Usage)
+				j = &jc
+			}
+			c.Jobs[id] = j
+		}
+	}
 	if m.Steps != nil {
 		c.Steps = make(map[string]*StepView, len(m.Steps))
 		for name, sv := range m.Steps {
@@ -37,13 +56,36 @@ func (s *StepView) Clone() *StepView {
 	}
 	c.Requires = slices.Clone(s.Requires)
 	c.Artifacts = slices.Clone(s.Artifacts)
+	c.Hold = clonePtr(s.Hold)
+	c.Wait = clonePtr(s.Wait)
+	c.Usage = clonePtr(s.Usage)
+	c.LastInvalidation = clonePtr(s.LastInvalidation)
+	c.Hints = slices.Clone(s.Hints)
+	return &c
+}
+
+// clonePtr returns a copy of *p, or nil for nil. T must hold no pointers,
+// slices or maps.
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	c := *p
 	return &c
 }
 
 // Terminal reports whether the session has ended, completed or failed. A
-// nil manifest (session not started) is not terminal.
+// nil manifest (session not started) is not terminal; nor is a paused or
+// stopped session, which may be resumed.
 func (m *Manifest) Terminal() bool {
 	return m != nil && (m.Status == StatusCompleted || m.Status == StatusFailed)
+}
+
+// StoppedByBudget reports whether the session stopped because it reached its
+// budget: it does not move on by itself (resume is refused while the budget
+// is spent), so followers stop following.
+func (m *Manifest) StoppedByBudget() bool {
+	return m != nil && m.Status == StatusStopped && m.Hold != nil && m.Hold.Kind == schemas.StopBudget
 }
 
 // ManifestKey is the views-bucket key of a session's manifest.

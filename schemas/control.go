@@ -157,20 +157,22 @@ type Budget struct {
 // Tighter returns the bound of both budgets: for each field, the smaller
 // non-zero value.
 func (b Budget) Tighter(o Budget) Budget {
-	minNZ := func(x, y float64) float64 {
-		switch {
-		case x == 0:
-			return y
-		case y == 0:
-			return x
-		}
-		return min(x, y)
-	}
 	return Budget{
-		MaxCostUSD:    minNZ(b.MaxCostUSD, o.MaxCostUSD),
-		MaxTokens:     int64(minNZ(float64(b.MaxTokens), float64(o.MaxTokens))),
-		MaxIterations: int(minNZ(float64(b.MaxIterations), float64(o.MaxIterations))),
+		MaxCostUSD:    tighter(b.MaxCostUSD, o.MaxCostUSD),
+		MaxTokens:     tighter(b.MaxTokens, o.MaxTokens),
+		MaxIterations: tighter(b.MaxIterations, o.MaxIterations),
 	}
+}
+
+// tighter returns the smaller of x and y, where zero means no bound.
+func tighter[T int | int64 | float64](x, y T) T {
+	switch {
+	case x == 0:
+		return y
+	case y == 0:
+		return x
+	}
+	return min(x, y)
 }
 
 // Breaker sets the circuit breaker's thresholds; zero fields take the

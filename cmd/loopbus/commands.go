@@ -24,6 +24,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	var input, session string
 	var detach, asJSON bool
 	var workers int
+	var budget schemas.Budget
 	cmd := &cobra.Command{
 		Use:   "run PIPELINE --input FILE",
 		Short: "Start a session of a pipeline and follow it to the end",
@@ -34,6 +35,10 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if input == "" {
 				return usageErr(errors.New("run: --input FILE is required"))
+			}
+			sb, err := sessionBudget(cmd, budget)
+			if err != nil {
+				return usageErr(err)
 			}
 			p, err := pipeline.Load(args[0])
 			if err != nil {
@@ -47,7 +52,7 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			} else if err := schemas.ValidateSessionID(session); err != nil {
 				return usageErr(err)
 			}
-			return g.submitAndFollow(cmd.Context(), p, input, session, detach, asJSON, workers)
+			return g.submitAndFollow(cmd.Context(), p, input, session, sb, detach, asJSON, workers)
 		},
 	}
 	cmd.Flags().StringVar(&input, "input", "", "input file (required)")
@@ -55,10 +60,38 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 	cmd.Flags().BoolVar(&detach, "detach", false, "submit and exit without following (needs a running server: serve, or --nats)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final manifest as JSON on stdout")
 	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the in-process worker (embedded mode)")
+	cmd.Flags().Float64Var(&budget.MaxCostUSD, "max-cost-usd", 0, "budget: stop the session once its agents have cost this many US dollars (with the pipeline's budget, the tighter bound applies)")
+	cmd.Flags().Int64Var(&budget.MaxTokens, "max-tokens", 0, "budget: stop the session once its agents have used this many tokens (input plus output)")
+	cmd.Flags().IntVar(&budget.MaxIterations, "max-iterations", 0, "budget: stop the session after this many agent runs in all")
 	return cmd
 }
 
-func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input, session string, detach, asJSON bool, workers int) error {
+// sessionBudget returns the budget the run flags --max-cost-usd,
+// --max-tokens and --max-iterations set: nil when none was given; each one
+// given must be positive.
+func sessionBudget(cmd *cobra.Command, b schemas.Budget) (*schemas.Budget, error) {
+	for _, f := range []struct {
+		name string
+		ok   bool
+	}{
+		{"max-cost-usd", b.MaxCostUSD > 0},
+		{"max-tokens", b.MaxTokens > 0},
+		{"max-iterations", b.MaxIterations > 0},
+	} {
+		if fl := cmd.Flags().Lookup(f.name); fl.Changed && !f.ok {
+			return nil, fmt.Errorf("run: --%s must be > 0, got %s", f.name, fl.Value)
+		}
+	}
+	if b == (schemas.Budget{}) {
+		return nil, nil
+	}
+	if err := client.CheckBudget(b); err != nil {
+		return nil, fmt.Errorf("run: %w", err)
+	}
+	return &b, nil
+}
+
+func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input, session string, budget *schemas.Budget, detach, asJSON bool, workers int) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -73,7 +106,7 @@ func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input
 	if detach && c.ownsServer() {
 		return usageErr(errors.New("run --detach: no loopbus server runs on the data directory, so nothing would work on the session after this command exits; start 'loopbus serve' first or pass --nats"))
 	}
-	if _, err := client.Submit(ctx, c.bus, p, input, session, time.Now()); err != nil {
+	if _, err := client.SubmitWithBudget(ctx, c.bus, p, input, session, time.Now(), budget); err != nil {
 		if errors.Is(err, client.ErrBadInput) || errors.Is(err, client.ErrSessionExists) {
 			return usageErr(err)
 		}
@@ -96,20 +129,28 @@ func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input
 func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bool, workers int, log zerolog.Logger) error {
 	var group run.Group
 	if g.natsURL == "" {
-		if err := addServices(&group, ctx, c.bus, serviceSet{orchestrator: true, validator: true, projector: true, workers: workers}, log); err != nil {
+		// The in-process worker runs every lane (nothing else would run the
+		// rest) and labels tools with the configured lane table.
+		_, table, err := workerLaneSettings(nil)
+		if err != nil {
+			return err
+		}
+		set := serviceSet{orchestrator: true, validator: true, projector: true, workers: workers, worker: agentworker.Config{LaneTable: table}}
+		if err := addServices(&group, ctx, c.bus, set, log); err != nil {
 			return err
 		}
 	}
 	addSignals(&group, ctx)
 	var final *projections.Manifest
 	wctx, wcancel := context.WithCancel(ctx)
-	progress := client.NewProgress(g.stderr)
+	view, stopView := followView(g.stderr)
 	group.Add(func() error {
-		m, err := client.Watch(wctx, c.bus, session, progress.Event)
+		m, err := client.Watch(wctx, c.bus, session, view)
 		final = m
 		return err
 	}, func(error) { wcancel() })
 	err := group.Run()
+	stopView()
 	switch {
 	case isSignal(err):
 		fmt.Fprintf(g.stderr, "interrupted; session %s is not lost: 'loopbus wait %s' resumes following it (and, in embedded mode, running it)\n", session, session)
@@ -126,11 +167,7 @@ func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bo
 			return err
 		}
 	}
-	if final.Status == projections.StatusFailed {
-		fmt.Fprintf(g.stderr, "session %s failed: %s\n", session, final.Error)
-		return errFailed
-	}
-	return nil
+	return sessionEnd(g.stderr, final)
 }
 
 func newWaitCmd(g *globals) *cobra.Command {
@@ -191,7 +228,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return client.PrintManifest(g.stdout, m, asJSON)
+				return printManifest(g.stdout, m, asJSON, time.Now())
 			})
 		},
 	}
@@ -222,7 +259,7 @@ func newReplayCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return client.PrintManifest(g.stdout, m, asJSON)
+				return printManifest(g.stdout, m, asJSON, time.Now())
 			})
 		},
 	}
@@ -322,9 +359,13 @@ func newServeCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := g.logger(zerolog.InfoLevel)
+			wcfg := agentworker.Config{KeepWorkspaces: keep, AckWait: ackWait, MaxOutputBytes: maxOutput}
+			var err error
+			if wcfg.Lanes, wcfg.LaneTable, err = workerLaneSettings(cmd.Flags().Lookup("lanes")); err != nil {
+				return err
+			}
 			var srv *bus.Embedded
 			if g.natsURL == "" {
-				var err error
 				srv, err = bus.StartEmbedded(g.embeddedConfig(listen), log)
 				if err != nil {
 					return err
@@ -340,7 +381,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			defer c.bus.Close()
 			var group run.Group
 			if err := addServices(&group, ctx, c.bus, serviceSet{orchestrator: true, validator: true, projector: true, workers: workers,
-				worker: agentworker.Config{KeepWorkspaces: keep, AckWait: ackWait, MaxOutputBytes: maxOutput}, secretEnv: secretEnv, validatorAckWait: ackWait}, log); err != nil {
+				worker: wcfg, secretEnv: secretEnv, validatorAckWait: ackWait}, log); err != nil {
 				return err
 			}
 			addSignals(&group, ctx)
@@ -356,6 +397,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job (or job completion) whose worker (or validator) sends no heartbeat this long goes to another one")
 	cmd.Flags().Int64Var(&maxOutput, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
 	cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
+	cmd.Flags().String("lanes", "", "tool lanes the worker runs, comma-separated: no-net, net, heavy (default all; also worker-lanes in config files, "+workerLanesEnv+")")
 	return cmd
 }
 
@@ -464,6 +506,10 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 		Short: "Run an agent worker; start several to add capacity",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if cfg.Lanes, cfg.LaneTable, err = workerLaneSettings(cmd.Flags().Lookup("lanes")); err != nil {
+				return err
+			}
 			return g.runServices(cmd.Context(), "agentworker", serviceSet{workers: max(cfg.Concurrency, 1), worker: cfg})
 		},
 	}
@@ -474,6 +520,7 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")
 	cmd.Flags().Int64Var(&cfg.MaxOutputBytes, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
 	cmd.Flags().StringArrayVar(&cfg.SecretEnv, "secret-env", nil, secretEnvUsage)
+	cmd.Flags().String("lanes", "", "tool lanes this worker runs, comma-separated: no-net, net, heavy (default all; also worker-lanes in config files, "+workerLanesEnv+"); jobs needing others are left to other workers")
 	return cmd
 }
 

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"github.com/goccy/go-yaml"
+	"github.com/loopbus/loopbus/internal/agentcli"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -31,27 +33,156 @@ func configFiles() []string {
 	return append(files, ".loopbus.yaml")
 }
 
-// applyLayers fills every flag the user did not set on the command line
-// from, in rising precedence, the user config file, the project config file
-// and LOOPBUS_* environment variables. Unknown keys in a file are errors.
-func applyLayers(cmd *cobra.Command) error {
-	fromFiles := map[string]string{}
-	where := map[string]string{}
+// Settings of config files that are not global flags.
+const (
+	// lanesKey maps tool names to lanes (agentcli.LaneTable); the files'
+	// entries are merged, the project file's winning.
+	lanesKey = "lanes"
+	// workerLanesKey is the agentworker's --lanes.
+	workerLanesKey = "worker-lanes"
+	// workerLanesEnv is the agentworker's --lanes in the environment.
+	workerLanesEnv = "LOOPBUS_WORKER_LANES"
+)
+
+// fileSettings are the settings of the config files that are not global
+// flags, merged in rising precedence.
+type fileSettings struct {
+	// lanes is the lane table (tool → lane) over agentcli.DefaultLanes.
+	lanes map[string]string
+	// workerLanes is worker-lanes as a comma-separated list and the file
+	// that set it; empty when none did.
+	workerLanes, workerLanesFile string
+}
+
+// readConfigFiles reads every config file that exists, lowest precedence
+// first, and returns each one's settings, checking those that are not
+// global flags (lanes, worker-lanes): an error names the file and the key.
+func readConfigFiles() (files []string, settings []map[string]any, fs fileSettings, err error) {
+	fs.lanes = map[string]string{}
 	for _, f := range configFiles() {
 		raw, err := os.ReadFile(f)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return usageErr(fmt.Errorf("config %s: %w", f, err))
+			return nil, nil, fs, usageErr(fmt.Errorf("config %s: %w", f, err))
 		}
 		var m map[string]any
 		if err := yaml.Unmarshal(raw, &m); err != nil {
-			return usageErr(fmt.Errorf("config %s: %v", f, err))
+			return nil, nil, fs, usageErr(fmt.Errorf("config %s: %v", f, err))
 		}
-		for k, v := range m {
+		if v, ok := m[lanesKey]; ok {
+			if err := mergeLanes(fs.lanes, v); err != nil {
+				return nil, nil, fs, usageErr(fmt.Errorf("config %s: %w", f, err))
+			}
+		}
+		if v, ok := m[workerLanesKey]; ok {
+			list, err := laneList(v)
+			if err != nil {
+				return nil, nil, fs, usageErr(fmt.Errorf("config %s: %s: %w", f, workerLanesKey, err))
+			}
+			fs.workerLanes, fs.workerLanesFile = list, f
+		}
+		files, settings = append(files, f), append(settings, m)
+	}
+	return files, settings, fs, nil
+}
+
+// mergeLanes adds a lanes mapping (tool name → lane) to table, checking
+// every entry.
+func mergeLanes(table map[string]string, v any) error {
+	if v == nil {
+		return nil // "lanes:" with nothing under it
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return fmt.Errorf("%s: want a mapping of tool name to lane, e.g. \"Bash: heavy\"", lanesKey)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // the first error is the same every time
+	for _, k := range keys {
+		lane, ok := m[k].(string)
+		if !ok {
+			return fmt.Errorf("%s.%s: want a lane name (%s), got %v", lanesKey, k, strings.Join(agentcli.AllLanes(), ", "), m[k])
+		}
+		if _, err := agentcli.NewLaneTable(map[string]string{k: lane}); err != nil {
+			return err // a *agentcli.LaneKeyError: "lanes.KEY: …"
+		}
+		table[k] = lane
+	}
+	return nil
+}
+
+// laneList checks a list of lanes given as a YAML list or a
+// comma-separated string and returns it comma-separated.
+func laneList(v any) (string, error) {
+	var parts []string
+	switch v := v.(type) {
+	case string:
+		parts = []string{v}
+	case []any:
+		for _, e := range v {
+			s, ok := e.(string)
+			if !ok {
+				return "", fmt.Errorf("want lane names, got %v", e)
+			}
+			parts = append(parts, s)
+		}
+	case nil:
+	default:
+		return "", fmt.Errorf("want a list of lanes (%s), got %v", strings.Join(agentcli.AllLanes(), ", "), v)
+	}
+	list := strings.Join(parts, ",")
+	if _, err := agentcli.ParseLaneList(list); err != nil {
+		return "", err
+	}
+	return list, nil
+}
+
+// workerLaneSettings returns the lanes an agent worker runs (nil: all) and
+// its lane table: the lanes from, in rising precedence, worker-lanes in the
+// config files, LOOPBUS_WORKER_LANES and the --lanes flag (lanesFlag, when
+// set on the command line); the table from the files' lanes.
+func workerLaneSettings(lanesFlag *pflag.Flag) ([]string, map[string]string, error) {
+	_, _, fs, err := readConfigFiles()
+	if err != nil {
+		return nil, nil, err
+	}
+	val, src := fs.workerLanes, "config "+fs.workerLanesFile+": "+workerLanesKey
+	if v, ok := os.LookupEnv(workerLanesEnv); ok {
+		val, src = v, workerLanesEnv
+	}
+	if lanesFlag != nil && lanesFlag.Changed {
+		val, src = lanesFlag.Value.String(), "--"+lanesFlag.Name
+	}
+	lanes, err := agentcli.ParseLaneList(val)
+	if err != nil {
+		return nil, nil, usageErr(fmt.Errorf("%s: %w", src, err))
+	}
+	return lanes, fs.lanes, nil
+}
+
+// applyLayers fills every flag the user did not set on the command line
+// from, in rising precedence, the user config file, the project config file
+// and LOOPBUS_* environment variables. Unknown keys in a file are errors;
+// so are bad lanes and worker-lanes settings (see workerLaneSettings).
+func applyLayers(cmd *cobra.Command) error {
+	fromFiles := map[string]string{}
+	where := map[string]string{}
+	files, settings, _, err := readConfigFiles()
+	if err != nil {
+		return err
+	}
+	for i, f := range files {
+		for k, v := range settings[i] {
+			if k == lanesKey || k == workerLanesKey {
+				continue
+			}
 			if cmd.Root().PersistentFlags().Lookup(k) == nil {
-				return usageErr(fmt.Errorf("config %s: unknown setting %q (settings are global flag names, e.g. nats, data, log-level)", f, k))
+				return usageErr(fmt.Errorf("config %s: unknown setting %q (settings are global flag names, e.g. nats, data, log-level, and lanes, worker-lanes)", f, k))
 			}
 			fromFiles[k] = fmt.Sprint(v)
 			where[k] = f

@@ -31,6 +31,7 @@ const (
 	exitOK          = 0
 	exitFailed      = 1
 	exitUsage       = 2
+	exitStopped     = 3
 	exitInterrupted = 130
 	defaultPort     = "127.0.0.1:4222"
 )
@@ -46,6 +47,10 @@ func usageErr(err error) error { return usageError{err} }
 // errFailed exits with code 1 after the reason was already printed (a
 // failed session, failed doctor checks).
 var errFailed = errors.New("failed")
+
+// errStopped exits with code 3 after the reason was already printed (a
+// session stopped by its budget).
+var errStopped = errors.New("stopped")
 
 // errInterrupted exits with code 130 after a signal.
 var errInterrupted = errors.New("interrupted")
@@ -67,6 +72,8 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	case errors.Is(err, errFailed):
 		return exitFailed
+	case errors.Is(err, errStopped):
+		return exitStopped
 	case errors.Is(err, errInterrupted):
 		return exitInterrupted
 	case errors.As(err, &ue) || !g.started:
@@ -163,7 +170,7 @@ server another loopbus command already runs there).`,
 	root.AddCommand(
 		newRunCmd(g), newWaitCmd(g), newStatusCmd(g), newEventsCmd(g), newReplayCmd(g), newExportCmd(g),
 		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
-		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g),
+		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g), newSignalCmd(g), newWatchCmd(g),
 	)
 	return root
 }

@@ -15,9 +15,9 @@ const (
 	// KindUnknown is a line of a type we do not know (or malformed JSON): it is
 	// ignored and counted by Raw, never fatal.
 	KindUnknown Kind = iota
-	// KindToolStart is a tool call that began (ToolID, Name, Lane, Input).
+	// KindToolStart is a tool call that began (ToolID, Name, Category, Input).
 	KindToolStart
-	// KindToolEnd is a tool call that ended (ToolID, Name, Lane, Output,
+	// KindToolEnd is a tool call that ended (ToolID, Name, Category, Output,
 	// IsError, Duration if known).
 	KindToolEnd
 	// KindMessage is assistant/agent text (Text).
@@ -36,10 +36,13 @@ const (
 // Observation is what one line of an agent CLI's JSON stream means to loopbus.
 // Only the fields listed for its Kind are meaningful.
 type Observation struct {
-	Kind     Kind
-	ToolID   string
-	Name     string
-	Lane     string // a short category, e.g. "shell", "edit", "mcp", "web", "read"
+	Kind   Kind
+	ToolID string
+	Name   string
+	// Category is what kind of tool it is: "shell", "edit", "read", "web",
+	// "mcp", "agent" or "other"; a LaneTable maps tools without an entry
+	// to a lane by it.
+	Category string
 	Input    string // summary, at most MaxSummary bytes
 	Output   string // summary, at most MaxSummary bytes
 	IsError  bool

@@ -61,10 +61,12 @@ func NewClaude(opts ...ClaudeOption) Parser {
 
 // ClaudeArgv returns the command line for a headless Claude Code run whose
 // prompt is written to stdin: claude -p --output-format stream-json --verbose
-// [--model M] [--permission-mode P] [--allowedTools a,b] extra...
-// allowedTools is passed as one comma-separated value because the flag is
-// variadic and would otherwise swallow following positional arguments.
-func ClaudeArgv(model, permissionMode string, allowedTools, extraArgs []string) []string {
+// [--model M] [--permission-mode P] [--allowedTools a,b]
+// [--disallowedTools c,d] extra...
+// The tool lists are passed as one comma-separated value each because the
+// flags are variadic and would otherwise swallow following positional
+// arguments.
+func ClaudeArgv(model, permissionMode string, allowedTools, disallowedTools, extraArgs []string) []string {
 	argv := []string{"claude", "-p", "--output-format", "stream-json", "--verbose"}
 	if model != "" {
 		argv = append(argv, "--model", model)
@@ -75,12 +77,15 @@ func ClaudeArgv(model, permissionMode string, allowedTools, extraArgs []string) 
 	if len(allowedTools) > 0 {
 		argv = append(argv, "--allowedTools", strings.Join(allowedTools, ","))
 	}
+	if len(disallowedTools) > 0 {
+		argv = append(argv, "--disallowedTools", strings.Join(disallowedTools, ","))
+	}
 	return append(argv, extraArgs...)
 }
 
 type claudeTool struct {
-	name, lane string
-	started    time.Time
+	name, category string
+	started        time.Time
 }
 
 type claudeParser struct {
@@ -201,10 +206,10 @@ func (p *claudeParser) assistant(l claudeLine, raw string) []Observation {
 			if now.IsZero() {
 				now = p.now()
 			}
-			lane := ClaudeLane(b.Name)
-			p.tools[b.ID] = claudeTool{name: b.Name, lane: lane, started: now}
+			category := ClaudeCategory(b.Name)
+			p.tools[b.ID] = claudeTool{name: b.Name, category: category, started: now}
 			obs = append(obs, Observation{
-				Kind: KindToolStart, ToolID: b.ID, Name: b.Name, Lane: lane,
+				Kind: KindToolStart, ToolID: b.ID, Name: b.Name, Category: category,
 				Input: truncate(claudeCompact(b.Input)), Raw: raw,
 			})
 		}
@@ -232,7 +237,7 @@ func (p *claudeParser) user(l claudeLine, raw string) []Observation {
 			Output: truncate(claudeResultText(b.Content)), Raw: raw,
 		}
 		if t, ok := p.tools[b.ToolUseID]; ok {
-			o.Name, o.Lane = t.name, t.lane
+			o.Name, o.Category = t.name, t.category
 			if d := now.Sub(t.started); d > 0 {
 				o.Duration = d
 			}
@@ -294,8 +299,9 @@ func (p *claudeParser) rateLimit(l claudeLine, raw string) []Observation {
 	return []Observation{o}
 }
 
-// ClaudeLane maps a Claude Code tool name to a short category.
-func ClaudeLane(name string) string {
+// ClaudeCategory maps a Claude Code tool name to its category (see
+// Observation.Category).
+func ClaudeCategory(name string) string {
 	switch name {
 	case "Bash", "BashOutput", "KillShell", "KillBash":
 		return "shell"

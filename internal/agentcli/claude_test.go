@@ -64,32 +64,32 @@ func TestClaudeLine(t *testing.T) {
 		{
 			name: "bash tool_use",
 			line: bashUse,
-			want: []Observation{{Kind: KindToolStart, ToolID: "toolu_1", Name: "Bash", Lane: "shell", Input: `{"command":"ls -la"}`, Raw: "assistant"}},
+			want: []Observation{{Kind: KindToolStart, ToolID: "toolu_1", Name: "Bash", Category: "shell", Input: `{"command":"ls -la"}`, Raw: "assistant"}},
 		},
 		{
 			name: "text and tool_use in one message",
 			line: `{"type":"assistant","message":{"content":[{"type":"text","text":"Reading."},{"type":"tool_use","id":"toolu_2","name":"Read","input":{"file_path":"/a"}}]}}`,
 			want: []Observation{
 				{Kind: KindMessage, Text: "Reading.", Raw: "assistant"},
-				{Kind: KindToolStart, ToolID: "toolu_2", Name: "Read", Lane: "read", Input: `{"file_path":"/a"}`, Raw: "assistant"},
+				{Kind: KindToolStart, ToolID: "toolu_2", Name: "Read", Category: "read", Input: `{"file_path":"/a"}`, Raw: "assistant"},
 			},
 		},
 		{
 			name: "tool_use input truncated",
 			line: `{"type":"assistant","message":{"content":[{"type":"tool_use","id":"toolu_3","name":"Write","input":{"content":"` + strings.Repeat("x", 3000) + `"}}]}}`,
-			want: []Observation{{Kind: KindToolStart, ToolID: "toolu_3", Name: "Write", Lane: "edit", Input: (`{"content":"` + strings.Repeat("x", 3000))[:MaxSummary], Raw: "assistant"}},
+			want: []Observation{{Kind: KindToolStart, ToolID: "toolu_3", Name: "Write", Category: "edit", Input: (`{"content":"` + strings.Repeat("x", 3000))[:MaxSummary], Raw: "assistant"}},
 		},
 		{
 			name:  "tool_result string content matched to its start",
 			prior: []string{bashUse},
 			line:  `{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_1","type":"tool_result","content":"total 2\nREADME.md","is_error":false}]}}`,
-			want:  []Observation{{Kind: KindToolEnd, ToolID: "toolu_1", Name: "Bash", Lane: "shell", Output: "total 2\nREADME.md", Duration: time.Second, Raw: "user"}},
+			want:  []Observation{{Kind: KindToolEnd, ToolID: "toolu_1", Name: "Bash", Category: "shell", Output: "total 2\nREADME.md", Duration: time.Second, Raw: "user"}},
 		},
 		{
 			name:  "tool_result array content with error",
 			prior: []string{bashUse},
 			line:  `{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_1","type":"tool_result","content":[{"type":"text","text":"exit 2"},{"type":"image","source":{}}],"is_error":true}]}}`,
-			want:  []Observation{{Kind: KindToolEnd, ToolID: "toolu_1", Name: "Bash", Lane: "shell", Output: "exit 2\n[image]", IsError: true, Duration: time.Second, Raw: "user"}},
+			want:  []Observation{{Kind: KindToolEnd, ToolID: "toolu_1", Name: "Bash", Category: "shell", Output: "exit 2\n[image]", IsError: true, Duration: time.Second, Raw: "user"}},
 		},
 		{
 			name: "tool_result without a start",
@@ -226,7 +226,7 @@ func TestClaudeLine(t *testing.T) {
 	}
 }
 
-func TestClaudeLane(t *testing.T) {
+func TestClaudeCategory(t *testing.T) {
 	tests := []struct{ name, want string }{
 		{"Bash", "shell"}, {"Edit", "edit"}, {"Write", "edit"}, {"MultiEdit", "edit"},
 		{"NotebookEdit", "edit"}, {"Read", "read"}, {"Glob", "read"}, {"Grep", "read"},
@@ -235,8 +235,8 @@ func TestClaudeLane(t *testing.T) {
 		{"TodoWrite", "other"}, {"", "other"},
 	}
 	for _, tt := range tests {
-		if got := ClaudeLane(tt.name); got != tt.want {
-			t.Errorf("ClaudeLane(%q) = %q, want %q", tt.name, got, tt.want)
+		if got := ClaudeCategory(tt.name); got != tt.want {
+			t.Errorf("ClaudeCategory(%q) = %q, want %q", tt.name, got, tt.want)
 		}
 	}
 }
@@ -244,10 +244,10 @@ func TestClaudeLane(t *testing.T) {
 func TestClaudeArgv(t *testing.T) {
 	base := []string{"claude", "-p", "--output-format", "stream-json", "--verbose"}
 	tests := []struct {
-		name           string
-		model, mode    string
-		allowed, extra []string
-		want           []string
+		name                       string
+		model, mode                string
+		allowed, disallowed, extra []string
+		want                       []string
 	}{
 		{name: "bare", want: base},
 		{name: "model", model: "sonnet", want: append(append([]string{}, base...), "--model", "sonnet")},
@@ -258,10 +258,16 @@ func TestClaudeArgv(t *testing.T) {
 			want: append(append([]string{}, base...), "--model", "opus", "--permission-mode", "plan", "--allowedTools", "Edit", "--max-turns", "5"),
 		},
 		{name: "empty allowed list omitted", allowed: []string{}, extra: []string{"--add-dir", "/x"}, want: append(append([]string{}, base...), "--add-dir", "/x")},
+		{name: "disallowed tools joined", disallowed: []string{"Bash", "WebFetch"}, want: append(append([]string{}, base...), "--disallowedTools", "Bash,WebFetch")},
+		{
+			name: "allowed and disallowed before extra", allowed: []string{"Read"}, disallowed: []string{"Bash"}, extra: []string{"--max-turns", "5"},
+			want: append(append([]string{}, base...), "--allowedTools", "Read", "--disallowedTools", "Bash", "--max-turns", "5"),
+		},
+		{name: "empty disallowed list omitted", disallowed: []string{}, want: base},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := ClaudeArgv(tt.model, tt.mode, tt.allowed, tt.extra); !reflect.DeepEqual(got, tt.want) {
+			if got := ClaudeArgv(tt.model, tt.mode, tt.allowed, tt.disallowed, tt.extra); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ClaudeArgv() = %q, want %q", got, tt.want)
 			}
 		})
@@ -322,10 +328,10 @@ func TestClaudeFakeExecutable(t *testing.T) {
 			name: "success", scenario: "success", wantCode: 0, wantFile: true,
 			want: []Observation{
 				{Kind: KindMessage, Text: "Received a prompt of 13 bytes. Let me look around.", Raw: "assistant"},
-				{Kind: KindToolStart, ToolID: "toolu_01Bash", Name: "Bash", Lane: "shell", Input: `{"command":"ls -la","description":"List files"}`, Raw: "assistant"},
-				{Kind: KindToolEnd, ToolID: "toolu_01Bash", Name: "Bash", Lane: "shell", Output: "total 8\ndrwxr-xr-x 2 u u 4096 .\n-rw-r--r-- 1 u u   12 notes.md", Duration: time.Second, Raw: "user"},
-				{Kind: KindToolStart, ToolID: "toolu_02Edit", Name: "Edit", Lane: "edit", Input: `{"file_path":"/tmp/work/notes.md","old_string":"draft","new_string":"final"}`, Raw: "assistant"},
-				{Kind: KindToolEnd, ToolID: "toolu_02Edit", Name: "Edit", Lane: "edit", Output: "<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>", IsError: true, Duration: time.Second, Raw: "user"},
+				{Kind: KindToolStart, ToolID: "toolu_01Bash", Name: "Bash", Category: "shell", Input: `{"command":"ls -la","description":"List files"}`, Raw: "assistant"},
+				{Kind: KindToolEnd, ToolID: "toolu_01Bash", Name: "Bash", Category: "shell", Output: "total 8\ndrwxr-xr-x 2 u u 4096 .\n-rw-r--r-- 1 u u   12 notes.md", Duration: time.Second, Raw: "user"},
+				{Kind: KindToolStart, ToolID: "toolu_02Edit", Name: "Edit", Category: "edit", Input: `{"file_path":"/tmp/work/notes.md","old_string":"draft","new_string":"final"}`, Raw: "assistant"},
+				{Kind: KindToolEnd, ToolID: "toolu_02Edit", Name: "Edit", Category: "edit", Output: "<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>", IsError: true, Duration: time.Second, Raw: "user"},
 				{Kind: KindMessage, Text: "Wrote out.txt.", Raw: "assistant"},
 				{Kind: KindUsage, Usage: successUsage, Raw: "result/success"},
 				{Kind: KindResult, Text: "Wrote out.txt.", Usage: successUsage, Raw: "result/success"},
@@ -343,8 +349,8 @@ func TestClaudeFakeExecutable(t *testing.T) {
 		{
 			name: "error", scenario: "error", wantCode: 1,
 			want: []Observation{
-				{Kind: KindToolStart, ToolID: "toolu_03Bash", Name: "Bash", Lane: "shell", Input: `{"command":"make test"}`, Raw: "assistant"},
-				{Kind: KindToolEnd, ToolID: "toolu_03Bash", Name: "Bash", Lane: "shell", Output: "make: *** No rule to make target 'test'.  Stop.", IsError: true, Duration: time.Second, Raw: "user"},
+				{Kind: KindToolStart, ToolID: "toolu_03Bash", Name: "Bash", Category: "shell", Input: `{"command":"make test"}`, Raw: "assistant"},
+				{Kind: KindToolEnd, ToolID: "toolu_03Bash", Name: "Bash", Category: "shell", Output: "make: *** No rule to make target 'test'.  Stop.", IsError: true, Duration: time.Second, Raw: "user"},
 				{Kind: KindUsage, Usage: errUsage, Raw: "result/error_during_execution"},
 				{Kind: KindResult, Text: "API Error: 500 Internal server error", IsError: true, Usage: errUsage, Raw: "result/error_during_execution"},
 			},

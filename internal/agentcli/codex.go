@@ -218,7 +218,7 @@ func (p *codexParser) item(evType string, it codexItem) []Observation {
 	start := Observation{Kind: KindToolStart, Raw: raw, ToolID: it.ID}
 	switch it.Type {
 	case "command_execution":
-		start.Lane, start.Name, start.Input = "shell", "shell", it.Command
+		start.Category, start.Name, start.Input = "shell", "shell", it.Command
 	case "file_change":
 		var b strings.Builder
 		for i, c := range it.Changes {
@@ -227,13 +227,13 @@ func (p *codexParser) item(evType string, it codexItem) []Observation {
 			}
 			b.WriteString(c.Kind + " " + c.Path)
 		}
-		start.Lane, start.Name, start.Input = "edit", "file_change", b.String()
+		start.Category, start.Name, start.Input = "edit", "file_change", b.String()
 	case "mcp_tool_call":
-		start.Lane, start.Name, start.Input = "mcp", it.Server+"/"+it.Tool, codexCompact(it.Arguments)
+		start.Category, start.Name, start.Input = "mcp", it.Server+"/"+it.Tool, codexCompact(it.Arguments)
 	case "web_search":
-		start.Lane, start.Name, start.Input = "web", "web_search", it.Query
+		start.Category, start.Name, start.Input = "web", "web_search", it.Query
 	case "collab_tool_call":
-		start.Lane, start.Name, start.Input = "agent", it.Tool, it.Prompt
+		start.Category, start.Name, start.Input = "agent", it.Tool, it.Prompt
 	}
 	start.Input = truncate(start.Input)
 

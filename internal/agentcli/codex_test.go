@@ -76,64 +76,64 @@ func TestCodexLine(t *testing.T) {
 			`{"type":"item.started","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"","exit_code":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"README.md\n","exit_code":0,"status":"completed"}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_1", Name: "shell", Lane: "shell", Input: "bash -lc ls", Raw: "item.started/command_execution"},
-			{Kind: KindToolEnd, ToolID: "item_1", Name: "shell", Lane: "shell", Output: "README.md\n", Duration: time.Second, Raw: "item.completed/command_execution"},
+			{Kind: KindToolStart, ToolID: "item_1", Name: "shell", Category: "shell", Input: "bash -lc ls", Raw: "item.started/command_execution"},
+			{Kind: KindToolEnd, ToolID: "item_1", Name: "shell", Category: "shell", Output: "README.md\n", Duration: time.Second, Raw: "item.completed/command_execution"},
 		}},
 		{name: "command non-zero exit", lines: []string{
 			`{"type":"item.started","item":{"id":"item_2","type":"command_execution","command":"make test","aggregated_output":"","exit_code":null,"status":"in_progress"}}`,
 			`{"type":"item.updated","item":{"id":"item_2","type":"command_execution","command":"make test","aggregated_output":"make: ","exit_code":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_2","type":"command_execution","command":"make test","aggregated_output":"make: no rule","exit_code":2,"status":"failed"}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_2", Name: "shell", Lane: "shell", Input: "make test", Raw: "item.started/command_execution"},
-			{Kind: KindToolEnd, ToolID: "item_2", Name: "shell", Lane: "shell", Output: "make: no rule", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
+			{Kind: KindToolStart, ToolID: "item_2", Name: "shell", Category: "shell", Input: "make test", Raw: "item.started/command_execution"},
+			{Kind: KindToolEnd, ToolID: "item_2", Name: "shell", Category: "shell", Output: "make: no rule", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
 		}},
 		{name: "command declined without exit code", lines: []string{
 			`{"type":"item.started","item":{"id":"item_3","type":"command_execution","command":"rm -rf /","aggregated_output":"","exit_code":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_3","type":"command_execution","command":"rm -rf /","aggregated_output":"","exit_code":null,"status":"declined"}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_3", Name: "shell", Lane: "shell", Input: "rm -rf /", Raw: "item.started/command_execution"},
-			{Kind: KindToolEnd, ToolID: "item_3", Name: "shell", Lane: "shell", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
+			{Kind: KindToolStart, ToolID: "item_3", Name: "shell", Category: "shell", Input: "rm -rf /", Raw: "item.started/command_execution"},
+			{Kind: KindToolEnd, ToolID: "item_3", Name: "shell", Category: "shell", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
 		}},
 		{name: "command output truncated, odd field type tolerated", lines: []string{
 			`{"type":"item.completed","item":{"id":"item_4","type":"command_execution","command":"yes","aggregated_output":"` + long + `","exit_code":"0","status":"completed"}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_4", Name: "shell", Lane: "shell", Input: "yes", Raw: "item.completed/command_execution"},
-			{Kind: KindToolEnd, ToolID: "item_4", Name: "shell", Lane: "shell", Output: long[:MaxSummary], Raw: "item.completed/command_execution"},
+			{Kind: KindToolStart, ToolID: "item_4", Name: "shell", Category: "shell", Input: "yes", Raw: "item.completed/command_execution"},
+			{Kind: KindToolEnd, ToolID: "item_4", Name: "shell", Category: "shell", Output: long[:MaxSummary], Raw: "item.completed/command_execution"},
 		}},
 		{name: "file change seen only completed", lines: []string{
 			`{"type":"item.completed","item":{"id":"item_5","type":"file_change","changes":[{"path":"out.txt","kind":"add"},{"path":"main.go","kind":"update"}],"status":"completed"}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_5", Name: "file_change", Lane: "edit", Input: "add out.txt\nupdate main.go", Raw: "item.completed/file_change"},
-			{Kind: KindToolEnd, ToolID: "item_5", Name: "file_change", Lane: "edit", Output: "completed", Raw: "item.completed/file_change"},
+			{Kind: KindToolStart, ToolID: "item_5", Name: "file_change", Category: "edit", Input: "add out.txt\nupdate main.go", Raw: "item.completed/file_change"},
+			{Kind: KindToolEnd, ToolID: "item_5", Name: "file_change", Category: "edit", Output: "completed", Raw: "item.completed/file_change"},
 		}},
 		{name: "file change first seen as update, failed", lines: []string{
 			`{"type":"item.updated","item":{"id":"item_6","type":"file_change","changes":[{"path":"a.go","kind":"delete"}],"status":"in_progress"}}`,
 			`{"type":"item.updated","item":{"id":"item_6","type":"file_change","changes":[{"path":"a.go","kind":"delete"}],"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_6","type":"file_change","changes":[{"path":"a.go","kind":"delete"}],"status":"failed"}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_6", Name: "file_change", Lane: "edit", Input: "delete a.go", Raw: "item.updated/file_change"},
-			{Kind: KindToolEnd, ToolID: "item_6", Name: "file_change", Lane: "edit", Output: "failed", IsError: true, Duration: time.Second, Raw: "item.completed/file_change"},
+			{Kind: KindToolStart, ToolID: "item_6", Name: "file_change", Category: "edit", Input: "delete a.go", Raw: "item.updated/file_change"},
+			{Kind: KindToolEnd, ToolID: "item_6", Name: "file_change", Category: "edit", Output: "failed", IsError: true, Duration: time.Second, Raw: "item.completed/file_change"},
 		}},
 		{name: "mcp tool ok", lines: []string{
 			`{"type":"item.started","item":{"id":"item_7","type":"mcp_tool_call","server":"docs","tool":"search","arguments":{"q": "nats"},"result":null,"error":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_7","type":"mcp_tool_call","server":"docs","tool":"search","arguments":{"q":"nats"},"result":{"content":[{"type":"text","text":"hit 1"},{"type":"image","data":"AA=="}],"structured_content":null},"error":null,"status":"completed"}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_7", Name: "docs/search", Lane: "mcp", Input: `{"q":"nats"}`, Raw: "item.started/mcp_tool_call"},
-			{Kind: KindToolEnd, ToolID: "item_7", Name: "docs/search", Lane: "mcp", Output: "hit 1\n{\"type\":\"image\",\"data\":\"AA==\"}", Duration: time.Second, Raw: "item.completed/mcp_tool_call"},
+			{Kind: KindToolStart, ToolID: "item_7", Name: "docs/search", Category: "mcp", Input: `{"q":"nats"}`, Raw: "item.started/mcp_tool_call"},
+			{Kind: KindToolEnd, ToolID: "item_7", Name: "docs/search", Category: "mcp", Output: "hit 1\n{\"type\":\"image\",\"data\":\"AA==\"}", Duration: time.Second, Raw: "item.completed/mcp_tool_call"},
 		}},
 		{name: "mcp tool failed", lines: []string{
 			`{"type":"item.started","item":{"id":"item_8","type":"mcp_tool_call","server":"db","tool":"query","arguments":null,"result":null,"error":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_8","type":"mcp_tool_call","server":"db","tool":"query","arguments":null,"result":null,"error":{"message":"connection refused"},"status":"failed"}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_8", Name: "db/query", Lane: "mcp", Raw: "item.started/mcp_tool_call"},
-			{Kind: KindToolEnd, ToolID: "item_8", Name: "db/query", Lane: "mcp", Output: "connection refused", IsError: true, Duration: time.Second, Raw: "item.completed/mcp_tool_call"},
+			{Kind: KindToolStart, ToolID: "item_8", Name: "db/query", Category: "mcp", Raw: "item.started/mcp_tool_call"},
+			{Kind: KindToolEnd, ToolID: "item_8", Name: "db/query", Category: "mcp", Output: "connection refused", IsError: true, Duration: time.Second, Raw: "item.completed/mcp_tool_call"},
 		}},
 		{name: "web search", lines: []string{
 			`{"type":"item.started","item":{"id":"item_9","type":"web_search","query":"nats jetstream kv","action":{"type":"search","query":"nats jetstream kv"}}}`,
 			`{"type":"item.completed","item":{"id":"item_9","type":"web_search","query":"nats jetstream kv","action":{"type":"search","query":"nats jetstream kv"}}}`,
 		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_9", Name: "web_search", Lane: "web", Input: "nats jetstream kv", Raw: "item.started/web_search"},
-			{Kind: KindToolEnd, ToolID: "item_9", Name: "web_search", Lane: "web", Duration: time.Second, Raw: "item.completed/web_search"},
+			{Kind: KindToolStart, ToolID: "item_9", Name: "web_search", Category: "web", Input: "nats jetstream kv", Raw: "item.started/web_search"},
+			{Kind: KindToolEnd, ToolID: "item_9", Name: "web_search", Category: "web", Duration: time.Second, Raw: "item.completed/web_search"},
 		}},
 		{name: "agent message", lines: []string{
 			`{"type":"item.completed","item":{"id":"item_10","type":"agent_message","text":"Wrote out.txt."}}`,
@@ -313,7 +313,7 @@ func TestCodexFakeExecutable(t *testing.T) {
 				if obs[1].IsError || obs[1].Output != "README.md\nsrc\n" || obs[1].Duration != time.Second {
 					t.Errorf("command end = %+v", obs[1])
 				}
-				if obs[2].Lane != "edit" || obs[2].Input != "add out.txt" {
+				if obs[2].Category != "edit" || obs[2].Input != "add out.txt" {
 					t.Errorf("file change start = %+v", obs[2])
 				}
 				if obs[4].Text != "Wrote out.txt." {

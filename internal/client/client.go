@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -24,6 +25,7 @@ import (
 // Bus is what the client needs from the event bus.
 type Bus interface {
 	Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error
+	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
 	PublishExpect(ctx context.Context, ev schemas.Event, expectLast uint64) (bus.Published, error)
 	PutArtifact(ctx context.Context, object, name string, r io.Reader) (schemas.ArtifactRef, error)
 	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
@@ -57,6 +59,18 @@ func NewSessionID(pipelineName string, now time.Time) string {
 // ErrSessionExists if the session already has events, and with ErrBadInput
 // if the input's file name is unsafe or collides with a declared output.
 func Submit(ctx context.Context, b Bus, p schemas.Pipeline, inputPath, session string, now time.Time) (schemas.Event, error) {
+	return SubmitWithBudget(ctx, b, p, inputPath, session, now, nil)
+}
+
+// SubmitWithBudget is Submit with the session's own budget recorded in
+// session.started (nil for none); it fails with ErrBadInput if the budget
+// is invalid (see CheckBudget).
+func SubmitWithBudget(ctx context.Context, b Bus, p schemas.Pipeline, inputPath, session string, now time.Time, budget *schemas.Budget) (schemas.Event, error) {
+	if budget != nil {
+		if err := CheckBudget(*budget); err != nil {
+			return schemas.Event{}, err
+		}
+	}
 	if err := schemas.ValidateSessionID(session); err != nil {
 		return schemas.Event{}, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
@@ -93,7 +107,7 @@ func Submit(ctx context.Context, b Bus, p schemas.Pipeline, inputPath, session s
 		Type:    schemas.TypeSessionStarted,
 		Session: session,
 		Time:    now,
-		Data:    &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest)},
+		Data:    &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest), Budget: budget},
 	}
 	ev.Correlation = ev.ID
 	if _, err := b.PublishExpect(ctx, ev, 0); err != nil {
@@ -110,6 +124,23 @@ func Submit(ctx context.Context, b Bus, p schemas.Pipeline, inputPath, session s
 	return ev, nil
 }
 
+// CheckBudget accepts a session budget whose every field is zero (no
+// bound) or positive, with a finite cost, and at least one bound. Errors
+// wrap ErrBadInput and name the run flag of the field.
+func CheckBudget(b schemas.Budget) error {
+	switch {
+	case b == schemas.Budget{}:
+		return fmt.Errorf("%w: the budget sets no bound", ErrBadInput)
+	case b.MaxCostUSD < 0 || math.IsNaN(b.MaxCostUSD) || math.IsInf(b.MaxCostUSD, 0):
+		return fmt.Errorf("%w: --max-cost-usd must be a number > 0, got %v", ErrBadInput, b.MaxCostUSD)
+	case b.MaxTokens < 0:
+		return fmt.Errorf("%w: --max-tokens must be > 0, got %d", ErrBadInput, b.MaxTokens)
+	case b.MaxIterations < 0:
+		return fmt.Errorf("%w: --max-iterations must be > 0, got %d", ErrBadInput, b.MaxIterations)
+	}
+	return nil
+}
+
 // Watch folds a session's events into its manifest from the start, calling
 // onEvent after each (with the manifest so far), until the session ends or
 // ctx does. It returns the last manifest; ErrNoSession if, once caught up,
@@ -124,7 +155,7 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 		if onEvent != nil && m != nil {
 			onEvent(ev, m)
 		}
-		if m != nil && m.Terminal() {
+		if m.Terminal() || m.StoppedByBudget() {
 			return bus.ErrStop
 		}
 		return nil
@@ -214,7 +245,7 @@ func Status(ctx context.Context, b Bus, session string) (*projections.Manifest, 
 		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
 	}
 	var m projections.Manifest
-	if err := b.GetView(ctx, projections.ManifestKey(session), &m); err == nil && m.LastSeq >= last {
+	if err := b.GetView(ctx, projections.ManifestKey(session), &m); err == nil && m.LastSeq >= last && m.Version == projections.ManifestVersion {
 		return &m, nil
 	}
 	return Replay(ctx, b, session, Until{})

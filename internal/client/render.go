@@ -1,49 +1,15 @@
 package client
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 )
-
-// PrintManifest writes a manifest as indented JSON or as a table.
-func PrintManifest(w io.Writer, m *projections.Manifest, asJSON bool) error {
-	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(m)
-	}
-	fmt.Fprintf(w, "session   %s\npipeline  %s\nstatus    %s\nsource    %s\nupdated   %s (stream seq %d)\n",
-		m.ContentID, m.Pipeline, m.Status, m.SourceHash, m.UpdatedAt.UTC().Format(time.RFC3339), m.LastSeq)
-	if m.Error != "" {
-		fmt.Fprintf(w, "error     %s\n", m.Error)
-	}
-	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tSTATUS\tITER\tHASH\tDETAIL")
-	for _, name := range m.StepOrder {
-		st := m.Steps[name]
-		if st == nil {
-			continue
-		}
-		detail := st.ErrorMessage
-		if detail == "" && st.Status == projections.StepStatusInProgress && st.Worker != "" {
-			detail = "on " + st.Worker
-		}
-		if detail == "" && st.LastFeedback != "" && st.Status != projections.StepStatusCompleted {
-			detail = "last feedback: " + st.LastFeedback
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", name, st.Status, st.Iterations, st.ContentHash, oneLine(detail, 100))
-	}
-	return tw.Flush()
-}
 
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
@@ -91,6 +57,17 @@ func Summarize(e schemas.Event) string {
 		return fmt.Sprintf("final=%d artifacts", len(d.Final))
 	case *schemas.SessionFailed:
 		return oneLine(d.Reason, 80)
+	case *schemas.Signal:
+		s := "target=" + d.Target
+		if d.Reason != "" {
+			s += " reason=" + d.Reason
+		}
+		if d.Message != "" {
+			s += " message=" + d.Message
+		}
+		return oneLine(s, 100)
+	case *schemas.SignalAcknowledged:
+		return oneLine(strings.TrimSpace(fmt.Sprintf("%s %s: %s (signal %s)", d.Signal, d.Result, d.Detail, d.SignalID)), 120)
 	}
 	return ""
 }

@@ -7,6 +7,8 @@
 // A pipeline file looks like this (paths are relative to its directory):
 //
 //	name: writing-kit
+//	budget: {max_cost_usd: 2.5, max_tokens: 2000000, max_iterations: 20}
+//	breaker: {no_progress: 3, identical_failures: 3}
 //	steps:
 //	  summary:
 //	    agent: {backend: exec, command: [sh, agents/summarize.sh], env: {K: V}, secret_env: [API_TOKEN]}
@@ -14,6 +16,7 @@
 //	    outputs: [{name: summary.json, schema: schemas/summary.schema.json}]
 //	    max_iterations: 3
 //	    timeout: 2m
+//	    breaker: {no_progress: 2}
 //	  ideas:
 //	    requires: [summary]
 //	    agent: {backend: exec, command: [sh, agents/ideas.sh]}
@@ -33,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,7 +78,10 @@ func Load(path string) (schemas.Pipeline, error) {
 // (timeout 10m, validate_timeout 1m, max_iterations 1), exactly one step
 // final, agent and validate commands with relative paths made absolute
 // against dir, and output schemas read (relative to dir) and inlined.
-// Source is set to name and Dir to dir made absolute.
+// Source is set to name and Dir to dir made absolute. Budget, Breaker and
+// each step's Breaker are nil when the file sets none of their fields; a
+// step's breaker holds only the thresholds the step sets (it overrides the
+// pipeline's field by field).
 //
 // Parse reads schema files and checks whether command arguments name files
 // under dir, but runs nothing. name is used in messages only. When data has
@@ -154,9 +161,15 @@ func (l *loader) pipeline(data []byte) schemas.Pipeline {
 	if !ok {
 		return p
 	}
-	top, ok := l.mapping(body, posOf(body), "", []string{"name", "steps"})
+	top, ok := l.mapping(body, posOf(body), "", []string{"name", "steps", "budget", "breaker"})
 	if !ok {
 		return p
+	}
+	if be, ok := top.get("budget"); ok {
+		p.Budget = l.budget(be)
+	}
+	if be, ok := top.get("breaker"); ok {
+		p.Breaker = l.breaker(be)
 	}
 	if e, ok := top.get("name"); !ok {
 		l.errorf(top.pos, "name", "required")
@@ -210,7 +223,7 @@ func (l *loader) step(e entry) (schemas.Step, stepInfo) {
 	}
 	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{
 		"requires", "agent", "prompt", "outputs", "validate",
-		"max_iterations", "timeout", "validate_timeout", "final",
+		"max_iterations", "timeout", "validate_timeout", "final", "breaker",
 	})
 	if !ok {
 		info.bad = true
@@ -268,6 +281,9 @@ func (l *loader) step(e entry) (schemas.Step, stepInfo) {
 	}
 	if te, ok := m.get("validate_timeout"); ok {
 		s.ValidateTimeoutMs = l.duration(te, s.ValidateTimeoutMs)
+	}
+	if be, ok := m.get("breaker"); ok {
+		s.Breaker = l.breaker(be)
 	}
 	if fe, ok := m.get("final"); ok {
 		info.final = fe.keyPos
@@ -526,6 +542,113 @@ func (l *loader) iterations(e entry) int {
 		}
 	}
 	return bad()
+}
+
+// budget decodes the pipeline's budget: max_cost_usd (a number > 0),
+// max_tokens and max_iterations (integers > 0). It returns nil when no
+// bound is set (an empty mapping, or one with problems).
+func (l *loader) budget(e entry) *schemas.Budget {
+	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"max_cost_usd", "max_tokens", "max_iterations"})
+	if !ok {
+		return nil
+	}
+	var b schemas.Budget
+	if ce, ok := m.get("max_cost_usd"); ok {
+		b.MaxCostUSD = l.positiveNumber(ce)
+	}
+	if te, ok := m.get("max_tokens"); ok {
+		b.MaxTokens = l.positiveInt(te, math.MaxInt64)
+	}
+	if ie, ok := m.get("max_iterations"); ok {
+		b.MaxIterations = int(l.positiveInt(ie, math.MaxInt32))
+	}
+	if b == (schemas.Budget{}) {
+		return nil
+	}
+	return &b
+}
+
+// breaker decodes circuit breaker thresholds, of the pipeline or of one
+// step: no_progress and identical_failures, integers >= 1. It returns nil
+// when no threshold is set; unset ones are left zero (the orchestrator
+// takes them from the pipeline, then from the defaults).
+func (l *loader) breaker(e entry) *schemas.Breaker {
+	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"no_progress", "identical_failures"})
+	if !ok {
+		return nil
+	}
+	var b schemas.Breaker
+	if ne, ok := m.get("no_progress"); ok {
+		b.NoProgress = int(l.positiveInt(ne, math.MaxInt32))
+	}
+	if fe, ok := m.get("identical_failures"); ok {
+		b.IdenticalFailures = int(l.positiveInt(fe, math.MaxInt32))
+	}
+	if b == (schemas.Breaker{}) {
+		return nil
+	}
+	return &b
+}
+
+// positiveInt decodes an integer from 1 to limit; it returns 0 on error.
+func (l *loader) positiveInt(e entry, limit int64) int64 {
+	tooLarge := false
+	if n, ok := e.val.(*ast.IntegerNode); ok {
+		switch v := n.Value.(type) {
+		case int64:
+			if v >= 1 && v <= limit {
+				return v
+			}
+			tooLarge = v > limit
+		case uint64:
+			if v >= 1 && v <= uint64(limit) {
+				return int64(v)
+			}
+			tooLarge = v > uint64(limit)
+		}
+	}
+	if tooLarge {
+		l.errorf(e.valPos, e.field, "must be at most %d, got %s", limit, describeValue(e.val))
+	} else {
+		l.errorf(e.valPos, e.field, "want an integer > 0, got %s", describeValue(e.val))
+	}
+	return 0
+}
+
+// positiveNumber decodes a finite number > 0; it returns 0 on error.
+func (l *loader) positiveNumber(e entry) float64 {
+	var v float64
+	switch n := e.val.(type) {
+	case *ast.IntegerNode:
+		switch x := n.Value.(type) {
+		case int64:
+			v = float64(x)
+		case uint64:
+			v = float64(x)
+		}
+	case *ast.FloatNode:
+		v = n.Value
+	}
+	if v > 0 && !math.IsInf(v, 0) {
+		return v
+	}
+	l.errorf(e.valPos, e.field, "want a number > 0, got %s", describeValue(e.val))
+	return 0
+}
+
+// describeValue shows a resolved value for messages about numbers: a
+// number or boolean as written, a string quoted and named as one (so "5"
+// in quotes is not mistaken for 5), anything else by its kind.
+func describeValue(n ast.Node) string {
+	switch n.(type) {
+	case *ast.StringNode, *ast.LiteralNode:
+		s, _ := scalarText(n)
+		return fmt.Sprintf("the string %q", s)
+	}
+	if s, ok := scalarText(n); ok {
+		return s
+	}
+	return kind(n)
 }
 
 // duration decodes a positive Go duration into milliseconds; it returns def

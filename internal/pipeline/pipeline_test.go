@@ -249,7 +249,7 @@ stepz: {}
 steps:
   a: {agent: {backend: exec, command: [echo]}, prompt: go, outputs: [{name: a.txt}]}
 `,
-			wantErr: `p.yaml:2: stepz: unknown key "stepz" (allowed: name, steps)`,
+			wantErr: `p.yaml:2: stepz: unknown key "stepz" (allowed: name, steps, budget, breaker)`,
 		},
 		{
 			name: "unknown step key",
@@ -261,7 +261,7 @@ steps:
     outputs: [{name: a.txt}]
     retries: 3
 `,
-			wantErr: `p.yaml:7: steps.a.retries: unknown key "retries" (allowed: requires, agent, prompt, outputs, validate, max_iterations, timeout, validate_timeout, final)`,
+			wantErr: `p.yaml:7: steps.a.retries: unknown key "retries" (allowed: requires, agent, prompt, outputs, validate, max_iterations, timeout, validate_timeout, final, breaker)`,
 		},
 		{
 			name: "unknown agent key",
@@ -950,7 +950,7 @@ name: q
 		{
 			name:    "not a mapping",
 			yaml:    "- a\n- b\n",
-			wantErr: `p.yaml:1: want a mapping with keys name, steps, got a list`,
+			wantErr: `p.yaml:1: want a mapping with keys name, steps, budget, breaker, got a list`,
 		},
 		{
 			name: "two documents",
@@ -1118,6 +1118,7 @@ steps:
 		"steps:\n  a: [1, b\n",
 		"---\n...\n",
 		"name: p\nsteps:\n  a:\n    agent: {<<: [*q]}\n",
+		"name: p\nbudget: {max_cost_usd: 0.5, max_tokens: 9223372036854775808, max_iterations: .inf}\nbreaker: {no_progress: 1}\nsteps:\n  a: {breaker: {identical_failures: -1}}\n",
 	} {
 		f.Add([]byte(seed))
 	}

@@ -84,13 +84,21 @@ func New(cfg Config, b Bus, log zerolog.Logger) (*Service, error) {
 
 type checkpoint struct {
 	Seq uint64 `json:"seq"`
+	// Version is the manifest format the views were written in.
+	Version int `json:"version"`
 }
 
-// Run materializes manifests from the checkpoint on until ctx ends.
+// Run materializes manifests from the checkpoint on until ctx ends. Views
+// written in another manifest format are recomputed from the start of the
+// stream.
 func (p *Service) Run(ctx context.Context) error {
 	var cp checkpoint
 	if err := p.bus.GetView(ctx, checkpointKey, &cp); err != nil && !errors.Is(err, bus.ErrNotFound) {
 		return fmt.Errorf("projector: %w", err)
+	}
+	if cp.Seq > 0 && cp.Version != projections.ManifestVersion {
+		p.log.Info().Int("from", cp.Version).Int("to", projections.ManifestVersion).Msg("views are of another manifest format; recomputing them from the stream")
+		cp.Seq = 0
 	}
 	return p.run(ctx, cp.Seq, true)
 }
@@ -120,7 +128,7 @@ func (p *Service) run(ctx context.Context, from uint64, follow bool) error {
 		if err := p.flush(sctx, rebuilding); err != nil {
 			return err
 		}
-		if err := p.bus.PutView(sctx, checkpointKey, checkpoint{Seq: last}); err != nil {
+		if err := p.bus.PutView(sctx, checkpointKey, checkpoint{Seq: last, Version: projections.ManifestVersion}); err != nil {
 			p.log.Warn().Err(err).Msg("could not save projector checkpoint")
 		}
 		return nil

@@ -593,3 +593,29 @@ func TestFailedViewWriteIsRetried(t *testing.T) {
 	}
 	assertViewIsFold(t, b, "s1")
 }
+
+// TestViewsOfAnotherFormatAreRecomputed: views written by a projector of an
+// older manifest format (its checkpoint says so) are recomputed from the
+// stream, not folded onward.
+func TestViewsOfAnotherFormatAreRecomputed(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	p.publish(completeSession("s1")...)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	// An old projector's leftovers: a stale, wrong view and a checkpoint at
+	// the head without a format version.
+	stale := projections.Manifest{Version: 1, ContentID: "s1", Status: "in_progress", LastSeq: 1}
+	if err := b.PutView(ctx, projections.ManifestKey("s1"), stale); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PutView(ctx, "_projector.manifests", map[string]uint64{"seq": p.last["s1"]}); err != nil {
+		t.Fatal(err)
+	}
+	startProjector(t, b, projector.Config{})
+	waitView(t, b, "s1", p.last["s1"])
+	assertViewIsFold(t, b, "s1")
+	if m, _ := view(t, b, "s1"); m.Version != projections.ManifestVersion {
+		t.Errorf("view version %d", m.Version)
+	}
+}

@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// watchLine is one line of `watch` without a terminal: local time, then
+// what happened.
+var watchLine = regexp.MustCompile(`^\d\d:\d\d:\d\d \S.*$`)
+
+// TestWatch drives `loopbus watch` against a `loopbus serve` process: it
+// follows a running session live, one plain line per event, to its end
+// (exit 0), reports a failed session (exit 1, the reason on stderr), and
+// refuses an unknown session (exit 2).
+func TestWatch(t *testing.T) {
+	dir := t.TempDir()
+	fakeClaude, err := filepath.Abs(filepath.Join("..", "internal", "agentcli", "testdata", "fake-claude"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := filepath.Join(dir, "gate")
+	writeFiles(t, dir, map[string]string{
+		"input.txt": "x\n",
+		// build waits for the test to open the gate, so watch is seen
+		// following the session while it runs.
+		"build.sh": `while [ ! -e "$GATE" ]; do sleep 0.05; done
+echo built > "$LOOPBUS_OUTPUT_DIR/built.txt"
+`,
+		"ok.yaml": `name: watched
+steps:
+  plan:
+    agent: {backend: claude, command: [` + fakeClaude + `]}
+    prompt: "Plan from in/{{.Input.Name}} into out/out.txt."
+    outputs: [{name: out.txt}]
+  build:
+    agent: {backend: exec, command: [sh, build.sh], env: {GATE: ` + gate + `}}
+    prompt: build
+    requires: [plan]
+    outputs: [{name: built.txt}]
+    timeout: 90s
+`,
+		"fail.yaml": `name: failing
+steps:
+  boom:
+    agent: {backend: exec, command: [sh, -c, "echo cannot >&2; exit 3"]}
+    prompt: x
+    outputs: [{name: o.txt}]
+    max_iterations: 1
+`,
+	})
+	addr := freePort(t)
+	global := []string{"--nats", "nats://" + addr}
+	startService(t, filepath.Join(dir, "serve.log"), testEnv(t), "serve", "--data", t.TempDir(), "--listen", addr, "--log-level", "warn")
+	submit := func(t *testing.T, pipeline, session string) {
+		t.Helper()
+		r := loopbus(t, append([]string{"run", filepath.Join(dir, pipeline), "--input", filepath.Join(dir, "input.txt"), "--session", session, "--detach"}, global...)...)
+		if r.code != 0 {
+			t.Fatalf("run --detach: exit %d\n%s", r.code, r.stderr)
+		}
+	}
+	checkLines := func(t *testing.T, out string) []string {
+		t.Helper()
+		if strings.Contains(out, "\x1b[") {
+			t.Errorf("watch without a terminal printed escape sequences:\n%q", out)
+		}
+		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+		for _, l := range lines {
+			if !watchLine.MatchString(l) {
+				t.Errorf("line %q is not 'HH:MM:SS what happened'", l)
+			}
+		}
+		return lines
+	}
+
+	t.Run("follows a session live to its completion", func(t *testing.T) {
+		submit(t, "ok.yaml", "watch-ok")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, binary, append([]string{"watch", "watch-ok"}, global...)...)
+		cmd.Env = testEnv(t)
+		var stdout, stderr syncBuffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "watch to show build's agent running", func() bool {
+			return strings.Contains(stdout.String(), "build#1 tool sh started")
+		})
+		if strings.Contains(stdout.String(), "completed in") {
+			t.Fatalf("the session ended before the gate opened:\n%s", stdout.String())
+		}
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("watch: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+		}
+		lines := checkLines(t, stdout.String())
+		// One line per event of the session.
+		if n := len(events(t, global, "watch-ok")); len(lines) != n {
+			t.Errorf("%d lines for %d events:\n%s", len(lines), n, stdout.String())
+		}
+		want := []string{
+			"session watch-ok started: pipeline watched, 2 steps",
+			"plan#1 queued",
+			"plan#1 tool Bash started: ls -la",
+			"plan#1 says: Wrote out.txt.",
+			"plan#1 agent done after",
+			"step plan completed after 1 iteration, $0.0421",
+			"build#1 tool sh started: sh ",
+			"build#1 validation passed",
+			"step build completed after 1 iteration",
+			"session watch-ok completed in ",
+		}
+		at := 0
+		for _, w := range want {
+			i := at
+			for i < len(lines) && !strings.Contains(lines[i], w) {
+				i++
+			}
+			if i == len(lines) {
+				t.Fatalf("no line with %q after line %d:\n%s", w, at, stdout.String())
+			}
+			at = i + 1
+		}
+		if last := lines[len(lines)-1]; !strings.HasSuffix(last, ", $0.0421") {
+			t.Errorf("last line %q does not end with the session's cost", last)
+		}
+
+		// status shows the cost per step and in all.
+		st := loopbus(t, append([]string{"status", "watch-ok"}, global...)...)
+		if st.code != 0 || !regexp.MustCompile(`(?m)^cost +\$0\.0421$`).MatchString(st.stdout) ||
+			!regexp.MustCompile(`(?m)^plan +completed +1/1 +46\.7k/135 +\$0\.0421 `).MatchString(st.stdout) {
+			t.Errorf("status: exit %d\n%s%s", st.code, st.stdout, st.stderr)
+		}
+	})
+
+	t.Run("a failed session exits 1 with the reason", func(t *testing.T) {
+		submit(t, "fail.yaml", "watch-fail")
+		r := loopbus(t, append([]string{"watch", "watch-fail"}, global...)...)
+		if r.code != 1 {
+			t.Fatalf("watch: exit %d, want 1\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+		}
+		reason := "step boom failed: no valid output after 1 of 1 iterations"
+		if !strings.Contains(r.stderr, "session watch-fail failed: "+reason) {
+			t.Errorf("stderr lacks the reason:\n%s", r.stderr)
+		}
+		lines := checkLines(t, r.stdout)
+		if !strings.Contains(r.stdout, "boom#1 agent failed (exit 3)") || !strings.Contains(lines[len(lines)-1], "session watch-fail failed: "+reason) {
+			t.Errorf("stdout:\n%s", r.stdout)
+		}
+	})
+
+	t.Run("an unknown session is a usage error", func(t *testing.T) {
+		r := loopbus(t, append([]string{"watch", "no-such-session"}, global...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, "no such session: no-such-session") || r.stdout != "" {
+			t.Errorf("watch: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+		}
+	})
+}

@@ -1,0 +1,293 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// TargetAll is the signal target selecting every running session.
+const TargetAll = "all"
+
+// maxReasonBytes bounds a signal's reason, like an info signal's message,
+// so a signal stays far below the event size limit.
+const maxReasonBytes = schemas.MaxHintBytes
+
+// SignalTarget is a parsed signal target: every running session, one
+// session, or one step of a session.
+type SignalTarget struct {
+	All     bool
+	Session string
+	Step    string
+}
+
+// String returns the target as written on the command line.
+func (t SignalTarget) String() string {
+	switch {
+	case t.All:
+		return TargetAll
+	case t.Step != "":
+		return t.Session + "/" + t.Step
+	}
+	return t.Session
+}
+
+// ParseSignalTarget reads "all", "SESSION" or "SESSION/STEP"; the session
+// id and step name must pass schemas.ValidateSessionID and
+// ValidateStepName. "all" selects every running session and takes no step.
+// Errors wrap ErrBadInput.
+func ParseSignalTarget(s string) (SignalTarget, error) {
+	session, step, hasStep := strings.Cut(s, "/")
+	if session == TargetAll {
+		if hasStep {
+			return SignalTarget{}, fmt.Errorf("%w: target %q: %s selects every running session and takes no step", ErrBadInput, s, TargetAll)
+		}
+		return SignalTarget{All: true}, nil
+	}
+	if err := schemas.ValidateSessionID(session); err != nil {
+		return SignalTarget{}, fmt.Errorf("%w: target %q: %v (want SESSION, SESSION/STEP or %s)", ErrBadInput, s, err, TargetAll)
+	}
+	if hasStep {
+		if err := schemas.ValidateStepName(step); err != nil {
+			return SignalTarget{}, fmt.Errorf("%w: target %q: %v (want SESSION, SESSION/STEP or %s)", ErrBadInput, s, err, TargetAll)
+		}
+	}
+	return SignalTarget{Session: session, Step: step}, nil
+}
+
+// SignalRequest is one signal as a person asks for it.
+type SignalRequest struct {
+	// Verb is stop, pause, resume, info or invalidate.
+	Verb   string
+	Target SignalTarget
+	// Reason says why (stop, pause, resume, invalidate).
+	Reason string
+	// Message is the hint of an info signal.
+	Message string
+}
+
+// Check validates the combination of verb, target and options: info needs
+// a message of at most schemas.MaxHintBytes and takes no reason; the other
+// verbs take no message; invalidate needs SESSION/STEP. Errors wrap
+// ErrBadInput.
+func (r SignalRequest) Check() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadInput, fmt.Sprintf(format, args...))
+	}
+	if _, ok := schemas.SignalTypes()[r.Verb]; !ok {
+		return bad("unknown signal %q (want stop, pause, resume, info or invalidate)", r.Verb)
+	}
+	if r.Verb == "info" {
+		switch {
+		case strings.TrimSpace(r.Message) == "":
+			return bad("info needs --message: the hint added to the next iteration's prompt")
+		case len(r.Message) > schemas.MaxHintBytes:
+			return bad("--message is %d bytes; at most %d are allowed", len(r.Message), schemas.MaxHintBytes)
+		case !utf8.ValidString(r.Message):
+			return bad("--message is not valid UTF-8")
+		case r.Reason != "":
+			return bad("info takes --message, not --reason")
+		}
+	} else if r.Message != "" {
+		return bad("%s takes no --message (only info does); say why with --reason", r.Verb)
+	}
+	switch {
+	case len(r.Reason) > maxReasonBytes:
+		return bad("--reason is %d bytes; at most %d are allowed", len(r.Reason), maxReasonBytes)
+	case !utf8.ValidString(r.Reason):
+		return bad("--reason is not valid UTF-8")
+	}
+	if r.Verb == "invalidate" && (r.Target.All || r.Target.Step == "") {
+		return bad("invalidate needs SESSION/STEP: the step whose result no longer stands (it and the steps after it run again)")
+	}
+	return nil
+}
+
+// SignalDest is one session a signal goes to.
+type SignalDest struct {
+	Session string
+	// StartedID is the id of the session's session.started, the
+	// correlation of everything in the session.
+	StartedID string
+}
+
+// ResolveSignalTarget returns the sessions t selects. A session target
+// must have a session.started in the stream (else ErrNoSession) and, with
+// a step, that step in its pipeline (else ErrBadInput listing the steps).
+// "all" selects the sessions whose session.started is in the stream and
+// that have not completed or failed since (read from the stream's
+// session.started, session.completed and session.failed subjects, not
+// from views, which may lag), in the order they started; possibly none.
+func ResolveSignalTarget(ctx context.Context, b Bus, t SignalTarget) ([]SignalDest, error) {
+	if t.All {
+		return runningSessions(ctx, b)
+	}
+	var started *schemas.Event
+	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{lifecycleSubject(t.Session, schemas.TypeSessionStarted)}}, func(ev schemas.Event) error {
+		started = &ev
+		return bus.ErrStop
+	})
+	if err != nil {
+		return nil, err
+	}
+	if started == nil {
+		return nil, fmt.Errorf("%w: %s (no session.started in the stream)", ErrNoSession, t.Session)
+	}
+	data, ok := started.Data.(*schemas.SessionStarted)
+	if !ok {
+		return nil, fmt.Errorf("session %s: session.started carries %T", t.Session, started.Data)
+	}
+	if t.Step != "" && !slices.ContainsFunc(data.Pipeline.Steps, func(s schemas.Step) bool { return s.Name == t.Step }) {
+		names := make([]string, len(data.Pipeline.Steps))
+		for i, s := range data.Pipeline.Steps {
+			names[i] = s.Name
+		}
+		return nil, fmt.Errorf("%w: session %s has no step %q (steps: %s)", ErrBadInput, t.Session, t.Step, strings.Join(names, ", "))
+	}
+	return []SignalDest{{Session: t.Session, StartedID: started.ID}}, nil
+}
+
+// lifecycleSubject is the subject of events of type typ in session
+// (session may be the wildcard *).
+func lifecycleSubject(session, typ string) string {
+	return schemas.SubjectPrefix + "." + session + "." + strings.TrimPrefix(typ, "loopbus.")
+}
+
+// runningSessions lists the sessions started and neither completed nor
+// failed, in the order they started.
+func runningSessions(ctx context.Context, b Bus) ([]SignalDest, error) {
+	var order []string
+	started := map[string]string{}
+	ended := map[string]bool{}
+	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{
+		lifecycleSubject("*", schemas.TypeSessionStarted),
+		lifecycleSubject("*", schemas.TypeSessionCompleted),
+		lifecycleSubject("*", schemas.TypeSessionFailed),
+	}}, func(ev schemas.Event) error {
+		switch ev.Type {
+		case schemas.TypeSessionStarted:
+			if _, seen := started[ev.Session]; !seen {
+				order = append(order, ev.Session)
+				started[ev.Session] = ev.ID
+			}
+		case schemas.TypeSessionCompleted, schemas.TypeSessionFailed:
+			ended[ev.Session] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []SignalDest
+	for _, s := range order {
+		if !ended[s] {
+			out = append(out, SignalDest{Session: s, StartedID: started[s]})
+		}
+	}
+	return out, nil
+}
+
+// SentSignal is a signal event written to the stream.
+type SentSignal struct {
+	Event schemas.Event
+	// Seq is the stream sequence it was stored at.
+	Seq uint64
+}
+
+// NewSignalID returns a random event id (32 hex digits): every signal is
+// a new request, so unlike the orchestrator's ids it derives from nothing.
+func NewSignalID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// SendSignal publishes one signal event per destination: type
+// loopbus.signal.<verb>, a random id, the session and step extensions,
+// correlated with the session's session.started, data schemas.Signal with
+// the target as the request named it. It returns the events sent, also
+// when it fails part way (then with the error).
+func SendSignal(ctx context.Context, b Bus, r SignalRequest, dests []SignalDest, now time.Time) ([]SentSignal, error) {
+	if err := r.Check(); err != nil {
+		return nil, err
+	}
+	typ := schemas.SignalTypes()[r.Verb]
+	var sent []SentSignal
+	for _, d := range dests {
+		ev := schemas.Event{
+			ID:          NewSignalID(),
+			Type:        typ,
+			Session:     d.Session,
+			Step:        r.Target.Step,
+			Correlation: d.StartedID,
+			Time:        now,
+			Data: &schemas.Signal{
+				Target:  r.Target.String(),
+				Step:    r.Target.Step,
+				Reason:  r.Reason,
+				Message: r.Message,
+			},
+		}
+		p, err := b.Publish(ctx, ev)
+		if err != nil {
+			return sent, fmt.Errorf("send %s to %s: %w", r.Verb, d.Session, err)
+		}
+		sent = append(sent, SentSignal{Event: ev, Seq: p.Seq})
+	}
+	return sent, nil
+}
+
+// AwaitSignalAcks reads signal.acknowledged events stored after the first
+// sent signal and calls onAck for each that answers one of sent, until all
+// are answered or ctx ends (neither is an error). It returns the
+// acknowledgements by signal id.
+func AwaitSignalAcks(ctx context.Context, b Bus, sent []SentSignal, onAck func(SentSignal, *schemas.SignalAcknowledged)) (map[string]*schemas.SignalAcknowledged, error) {
+	acks := map[string]*schemas.SignalAcknowledged{}
+	if len(sent) == 0 {
+		return acks, nil
+	}
+	byID := map[string]SentSignal{}
+	first := uint64(math.MaxUint64)
+	sessions := map[string]bool{}
+	for _, s := range sent {
+		byID[s.Event.ID] = s
+		first = min(first, s.Seq)
+		sessions[s.Event.Session] = true
+	}
+	subject := lifecycleSubject("*", schemas.TypeSignalAcknowledged)
+	if len(sessions) == 1 {
+		subject = lifecycleSubject(sent[0].Event.Session, schemas.TypeSignalAcknowledged)
+	}
+	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{subject}, StartSeq: first, Follow: true}, func(ev schemas.Event) error {
+		a, ok := ev.Data.(*schemas.SignalAcknowledged)
+		if !ok {
+			return nil
+		}
+		s, mine := byID[a.SignalID]
+		if !mine || acks[a.SignalID] != nil || s.Event.Session != ev.Session {
+			return nil
+		}
+		acks[a.SignalID] = a
+		if onAck != nil {
+			onAck(s, a)
+		}
+		if len(acks) == len(byID) {
+			return bus.ErrStop
+		}
+		return nil
+	})
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return acks, err
+}
