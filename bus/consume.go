@@ -297,7 +297,9 @@ func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg,
 		log.Error().Err(herr).Msg("event failed permanently; dead-lettered")
 		b.deadLetter(ctx, cfg.Durable, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), herr.Error())
 		_ = msg.TermWithReason(truncate(herr.Error(), 200))
-	case errors.As(herr, &rel):
+	case errors.As(herr, &rel) && int(meta.NumDelivered) < cfg.MaxDeliver:
+		// On the last delivery a release is dead-lettered below: the
+		// server would not deliver it again, so it must not vanish.
 		log.Debug().Dur("redeliver_in", rel.delay).Msg("event released")
 		_ = msg.NakWithDelay(rel.delay)
 	case ctx.Err() != nil:

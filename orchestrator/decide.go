@@ -160,7 +160,14 @@ func (d *decider) decide() {
 				if st.WaitJob != st.JobID {
 					until := d.now.Add(DefaultRateLimitWait)
 					if st.ResetAt != nil {
+						// A reset already past (clock skew, a stale
+						// message) must not retry at once, again and
+						// again: the wait floor doubles with each
+						// rate-limited attempt in a row.
 						until = *st.ResetAt
+						if floor := d.now.Add(rateLimitFloor(st.RateLimits)); until.Before(floor) {
+							until = floor
+						}
 					}
 					d.emit(schemas.TypeStepWaiting, name, &schemas.StepWaiting{Step: name, JobID: st.JobID, Until: until.UTC(),
 						Reason: firstLine(st.Failure.Message)}, st.JobID)
@@ -213,12 +220,33 @@ func (d *decider) decide() {
 			d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: s.finalArtifacts()})
 		}
 	}
-	if s.Status == StatusRunning {
-		// Jobs in flight spend on: stop them once the budget is gone.
+	if s.Status == StatusRunning && s.anyInFlight() {
+		// Jobs in flight spend on: stop them once the budget is gone. With
+		// none, the next request stops the session (a verdict still due
+		// may complete it).
 		if reason := s.overBudget(false); reason != "" {
 			d.stopForBudget(reason)
 		}
 	}
+}
+
+func (s *Session) anyInFlight() bool {
+	for _, st := range s.Steps {
+		if st.inFlight() {
+			return true
+		}
+	}
+	return false
+}
+
+// rateLimitFloor is the least wait after the n-th rate-limited attempt in
+// a row: 5s, doubling, at most 30 minutes.
+func rateLimitFloor(n int) time.Duration {
+	d := 5 * time.Second
+	for i := 1; i < n && d < 30*time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, 30*time.Minute)
 }
 
 // DefaultRateLimitWait is how long a step waits after an agent hit a usage
@@ -633,7 +661,7 @@ func Unrecordable(st *State, trigger schemas.Event, evs []schemas.Event, cause e
 	}
 	var out []schemas.Event
 	if st := s.Steps[step]; st != nil && st.Status != StepCompleted && st.Status != StepFailed {
-		out = append(out, mk(schemas.TypeStepFailed, step, &schemas.StepFailed{Step: step, Iterations: st.Iteration, Error: reason}, step))
+		out = append(out, mk(schemas.TypeStepFailed, step, &schemas.StepFailed{Step: step, Iterations: st.Iteration, Error: reason}, roundParts(st, step)...))
 		reason = fmt.Sprintf("step %s failed: %s", step, reason)
 	}
 	return append(out, mk(schemas.TypeSessionFailed, "", &schemas.SessionFailed{Step: step, Reason: reason}))

@@ -477,3 +477,62 @@ func TestRenderHints(t *testing.T) {
 		})
 	}
 }
+
+// TestDecideReviewCases: a finished job is not cancelled by a budget stop,
+// a past reset time does not retry at once, hints survive a retry or a
+// stop, and there are at most MaxHints of them.
+func TestDecideReviewCases(t *testing.T) {
+	single := promptPipeline("Do {{.Input.Name}}", 5)
+	budget := single
+	budget.Budget = &schemas.Budget{MaxCostUSD: 0.5}
+	past := fixedNow.Add(-time.Hour)
+	info := signal(20, "info", "", "use tabs")
+	withHint := func(ev schemas.Event, hints ...string) schemas.Event {
+		d := *ev.Data.(*schemas.JobRequested)
+		d.Hints = hints
+		ev.Data = &d
+		return ev
+	}
+	hinted := []schemas.Event{started(single), requested("p", 1), info, ackEv(info, "applied"), rejected("p", 1, "again"), withHint(requested("p", 2), "use tabs")}
+	many := []schemas.Event{started(single), requested("p", 1)}
+	for i := range MaxHints + 2 {
+		sig := signal(30+i, "info", "", fmt.Sprintf("hint %d", i))
+		many = append(many, sig, ackEv(sig, "applied"))
+	}
+	var wantMany []string
+	for i := 2; i < MaxHints+2; i++ {
+		wantMany = append(wantMany, fmt.Sprintf("hint %d", i))
+	}
+	runControl(t, []controlCase{
+		{
+			name:  "the job that crossed the budget is not cancelled: its verdict is due",
+			given: []schemas.Event{started(budget), requested("p", 1), withUsage(jobCompleted("p", 1), 0.6, 1)},
+			want:  nil,
+		},
+		{
+			name:  "its passing verdict completes the session",
+			given: []schemas.Event{started(budget), requested("p", 1), withUsage(jobCompleted("p", 1), 0.6, 1), passed("p", 1, art("p", "p.json"))},
+			want:  []string{"step.completed p after 1", "session.completed"},
+		},
+		{
+			name:  "a reset time already past waits the floor",
+			given: []schemas.Event{started(single), requested("p", 1), rateLimited("p", 1, &past)},
+			want:  []string{"step.waiting p until " + fixedNow.Add(5*time.Second).Format(time.RFC3339)},
+		},
+		{
+			name:  "hints go again with a retry after a rate limit",
+			given: append(slices.Clone(hinted), rateLimited("p", 2, &past), control(schemas.TypeStepWaiting, &schemas.StepWaiting{Step: "p", JobID: jid("p", 2), Until: past})),
+			want:  []string{`job.requested s1.p.2.a2 hints=["use tabs"]`},
+		},
+		{
+			name:  "hints go again after stop and resume",
+			given: append(slices.Clone(hinted), cancelledEv("p", 2)),
+			want:  []string{`job.requested s1.p.2.r1 hints=["use tabs"]`},
+		},
+		{
+			name:  "at most MaxHints, the newest",
+			given: append(many, rejected("p", 1, "again")),
+			want:  []string{fmt.Sprintf("job.requested s1.p.2 hints=%q", wantMany)},
+		},
+	})
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -109,8 +110,16 @@ type Step struct {
 	// WaitUntil its end.
 	WaitJob   string
 	WaitUntil time.Time
-	// Hints are info messages for the step's next job.
-	Hints []string
+	// Hints are info messages for the step's next job; JobHints those the
+	// current job carries, given back to Hints when it is cut short or
+	// retried.
+	Hints, JobHints []string
+	// Reported marks a current job that sent its result (the verdict may
+	// still be due): it is no longer cancelled.
+	Reported bool
+	// RateLimits counts rate-limited attempts in a row; the wait floor
+	// doubles with each.
+	RateLimits int
 	// Repeats counts failures in a row with signature LastSig, for the
 	// circuit breaker.
 	LastSig string
@@ -129,7 +138,7 @@ func (s *Session) clone() *Session {
 	for k, v := range s.Steps {
 		sc := *v
 		sc.Feedback = slices.Clone(v.Feedback)
-		sc.Hints = slices.Clone(v.Hints)
+		sc.Hints, sc.JobHints = slices.Clone(v.Hints), slices.Clone(v.JobHints)
 		c.Steps[k] = &sc
 	}
 	c.Usage = maps.Clone(s.Usage)
@@ -141,12 +150,15 @@ func (s *Session) clone() *Session {
 func (s *Session) terminal() bool { return s.Status == StatusCompleted || s.Status == StatusFailed }
 
 // Spent returns the session's usage so far, summed over its jobs.
+// The sum runs in job id order and rounds cost to a billionth of a dollar
+// (as the manifest does), so every replica decides the same at a bound.
 func (s *Session) Spent() schemas.Usage {
 	var u schemas.Usage
-	for _, j := range s.Usage {
+	for _, id := range slices.Sorted(maps.Keys(s.Usage)) {
+		j := s.Usage[id]
 		u.InputTokens += j.InputTokens
 		u.OutputTokens += j.OutputTokens
-		u.CostUSD += j.CostUSD
+		u.CostUSD = math.Round((u.CostUSD+j.CostUSD)*1e9) / 1e9
 	}
 	return u
 }
@@ -172,7 +184,28 @@ func (st *Step) waiting() bool {
 }
 
 // inFlight reports whether the step's current job has not reported yet.
-func (st *Step) inFlight() bool { return st.Status == StepRunning && st.Outcome == outcomeNone }
+func (st *Step) inFlight() bool {
+	return st.Status == StepRunning && st.Outcome == outcomeNone && !st.Reported
+}
+
+// giveBackHints returns the current job's hints to the pending ones: the
+// job was cut short or is retried, so they have not reached an agent that
+// finished.
+func (st *Step) giveBackHints() {
+	st.Hints, st.JobHints = boundHints(slices.Concat(st.JobHints, st.Hints)), nil
+}
+
+// MaxHints bounds the info messages a step keeps for its next job; the
+// newest are kept, so operator notes can never push a prompt over its
+// limit.
+const MaxHints = 8
+
+func boundHints(h []string) []string {
+	if len(h) > MaxHints {
+		h = h[len(h)-MaxHints:]
+	}
+	return h
+}
 
 // ErrReplayed: an event repeats the id of an earlier event of its running
 // session, or starts a session that has already started.
@@ -273,7 +306,7 @@ func evolveSession(s *Session, ev schemas.Event) {
 		s.Pending = slices.Delete(s.Pending, i, i+1)
 		if p.Verb == "info" && d.Result == schemas.SignalApplied {
 			for _, st := range s.hintTargets(p.Step) {
-				st.Hints = append(st.Hints, p.Message)
+				st.Hints = boundHints(append(st.Hints, p.Message))
 			}
 		}
 	case *schemas.JobRequested:
@@ -282,7 +315,8 @@ func evolveSession(s *Session, ev schemas.Event) {
 			(st.Status == StepPending && d.Round >= st.Round || newer(d.Round, d.Iteration, attempt, st)) {
 			st.Status, st.Iteration, st.Attempt, st.JobID, st.Round = StepRunning, d.Iteration, attempt, d.JobID, d.Round
 			st.Outcome, st.Passed, st.Failure, st.Retryable = outcomeNone, nil, nil, false
-			st.RateLimited, st.ResetAt, st.WaitJob, st.WaitUntil, st.Hints = false, nil, "", time.Time{}, nil
+			st.RateLimited, st.ResetAt, st.WaitJob, st.WaitUntil = false, nil, "", time.Time{}
+			st.Hints, st.JobHints, st.Reported = nil, slices.Clone(d.Hints), false
 			st.Feedback = slices.Clone(d.Feedback)
 			s.Requests++
 		}
@@ -291,6 +325,7 @@ func evolveSession(s *Session, ev schemas.Event) {
 		if st == nil {
 			return
 		}
+		st.RateLimits = 0
 		if ev.Type == schemas.TypeValidationPassed {
 			st.Outcome, st.Passed = outcomePassed, d.Artifacts
 		} else {
@@ -301,6 +336,9 @@ func evolveSession(s *Session, ev schemas.Event) {
 	case *schemas.JobCompleted:
 		if d.Usage != nil {
 			s.Usage[d.JobID] = *d.Usage
+		}
+		if st := current(d.Step, d.JobID); st != nil {
+			st.Reported = true
 		}
 	case *schemas.JobFailed:
 		if d.Usage != nil {
@@ -314,7 +352,14 @@ func evolveSession(s *Session, ev schemas.Event) {
 			st.Outcome, st.Retryable = outcomeFailed, d.Retryable && !d.RateLimited
 			st.RateLimited, st.ResetAt = d.RateLimited, d.ResetAt
 			st.Failure = &schemas.Feedback{Iteration: d.Iteration, Kind: "job", Message: msg}
-			if !d.Retryable && !d.RateLimited {
+			switch {
+			case d.RateLimited:
+				st.RateLimits++
+				st.giveBackHints()
+			case d.Retryable:
+				st.giveBackHints()
+			default:
+				st.RateLimits = 0
 				st.repeat("job\x00" + d.Error)
 			}
 		}
@@ -322,6 +367,7 @@ func evolveSession(s *Session, ev schemas.Event) {
 		if st := s.Steps[d.Step]; st != nil && st.Status == StepRunning && st.JobID == d.JobID {
 			// The same iteration runs again, in a new round.
 			st.Status, st.Round, st.Outcome, st.Passed, st.Failure = StepPending, st.Round+1, outcomeNone, nil, nil
+			st.giveBackHints()
 		}
 	case *schemas.StepWaiting:
 		if st := s.Steps[d.Step]; st != nil && st.JobID == d.JobID {

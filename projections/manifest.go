@@ -420,7 +420,9 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		if sv == nil {
 			return m
 		}
-		sv.Hold = nil
+		// Resuming also ends a rate-limit wait early (the orchestrator
+		// dispatches as soon as the session may).
+		sv.Hold, sv.Wait = nil, nil
 		m.settle(sv)
 
 	case schemas.TypeStepInvalidated:
@@ -466,7 +468,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		}
 		sv.Artifacts = slices.Clone(d.Artifacts)
 		sv.ErrorMessage = ""
-		sv.Wait = nil
+		sv.Wait, sv.Hold = nil, nil // a finished step is never held
 
 	case schemas.TypeStepFailed:
 		d, ok := dataAs[schemas.StepFailed](ev.Data)
@@ -480,7 +482,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sv.Status = StepStatusFailed
 		sv.ErrorMessage = d.Error
 		sv.Iterations = max(sv.Iterations, d.Iterations)
-		sv.Wait = nil
+		sv.Wait, sv.Hold = nil, nil
 
 	case schemas.TypeSessionPaused:
 		if m.Terminal() {

@@ -909,3 +909,35 @@ func TestCloneIsDeepForControlFields(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldsAndWaitsEndLikeTheOrchestrators: a step that finishes is never
+// held (so an invalidation does not bring back an old pause), and resuming
+// a step ends its rate-limit wait, as the orchestrator decides.
+func TestHoldsAndWaitsEndLikeTheOrchestrators(t *testing.T) {
+	const s = "hold-1"
+	b := &builder{}
+	b.start(s)
+	job := b.request(s, "summary", 1)
+	b.add(s, schemas.TypeStepPaused, "summary", "", &schemas.StepPaused{Step: "summary", Kind: schemas.PauseSignal, Reason: "look"})
+	arts := []schemas.ArtifactRef{artifact(s, "summary", 1, "summary.json", "{}")}
+	b.passed(s, "summary", job, 1, arts...)
+	b.stepCompleted(s, "summary", job, 1, "", arts...)
+	m := BuildManifest(s, b.evs)
+	if sv := m.Steps["summary"]; sv.Status != StepStatusCompleted || sv.Hold != nil {
+		t.Fatalf("completed step: status %s hold %+v", sv.Status, sv.Hold)
+	}
+	b.add(s, schemas.TypeStepInvalidated, "summary", "", &schemas.StepInvalidated{Step: "summary", Cause: "summary"})
+	if sv := BuildManifest(s, b.evs).Steps["summary"]; sv.Status != StepStatusPending || sv.Hold != nil {
+		t.Errorf("invalidated step: status %s hold %+v", sv.Status, sv.Hold)
+	}
+
+	job = b.request(s, "ideas", 1)
+	b.add(s, schemas.TypeStepWaiting, "ideas", job, &schemas.StepWaiting{Step: "ideas", JobID: job, Until: t0.Add(time.Hour), Reason: "usage limit"})
+	if sv := BuildManifest(s, b.evs).Steps["ideas"]; sv.Status != StepStatusWaiting {
+		t.Fatalf("waiting step: status %s", sv.Status)
+	}
+	b.add(s, schemas.TypeStepResumed, "ideas", "", &schemas.StepResumed{Step: "ideas"})
+	if sv := BuildManifest(s, b.evs).Steps["ideas"]; sv.Wait != nil || sv.Status == StepStatusWaiting {
+		t.Errorf("resumed step: status %s wait %+v", sv.Status, sv.Wait)
+	}
+}

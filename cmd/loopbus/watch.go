@@ -34,8 +34,9 @@ second): steps with their state, iterations and cost, tools running now, the
 agents' latest message, the cost against the budget and recent signals.
 Otherwise one line is printed per event.
 
-Exits 0 when the session completes and 1 when it fails (the reason on
-stderr). A paused or stopped session is watched on until it ends or Ctrl-C.
+Exits 0 when the session completes, 1 when it fails and 3 when its budget
+stops it (the reason on stderr). A paused session, or one stopped by a
+signal, is watched on until it ends or Ctrl-C.
 watch only reads: it runs none of the services that work on the session.`,
 		Example: `  loopbus watch kit-1
   loopbus watch kit-1 --nats nats://127.0.0.1:4222 | grep tool`,
@@ -449,6 +450,9 @@ type screen struct {
 const redrawEvery = 100 * time.Millisecond
 
 func (s *screen) event(ev schemas.Event, m *projections.Manifest) {
+	// The caller folds on into m after this returns, while the redraw
+	// loop may read the screen's copy: keep one of our own.
+	m = m.Clone()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.live.fold(ev, m)
