@@ -755,14 +755,7 @@ func (b *Bus) LastSeq(ctx context.Context) (uint64, error) {
 // SessionLastSeq returns the sequence of the newest event of a session, or
 // 0 if it has none.
 func (b *Bus) SessionLastSeq(ctx context.Context, session string) (uint64, error) {
-	m, err := b.stream.GetLastMsgForSubject(ctx, schemas.SessionSubjects(session))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("last event of %s: %w", session, b.connErr(err))
-	}
-	return m.Sequence, nil
+	return b.SubjectLastSeq(ctx, schemas.SessionSubjects(session))
 }
 
 // SubjectLastSeq returns the stream sequence of the newest event on

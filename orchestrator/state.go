@@ -56,8 +56,9 @@ type Session struct {
 	LastSeq uint64
 	LastID  string
 	Steps   map[string]*Step
-	// StopKind and Reason say why a stopped or paused session is.
-	StopKind, Reason string
+	// StopKind is the kind of session.stopped of a stopped session (resume
+	// is refused while a budget stop still holds).
+	StopKind string
 	// Budget is the pipeline's budget tightened by the session's.
 	Budget schemas.Budget
 	// Usage holds each job's reported usage: a job reporting twice counts
@@ -99,9 +100,8 @@ type Step struct {
 	Artifacts []schemas.ArtifactRef
 	// Round counts runs cut short by job.cancelled or step.invalidated.
 	Round int
-	// Hold is the kind of step.paused holding the step ("" when none) and
-	// HoldReason its reason.
-	Hold, HoldReason string
+	// Hold is the kind of step.paused holding the step ("" when none).
+	Hold string
 	// RateLimited marks a Failure caused by a usage or rate limit; ResetAt
 	// is when it lifts, if the agent said.
 	RateLimited bool
@@ -375,11 +375,11 @@ func evolveSession(s *Session, ev schemas.Event) {
 		}
 	case *schemas.StepPaused:
 		if st := s.Steps[d.Step]; st != nil {
-			st.Hold, st.HoldReason = d.Kind, d.Reason
+			st.Hold = d.Kind
 		}
 	case *schemas.StepResumed:
 		if st := s.Steps[d.Step]; st != nil {
-			st.Hold, st.HoldReason, st.LastSig, st.Repeats = "", "", "", 0
+			st.Hold, st.LastSig, st.Repeats = "", "", 0
 			if st.waiting() {
 				st.WaitUntil = time.Time{} // resuming ends a wait early
 			}
@@ -387,23 +387,23 @@ func evolveSession(s *Session, ev schemas.Event) {
 	case *schemas.StepInvalidated:
 		if st := s.Steps[d.Step]; st != nil && st.Status != StepFailed {
 			round := st.Round + 1
-			*st = Step{Def: st.Def, Status: StepPending, Round: round, Hold: st.Hold, HoldReason: st.HoldReason, Hints: st.Hints}
+			*st = Step{Def: st.Def, Status: StepPending, Round: round, Hold: st.Hold, Hints: st.Hints}
 		}
 	case *schemas.StepCompleted:
 		if st := s.Steps[d.Step]; st != nil {
 			st.Status, st.Artifacts, st.Outcome = StepCompleted, d.Artifacts, outcomeNone
-			st.Hold, st.HoldReason, st.Hints = "", "", nil
+			st.Hold, st.Hints = "", nil
 		}
 	case *schemas.StepFailed:
 		if st := s.Steps[d.Step]; st != nil {
 			st.Status = StepFailed
 		}
 	case *schemas.SessionPaused:
-		s.Status, s.StopKind, s.Reason = StatusPaused, "", d.Reason
+		s.Status, s.StopKind = StatusPaused, ""
 	case *schemas.SessionStopped:
-		s.Status, s.StopKind, s.Reason = StatusStopped, d.Kind, d.Reason
+		s.Status, s.StopKind = StatusStopped, d.Kind
 	case *schemas.SessionResumed:
-		s.Status, s.StopKind, s.Reason = StatusRunning, "", ""
+		s.Status, s.StopKind = StatusRunning, ""
 		s.Resumes++
 	case *schemas.SessionCompleted:
 		s.Status = StatusCompleted
