@@ -47,6 +47,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./bus/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/pipeline/
 	$(GO) test -run '^$$' -fuzz '^FuzzFoldManifest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./projections/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/backlog/
 
 clean:
 	rm -rf bin

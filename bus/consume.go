@@ -60,6 +60,10 @@ type ConsumerConfig struct {
 	// DeliverNew starts a newly created consumer at new events instead of the
 	// whole history.
 	DeliverNew bool
+	// MaxAckPending bounds the messages delivered and not yet acknowledged;
+	// 0 means no bound. 1 keeps stream order even across redeliveries: the
+	// next message waits until a crashed handler's times out and comes back.
+	MaxAckPending int
 }
 
 func (c ConsumerConfig) withDefaults() ConsumerConfig {
@@ -121,6 +125,9 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 	}
 	if cfg.DeliverNew {
 		cc.DeliverPolicy = jetstream.DeliverNewPolicy
+	}
+	if cfg.MaxAckPending > 0 {
+		cc.MaxAckPending = cfg.MaxAckPending
 	}
 	cons, err := b.ensureConsumer(ctx, cc)
 	if err != nil || cons == nil {

@@ -94,11 +94,17 @@ func (r *loopRig) signal(args ...string) string {
 // sessionEvents returns the session's events with their data decoded.
 func (r *loopRig) sessionEvents(session string) []loopEvent {
 	r.t.Helper()
+	return decodedEvents(r.t, r.global(), session)
+}
+
+// decodedEvents returns a session's events with their data decoded.
+func decodedEvents(t *testing.T, global []string, session string) []loopEvent {
+	t.Helper()
 	var out []loopEvent
-	for _, e := range events(r.t, r.global(), session) {
+	for _, e := range events(t, global, session) {
 		le := loopEvent{cloudEvent: e}
 		if err := json.Unmarshal(e.Data, &le.data); err != nil {
-			r.t.Fatalf("%s data: %v", e.Type, err)
+			t.Fatalf("%s data: %v", e.Type, err)
 		}
 		out = append(out, le)
 	}

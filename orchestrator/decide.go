@@ -91,7 +91,11 @@ func (d *decider) request(st *Step, iteration, attempt int, feedback []schemas.F
 		d.stopForBudget(reason)
 		return false
 	}
-	jr, err := jobRequest(s, st, iteration, attempt, feedback)
+	jobRequestOf := jobRequest
+	if s.Backlog != nil {
+		jobRequestOf = backlogJobRequest
+	}
+	jr, err := jobRequestOf(s, st, iteration, attempt, feedback)
 	if err != nil {
 		d.fail(st.Def.Name, st.Iteration, err.Error())
 		return false
@@ -142,6 +146,9 @@ func (d *decider) decide() {
 	if s.terminal() {
 		return
 	}
+	if s.Backlog != nil && s.Backlog.Phase == "" {
+		d.backlogStart()
+	}
 	dispatchable := func(st *Step) bool { return s.Status == StatusRunning && st.Hold == "" }
 	// Each pass changes some step; the bound only guards against a bug
 	// spinning the orchestrator for ever.
@@ -150,6 +157,9 @@ func (d *decider) decide() {
 		for _, name := range s.stepNames() {
 			st := s.Steps[name]
 			switch {
+			case st.Status == StepRunning && st.Outcome == outcomePassed && s.Backlog != nil:
+				d.finishRun(st)
+				changed = true
 			case st.Status == StepRunning && st.Outcome == outcomePassed:
 				d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 					Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
@@ -192,6 +202,11 @@ func (d *decider) decide() {
 				}
 			case st.Status == StepRunning && st.Outcome == outcomeFailed:
 				if st.Iteration >= st.Def.MaxIterations {
+					if s.Backlog != nil && !slices.Contains(roleSteps, name) {
+						d.blockTask(st)
+						changed = true
+						continue
+					}
 					d.fail(name, st.Iteration, exhausted(st))
 					return
 				}
@@ -216,7 +231,11 @@ func (d *decider) decide() {
 				changed = true
 			}
 		}
-		if !changed && s.allCompleted() {
+		if s.Backlog != nil {
+			if !s.terminal() && d.backlogFill() {
+				changed = true
+			}
+		} else if !changed && s.allCompleted() {
 			d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: s.finalArtifacts()})
 		}
 	}
@@ -358,6 +377,10 @@ func (d *decider) answer(p PendingSignal) {
 			ignore("an info signal needs a message")
 			return
 		}
+		if s.Backlog != nil && p.Step == "" {
+			ack(schemas.SignalApplied, "added to the next agent run's prompt")
+			return
+		}
 		var names []string
 		for _, t := range s.hintTargets(p.Step) {
 			names = append(names, t.Def.Name)
@@ -367,6 +390,8 @@ func (d *decider) answer(p PendingSignal) {
 			return
 		}
 		ack(schemas.SignalApplied, "added to the next prompt of step "+strings.Join(names, ", "))
+	case p.Verb == "invalidate" && s.Backlog != nil:
+		ignore("invalidate is for pipeline steps; in a backlog, set a task's status with loopbus tasks set-status")
 	case p.Verb == "invalidate":
 		if st == nil {
 			ignore("invalidate names a step: SESSION/STEP")
@@ -615,6 +640,14 @@ func formatHints(hints []string) string {
 // an agent always learns why its previous iteration failed; so are .Hints,
 // the operator's info messages.
 func RenderPrompt(text string, data PromptData) (string, error) {
+	return renderTemplate(text, data, data.Feedback, data.Hints)
+}
+
+func renderBacklogPrompt(text string, data backlogPromptData) (string, error) {
+	return renderTemplate(text, data, data.Feedback, data.Hints)
+}
+
+func renderTemplate(text string, data any, feedback, hints string) (string, error) {
 	t, err := template.New("prompt").Option("missingkey=error").Parse(text)
 	if err != nil {
 		return "", fmt.Errorf("prompt template: %w", err)
@@ -623,13 +656,13 @@ func RenderPrompt(text string, data PromptData) (string, error) {
 	if err := t.Execute(&b, data); err != nil {
 		return "", fmt.Errorf("prompt template: %w", err)
 	}
-	if data.Feedback != "" && !strings.Contains(text, ".Feedback") {
+	if feedback != "" && !strings.Contains(text, ".Feedback") {
 		b.WriteString("\n\n## Feedback from earlier iterations\n\n")
-		b.WriteString(data.Feedback)
+		b.WriteString(feedback)
 	}
-	if data.Hints != "" && !strings.Contains(text, ".Hints") {
+	if hints != "" && !strings.Contains(text, ".Hints") {
 		b.WriteString("\n\n## Notes from the operator\n\n")
-		b.WriteString(data.Hints)
+		b.WriteString(hints)
 	}
 	return b.String(), nil
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/loopbus/loopbus/internal/backlog"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -68,6 +69,8 @@ type Session struct {
 	Requests int
 	// Resumes counts session.resumed events (it keeps ids unique).
 	Resumes int
+	// Backlog is the state of a backlog session (nil for pipelines).
+	Backlog *BacklogState
 	// Pending holds signals not acknowledged yet, oldest first. Finished
 	// sessions keep them too: they are acknowledged as ignored.
 	Pending []PendingSignal
@@ -124,6 +127,11 @@ type Step struct {
 	// circuit breaker.
 	LastSig string
 	Repeats int
+	// Summary and FileTasks hold a backlog run's passed report until it is
+	// applied: a task or review summary, or a bootstrap or repair task
+	// file's tasks.
+	Summary   *backlog.Summary
+	FileTasks []schemas.Task
 }
 
 // PendingSignal is a signal the orchestrator has not acknowledged yet.
@@ -143,6 +151,9 @@ func (s *Session) clone() *Session {
 	}
 	c.Usage = maps.Clone(s.Usage)
 	c.Pending = slices.Clone(s.Pending)
+	if s.Backlog != nil {
+		c.Backlog = s.Backlog.clone()
+	}
 	return &c
 }
 
@@ -253,7 +264,7 @@ func Evolve(st *State, ev schemas.Event) {
 		// Nothing is decided for a finished session again (but signals
 		// are acknowledged): keep only what identifies it (Check, LastSeq),
 		// so memory grows with the running sessions, not the history.
-		s.seen, s.Pipeline, s.Input, s.Steps, s.Usage = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil
+		s.seen, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil
 	} else if ev.ID != "" {
 		s.seen[ev.ID] = struct{}{}
 	}
@@ -282,6 +293,9 @@ func newSession(ev schemas.Event) *Session {
 	for _, def := range d.Pipeline.Steps {
 		s.Steps[def.Name] = &Step{Def: def, Status: StepPending}
 	}
+	if d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil {
+		s.Backlog = newBacklogState(d)
+	}
 	return s
 }
 
@@ -304,7 +318,11 @@ func evolveSession(s *Session, ev schemas.Event) {
 		}
 		p := s.Pending[i]
 		s.Pending = slices.Delete(s.Pending, i, i+1)
-		if p.Verb == "info" && d.Result == schemas.SignalApplied {
+		if p.Verb == "info" && d.Result == schemas.SignalApplied && s.Backlog != nil && p.Step == "" {
+			// A backlog's later runs are steps that do not exist yet: the
+			// hint goes to the next job requested.
+			s.Backlog.Hints = boundHints(append(s.Backlog.Hints, p.Message))
+		} else if p.Verb == "info" && d.Result == schemas.SignalApplied {
 			for _, st := range s.hintTargets(p.Step) {
 				st.Hints = boundHints(append(st.Hints, p.Message))
 			}
@@ -315,10 +333,14 @@ func evolveSession(s *Session, ev schemas.Event) {
 			(st.Status == StepPending && d.Round >= st.Round || newer(d.Round, d.Iteration, attempt, st)) {
 			st.Status, st.Iteration, st.Attempt, st.JobID, st.Round = StepRunning, d.Iteration, attempt, d.JobID, d.Round
 			st.Outcome, st.Passed, st.Failure, st.Retryable = outcomeNone, nil, nil, false
+			st.Summary, st.FileTasks = nil, nil
 			st.RateLimited, st.ResetAt, st.WaitJob, st.WaitUntil = false, nil, "", time.Time{}
 			st.Hints, st.JobHints, st.Reported = nil, slices.Clone(d.Hints), false
 			st.Feedback = slices.Clone(d.Feedback)
 			s.Requests++
+			if s.Backlog != nil {
+				s.Backlog.Hints = nil // they went with this job
+			}
 		}
 	case *schemas.Verdict:
 		st := current(d.Step, d.JobID)
@@ -328,6 +350,9 @@ func evolveSession(s *Session, ev schemas.Event) {
 		st.RateLimits = 0
 		if ev.Type == schemas.TypeValidationPassed {
 			st.Outcome, st.Passed = outcomePassed, d.Artifacts
+			if s.Backlog != nil {
+				s.Backlog.checkReport(st, d)
+			}
 		} else {
 			st.Outcome = outcomeFailed
 			st.Failure = &schemas.Feedback{Iteration: d.Iteration, Kind: "validation", Errors: d.Errors, RetryHint: d.RetryHint}
@@ -405,6 +430,10 @@ func evolveSession(s *Session, ev schemas.Event) {
 	case *schemas.SessionResumed:
 		s.Status, s.StopKind = StatusRunning, ""
 		s.Resumes++
+	case *schemas.TaskAdded, *schemas.TaskUpdated, *schemas.TaskSelected, *schemas.BacklogPhase:
+		if s.Backlog != nil {
+			s.Backlog.evolve(s, ev)
+		}
 	case *schemas.SessionCompleted:
 		s.Status = StatusCompleted
 	case *schemas.SessionFailed:

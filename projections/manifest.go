@@ -15,7 +15,7 @@ import (
 )
 
 // ManifestVersion is the value of Manifest.Version.
-const ManifestVersion = 2
+const ManifestVersion = 3
 
 // Session statuses (Manifest.Status).
 const (
@@ -106,6 +106,14 @@ type Manifest struct {
 	// Signals are the newest MaxSignals signals, oldest first, each with
 	// its acknowledgement once the orchestrator gave it.
 	Signals []SignalView `json:"signals,omitempty"`
+	// Kind is "backlog" for a backlog session (empty for pipelines): its
+	// steps are its task runs and role runs (bootstrap, repair, review),
+	// added as they are selected. Phase is the backlog's phase.
+	Kind  string `json:"kind,omitempty"`
+	Phase string `json:"phase,omitempty"`
+	// MaxSummaryIterations is a backlog's iterations per task run (the
+	// MaxIterations of its steps).
+	MaxSummaryIterations int `json:"maxSummaryIterations,omitempty"`
 	// LastSeq is the stream sequence of the last event folded (0 when no
 	// folded event came from the stream).
 	LastSeq uint64 `json:"lastSeq"`
@@ -276,6 +284,17 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 	}
 
 	switch ev.Type {
+	case schemas.TypeTaskSelected:
+		if d, ok := dataAs[schemas.TaskSelected](ev.Data); ok && m.Kind == schemas.KindBacklog {
+			m.runStep(d.ID)
+		}
+	case schemas.TypeBacklogPhase:
+		if d, ok := dataAs[schemas.BacklogPhase](ev.Data); ok && m.Kind == schemas.KindBacklog {
+			m.Phase = d.Phase
+			if d.Phase == schemas.PhaseBootstrap || d.Phase == schemas.PhaseRepair || d.Phase == schemas.PhaseReview {
+				m.runStep(d.Phase)
+			}
+		}
 	case schemas.TypeJobRequested:
 		d, ok := dataAs[schemas.JobRequested](ev.Data)
 		if !ok {
@@ -594,6 +613,9 @@ func startManifest(ev schemas.Event) *Manifest {
 	}
 	m.Pipeline = d.Pipeline.Name
 	m.SourceHash = d.SourceHash
+	if d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil {
+		m.Kind, m.MaxSummaryIterations = schemas.KindBacklog, d.Pipeline.Backlog.MaxSummaryIterations
+	}
 	if d.Input != (schemas.ArtifactRef{}) {
 		in := d.Input
 		m.Input = &in
@@ -775,6 +797,22 @@ func (m *Manifest) addSignal(sg SignalView) *SignalView {
 		m.Signals = slices.Delete(m.Signals, 0, n)
 	}
 	return &m.Signals[len(m.Signals)-1]
+}
+
+// runStep starts a new run of a backlog step (a task or a role): the step
+// is added on its first run and pending again on later ones.
+func (m *Manifest) runStep(name string) {
+	if name == "" {
+		return
+	}
+	sv := m.Steps[name]
+	if sv == nil {
+		sv = &StepView{MaxIterations: m.MaxSummaryIterations}
+		m.Steps[name] = sv
+		m.StepOrder = append(m.StepOrder, name)
+	}
+	sv.Status, sv.JobID, sv.Worker, sv.Wait = StepStatusPending, "", "", nil
+	sv.Iterations, sv.ErrorMessage = 0, ""
 }
 
 // step returns the view of a pipeline step, or nil for an unknown name.

@@ -39,6 +39,7 @@ var goldenCases = []struct {
 	{"breaker_open_close", breakerOpenClose},
 	{"invalidation", invalidation},
 	{"usage_sums", usageSums},
+	{"backlog_runs", backlogRuns},
 }
 
 func foldAll(evs []schemas.Event) *Manifest {

@@ -61,6 +61,12 @@ func catalogueEntries() map[string]entry {
 		TypeSessionPaused:      {func() any { return new(SessionPaused) }},
 		TypeSessionStopped:     {func() any { return new(SessionStopped) }},
 		TypeSessionResumed:     {func() any { return new(SessionResumed) }},
+		TypeTaskAdded:          {func() any { return new(TaskAdded) }},
+		TypeTaskUpdated:        {func() any { return new(TaskUpdated) }},
+		TypeTaskSelected:       {func() any { return new(TaskSelected) }},
+		TypeBacklogPhase:       {func() any { return new(BacklogPhase) }},
+		TypeHookCompleted:      {func() any { return new(HookRun) }},
+		TypeHookFailed:         {func() any { return new(HookRun) }},
 	}
 }
 

@@ -60,6 +60,7 @@ func samples(t *testing.T) map[string]any {
 		Env:     map[string]string{"LOOPBUS_MODE": "test"},
 	}
 	outlineSchema := json.RawMessage(`{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","required":["title","sections"],"properties":{"title":{"type":"string"},"sections":{"type":"array","items":{"type":"string"}}}}`)
+	created := time.Date(2026, 11, 20, 9, 30, 0, 0, time.UTC)
 	outlineErrors := []ValidationError{
 		{Artifact: "outline.json", Pointer: "/sections/1", Message: "got number, want string", Source: "schema"},
 		{Artifact: "outline.json", Pointer: "", Message: "missing property 'title'", Source: "schema"},
@@ -86,7 +87,7 @@ func samples(t *testing.T) map[string]any {
 						Agent:             AgentSpec{Backend: "exec", Command: []string{"./agents/draft.sh"}},
 						Prompt:            "Write the report.",
 						Requires:          []string{"outline"},
-						Outputs:           []Output{{Name: "draft.json", Schema: json.RawMessage(`true`)}, {Name: "notes.txt"}},
+						Outputs:           []Output{{Name: "draft.json", Schema: json.RawMessage(`true`), Report: true}, {Name: "notes.txt"}},
 						MaxIterations:     1,
 						TimeoutMs:         300000,
 						ValidateTimeoutMs: 30000,
@@ -149,7 +150,10 @@ func samples(t *testing.T) map[string]any {
 			JobID:    "job-1",
 			Artifact: outline,
 		},
-		TypeValidationPassed: &Verdict{JobID: "job-3", Step: "draft", Iteration: 1, Artifacts: []ArtifactRef{draft, notes}},
+		TypeValidationPassed: &Verdict{
+			JobID: "job-3", Step: "draft", Iteration: 1, Artifacts: []ArtifactRef{draft, notes},
+			Reports: []Report{{Name: "draft.json", Content: json.RawMessage(`{"title":"Otters","body":"..."}`)}},
+		},
 		TypeValidationFailed: &Verdict{
 			JobID:     "job-1",
 			Step:      "outline",
@@ -183,6 +187,27 @@ func samples(t *testing.T) map[string]any {
 		TypeSessionPaused:      &SessionPaused{},
 		TypeSessionStopped:     &SessionStopped{Kind: StopBudget, Reason: "cost $0.52 reached max_cost_usd $0.50"},
 		TypeSessionResumed:     &SessionResumed{Reason: "budget raised"},
+		TypeTaskAdded: &TaskAdded{
+			Task: Task{
+				ID: "T-2", Title: "Parse the config file", Description: "Read loopbus.yaml.", Reference: "DESIGN.md#config",
+				Priority: 1, Status: TaskTodo, Details: "Use yaml.v3.", Steps: []string{"write the parser", "test it"},
+				Tags: []string{"config"}, Files: []string{"internal/config/config.go"}, DependsOn: []string{"T-1"},
+				Notes: []string{"imported"}, CreatedAt: &created, UpdatedAt: &created,
+			},
+			By:     "import",
+			Reason: "to-do.json",
+		},
+		TypeTaskUpdated:  &TaskUpdated{ID: "T-2", Status: TaskBlocked, Blockers: &[]string{"needs the schema of loopbus.yaml"}, Files: []string{"internal/config/config.go"}, Note: "parser written", By: "sess-1.T-2.1", Reason: "summary of run 1"},
+		TypeTaskSelected: &TaskSelected{ID: "T-2", Run: 1, Agent: "claude", Reason: "todo, priority 1, dependencies done"},
+		TypeBacklogPhase: &BacklogPhase{Phase: PhaseIterate, Reason: "task file imported", Counts: map[string]int{TaskTodo: 2, TaskDone: 1}},
+		TypeHookCompleted: &HookRun{
+			Hook: "notify", EventID: "ev-1", EventType: TypeStepCompleted, EventSeq: 42, Runner: "hooks-default",
+			ExitCode: 0, DurationMs: 120, OutputTail: "sent\n",
+		},
+		TypeHookFailed: &HookRun{
+			Hook: "notify", EventID: "ev-2", EventType: TypeSessionFailed, EventSeq: 57, Runner: "hooks-default",
+			ExitCode: -1, DurationMs: 10000, TimedOut: true, Error: "timed out after 10s",
+		},
 	}
 }
 
@@ -196,8 +221,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 29 {
-		t.Errorf("catalogue has %d types, want 29", len(want))
+	if len(want) != 35 {
+		t.Errorf("catalogue has %d types, want 35", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

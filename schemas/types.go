@@ -92,6 +92,10 @@ type Pipeline struct {
 	Budget *Budget `json:"budget,omitempty"`
 	// Breaker sets the circuit breaker's thresholds for every step.
 	Breaker *Breaker `json:"breaker,omitempty"`
+	// Kind is "pipeline" (empty means the same) or "backlog": then Steps
+	// is empty and Backlog says how tasks are worked.
+	Kind    string   `json:"kind,omitempty"`
+	Backlog *Backlog `json:"backlog,omitempty"`
 }
 
 // Step is one normalized pipeline step.
@@ -159,6 +163,9 @@ type Output struct {
 	// SchemaVersion identifies the schema: its "version" or "$id" member, or
 	// "sha256:" and 12 hex digits of its bytes.
 	SchemaVersion string `json:"schemaVersion,omitempty"`
+	// Report asks the validator to carry the output's content (JSON, at
+	// most MaxReportBytes) in validation.passed.
+	Report bool `json:"report,omitempty"`
 }
 
 // SessionStarted starts a session. Emitted by the CLI.
@@ -170,6 +177,8 @@ type SessionStarted struct {
 	// Budget is the session's own budget (loopbus run --max-cost-usd …);
 	// it applies together with the pipeline's.
 	Budget *Budget `json:"budget,omitempty"`
+	// Backlog holds a backlog session's source files and imported tasks.
+	Backlog *BacklogStart `json:"backlog,omitempty"`
 }
 
 // Feedback is what an earlier failed iteration of a step left for the next.
@@ -343,6 +352,9 @@ type Verdict struct {
 	Artifacts []ArtifactRef     `json:"artifacts"`
 	Errors    []ValidationError `json:"errors,omitempty"`
 	RetryHint string            `json:"retryHint,omitempty"`
+	// Reports carry the content of passed outputs declared with
+	// Output.Report.
+	Reports []Report `json:"reports,omitempty"`
 }
 
 // StepCompleted records a step whose outputs passed validation.

@@ -2,12 +2,14 @@
 // names a JSON Schema is validated against it, then the step's optional
 // validate command runs with the outputs and inputs materialized. The
 // verdict, validation.passed or validation.failed, lists every error with
-// its JSON pointer and a hint for the next iteration.
+// its JSON pointer and a hint for the next iteration; validation.passed
+// carries the content of the outputs declared as reports.
 package validator
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/procrun"
@@ -133,7 +136,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	if !ok || jr.JobID != jc.JobID || reqEv.Session != ev.Session {
 		return fmt.Errorf("%w: event %d is not the request of job %s", bus.ErrPermanent, jc.RequestSeq, jc.JobID)
 	}
-	errs, err := s.check(ctx, ev.Session, jr, jc)
+	errs, reports, err := s.check(ctx, ev.Session, jr, jc)
 	if err != nil {
 		return err
 	}
@@ -142,6 +145,8 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	if len(errs) > 0 {
 		typ = schemas.TypeValidationFailed
 		v.RetryHint = retryHint(errs)
+	} else {
+		v.Reports = reports
 	}
 	_, err = s.bus.Publish(ctx, schemas.Event{
 		ID:          schemas.DeterministicID(ev.Session, "verdict", jc.JobID),
@@ -160,12 +165,14 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	return err
 }
 
-// check returns the validation errors of a job's outputs. The error return
-// is for failures to check (fetching, disk), which are retried.
-func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequested, jc *schemas.JobCompleted) ([]schemas.ValidationError, error) {
+// check returns the validation errors of a job's outputs and the reports of
+// its outputs declared with Report (to carry only when there are no
+// errors). The error return is for failures to check (fetching, disk),
+// which are retried.
+func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequested, jc *schemas.JobCompleted) ([]schemas.ValidationError, []schemas.Report, error) {
 	ws, err := workspace.Create(s.cfg.WorkDir, session, fmt.Sprintf("%s-%d", jr.Step, jr.Iteration))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !s.cfg.KeepWorkspaces {
 		defer ws.Remove()
@@ -186,41 +193,64 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	}
 	if err := ws.Fetch(ctx, s.bus, present, ws.Out); err != nil {
 		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) {
-			return []schemas.ValidationError{{Message: "cannot read outputs: " + err.Error()}}, nil
+			return []schemas.ValidationError{{Message: "cannot read outputs: " + err.Error()}}, nil, nil
 		}
-		return nil, err
+		return nil, nil, err
 	}
+	var reports []schemas.Report
+	reportBytes := 0
 	for _, out := range jr.Outputs {
-		if len(out.Schema) == 0 {
-			continue
-		}
 		if _, ok := byName[out.Name]; !ok {
 			continue
 		}
-		sch, err := schemas.CompileArtifactSchema(out.Name, out.Schema)
-		if err != nil {
-			errs = append(errs, schemas.ValidationError{Artifact: out.Name, Message: "the step's schema does not compile: " + err.Error(), Source: "schema"})
+		path := filepath.Join(ws.Out, out.Name)
+		var doc []byte // the output's content, once read
+		if len(out.Schema) > 0 {
+			sch, err := schemas.CompileArtifactSchema(out.Name, out.Schema)
+			if err != nil {
+				errs = append(errs, schemas.ValidationError{Artifact: out.Name, Message: "the step's schema does not compile: " + err.Error(), Source: "schema"})
+				continue
+			}
+			if doc, err = os.ReadFile(path); err != nil {
+				return nil, nil, err
+			}
+			if verrs := sch.Validate(out.Name, doc); len(verrs) > 0 {
+				errs = append(errs, verrs...)
+				continue
+			}
+		}
+		if !out.Report {
 			continue
 		}
-		doc, err := os.ReadFile(filepath.Join(ws.Out, out.Name))
+		r, problem, err := readReport(out.Name, path, doc)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		errs = append(errs, sch.Validate(out.Name, doc)...)
+		if problem == "" {
+			reportBytes += len(r.Content)
+			if reportBytes > MaxReportsBytes {
+				problem = fmt.Sprintf("reports come to %d bytes with this one, over the %d bytes one verdict may carry", reportBytes, MaxReportsBytes)
+			}
+		}
+		if problem != "" {
+			errs = append(errs, schemas.ValidationError{Artifact: out.Name, Message: problem, Source: "schema"})
+			continue
+		}
+		reports = append(reports, r)
 	}
 	// The command runs on schema-valid outputs only: its errors would
 	// otherwise bury the schema's more precise ones.
 	if len(errs) > 0 || len(jr.Validate) == 0 {
-		return errs, nil
+		return errs, reports, nil
 	}
 	if err := ws.Fetch(ctx, s.bus, jr.Inputs, ws.In); err != nil {
 		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) || errors.Is(err, schemas.ErrBadName) {
-			return []schemas.ValidationError{{Message: "cannot read inputs for the validate command: " + err.Error(), Source: "command"}}, nil
+			return []schemas.ValidationError{{Message: "cannot read inputs for the validate command: " + err.Error(), Source: "command"}}, nil, nil
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	if err := ws.WriteText(jr.Prompt, schemas.FormatFeedback(jr.Feedback)); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	timeout := time.Duration(jr.ValidateTimeoutMs) * time.Millisecond
 	if timeout == 0 {
@@ -231,7 +261,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	// environment must not reach it.
 	sec, err := workspace.NewSecrets(env, append(slices.Clone(s.cfg.SecretEnv), jr.Agent.SecretEnv...))
 	if err != nil {
-		return []schemas.ValidationError{{Message: "validate command not run: " + err.Error(), Source: "command"}}, nil
+		return []schemas.ValidationError{{Message: "validate command not run: " + err.Error(), Source: "command"}}, nil, nil
 	}
 	res, err := procrun.Run(ctx, procrun.Spec{
 		Argv:      jr.Validate,
@@ -241,7 +271,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
 	})
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	res.Tail = sec.MaskTail(res.Tail, procrun.DefaultTailBytes)
 	cmd := sec.Mask(strings.Join(jr.Validate, " "))
@@ -257,7 +287,51 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 		}
 		errs = append(errs, schemas.ValidationError{Message: msg, Source: "command"})
 	}
-	return errs, nil
+	return errs, reports, nil
+}
+
+// MaxReportsBytes bounds the reports of one verdict together, as encoded:
+// the verdict must fit in one event (bus.MaxEventBytes) with its artifact
+// list.
+const MaxReportsBytes = bus.MaxEventBytes / 2
+
+// readReport makes the output at path a report: at most
+// schemas.MaxReportBytes of UTF-8 JSON. doc is its content when already
+// read (nil: it is read here, unless too big). The report's content is the
+// JSON as the bus encodes it (compacted, with <, > and & escaped), so the
+// verdict carries the bytes its readers decode. problem says why the
+// output cannot be a report; the error return is for failures to read.
+func readReport(name, path string, doc []byte) (r schemas.Report, problem string, err error) {
+	tooBig := func(n int64) string {
+		return fmt.Sprintf("report output is %d bytes, over the %d-byte limit of a report", n, schemas.MaxReportBytes)
+	}
+	if doc == nil {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return r, "", err
+		}
+		if fi.Size() > schemas.MaxReportBytes {
+			return r, tooBig(fi.Size()), nil
+		}
+		if doc, err = os.ReadFile(path); err != nil {
+			return r, "", err
+		}
+	}
+	if len(doc) > schemas.MaxReportBytes {
+		return r, tooBig(int64(len(doc))), nil
+	}
+	if !utf8.Valid(doc) {
+		return r, "report output is not UTF-8 text", nil
+	}
+	var raw json.RawMessage
+	if err := json.Unmarshal(doc, &raw); err != nil {
+		return r, "report output is not valid JSON: " + err.Error(), nil
+	}
+	content, err := json.Marshal(raw)
+	if err != nil { // raw is valid JSON: cannot happen
+		return r, "report output is not valid JSON: " + err.Error(), nil
+	}
+	return schemas.Report{Name: name, Content: content}, "", nil
 }
 
 func retryHint(errs []schemas.ValidationError) string {

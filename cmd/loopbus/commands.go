@@ -11,6 +11,7 @@ import (
 
 	"github.com/loopbus/loopbus/agentworker"
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/backlog"
 	"github.com/loopbus/loopbus/internal/client"
 	"github.com/loopbus/loopbus/internal/pipeline"
 	"github.com/loopbus/loopbus/projections"
@@ -21,21 +22,19 @@ import (
 )
 
 func newRunCmd(g *globals) *cobra.Command {
-	var input, session string
+	var input, tasks, session string
 	var detach, asJSON bool
 	var workers int
 	var budget schemas.Budget
 	cmd := &cobra.Command{
-		Use:   "run PIPELINE --input FILE",
-		Short: "Start a session of a pipeline and follow it to the end",
-		Long: `Start a session of PIPELINE over the input file and follow it live.
+		Use:   "run PIPELINE --input FILE | run BACKLOG [--tasks FILE]",
+		Short: "Start a session of a pipeline or backlog and follow it to the end",
+		Long: `Start a session of PIPELINE over the input file, or of a backlog (a file
+of kind: backlog) over its task file, and follow it live.
 Exits 0 when the session completes, 1 when it fails (reason on stderr), 2 on
 usage errors. Without --nats, NATS and every service run in this process.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if input == "" {
-				return usageErr(errors.New("run: --input FILE is required"))
-			}
 			sb, err := sessionBudget(cmd, budget)
 			if err != nil {
 				return usageErr(err)
@@ -43,6 +42,23 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			p, err := pipeline.Load(args[0])
 			if err != nil {
 				return usageErr(err)
+			}
+			if p.Kind == schemas.KindBacklog {
+				if input != "" {
+					return usageErr(fmt.Errorf("run: %s is a backlog: give its task file with --tasks FILE (or nothing, to bootstrap one), not --input", args[0]))
+				}
+				if session == "" {
+					session = client.NewSessionID(p.Name, time.Now())
+				} else if err := schemas.ValidateSessionID(session); err != nil {
+					return usageErr(err)
+				}
+				return g.submitAndFollow(cmd.Context(), g.backlogSubmitter(p, tasks, session, sb), session, detach, asJSON, workers)
+			}
+			if tasks != "" {
+				return usageErr(fmt.Errorf("run: --tasks is for backlogs (kind: backlog); %s is a pipeline", args[0]))
+			}
+			if input == "" {
+				return usageErr(errors.New("run: --input FILE is required"))
 			}
 			if _, err := os.Stat(input); err != nil {
 				return usageErr(fmt.Errorf("run: input: %w", err))
@@ -52,10 +68,11 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			} else if err := schemas.ValidateSessionID(session); err != nil {
 				return usageErr(err)
 			}
-			return g.submitAndFollow(cmd.Context(), p, input, session, sb, detach, asJSON, workers)
+			return g.submitAndFollow(cmd.Context(), g.pipelineSubmitter(p, input, session, sb), session, detach, asJSON, workers)
 		},
 	}
-	cmd.Flags().StringVar(&input, "input", "", "input file (required)")
+	cmd.Flags().StringVar(&input, "input", "", "input file (required for pipelines)")
+	cmd.Flags().StringVar(&tasks, "tasks", "", "backlogs: the task file (to-do.json) to import; without it the bootstrap agent proposes tasks")
 	cmd.Flags().StringVar(&session, "session", "", "session id ([A-Za-z0-9_-], at most 64); default <pipeline>-<date>-<random>")
 	cmd.Flags().BoolVar(&detach, "detach", false, "submit and exit without following (needs a running server: serve, or --nats)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final manifest as JSON on stdout")
@@ -91,7 +108,37 @@ func sessionBudget(cmd *cobra.Command, b schemas.Budget) (*schemas.Budget, error
 	return &b, nil
 }
 
-func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input, session string, budget *schemas.Budget, detach, asJSON bool, workers int) error {
+// submitter starts a session on a connected bus and says what it started.
+type submitter func(ctx context.Context, b *bus.Bus) (string, error)
+
+func (g *globals) pipelineSubmitter(p schemas.Pipeline, input, session string, budget *schemas.Budget) submitter {
+	return func(ctx context.Context, b *bus.Bus) (string, error) {
+		if _, err := client.SubmitWithBudget(ctx, b, p, input, session, time.Now(), budget); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("session %s: pipeline %s, %d steps", session, p.Name, len(p.Steps)), nil
+	}
+}
+
+func (g *globals) backlogSubmitter(p schemas.Pipeline, tasks, session string, budget *schemas.Budget) submitter {
+	return func(ctx context.Context, b *bus.Bus) (string, error) {
+		sub, err := client.SubmitBacklog(ctx, b, p, tasks, session, time.Now(), budget)
+		if err != nil {
+			return "", err
+		}
+		head := fmt.Sprintf("session %s: backlog %s", session, p.Name)
+		switch sub.Phase {
+		case schemas.PhaseIterate:
+			return fmt.Sprintf("%s, %d tasks imported from %s", head, sub.Tasks, tasks), nil
+		case schemas.PhaseRepair:
+			return fmt.Sprintf("%s: %s is invalid, a repair run fixes it first:\n  %s", head, tasks,
+				strings.ReplaceAll(backlog.FormatErrors(sub.Problems), "\n", "\n  ")), nil
+		}
+		return head + ": no tasks yet, a bootstrap run proposes them", nil
+	}
+}
+
+func (g *globals) submitAndFollow(ctx context.Context, submit submitter, session string, detach, asJSON bool, workers int) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -106,7 +153,8 @@ func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input
 	if detach && c.ownsServer() {
 		return usageErr(errors.New("run --detach: no loopbus server runs on the data directory, so nothing would work on the session after this command exits; start 'loopbus serve' first or pass --nats"))
 	}
-	if _, err := client.SubmitWithBudget(ctx, c.bus, p, input, session, time.Now(), budget); err != nil {
+	what, err := submit(ctx, c.bus)
+	if err != nil {
 		if errors.Is(err, client.ErrBadInput) || errors.Is(err, client.ErrSessionExists) {
 			return usageErr(err)
 		}
@@ -119,7 +167,7 @@ func (g *globals) submitAndFollow(ctx context.Context, p schemas.Pipeline, input
 		fmt.Fprintln(g.stdout, session)
 		return nil
 	}
-	fmt.Fprintf(g.stderr, "session %s: pipeline %s, %d steps\n", session, p.Name, len(p.Steps))
+	fmt.Fprintln(g.stderr, what)
 	return g.follow(ctx, c, session, asJSON, workers, log)
 }
 
@@ -237,12 +285,16 @@ func newStatusCmd(g *globals) *cobra.Command {
 }
 
 func newReplayCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, tasks bool
 	var until string
 	cmd := &cobra.Command{
 		Use:   "replay SESSION --until SEQ|RFC3339",
-		Short: "Show a session's manifest as it was at a stream sequence or time",
-		Args:  cobra.ExactArgs(1),
+		Short: "Show a session's manifest (and a backlog's task list) as it was at a stream sequence or time",
+		Long: `Show a session's manifest as it was at a stream sequence or time; for a
+backlog session the task list as it was follows it. --tasks shows only the
+task list (as 'loopbus tasks' does); --json prints the manifest, or with
+--tasks the task list view, as JSON.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var u client.Until
 			if until != "" {
@@ -254,17 +306,30 @@ func newReplayCmd(g *globals) *cobra.Command {
 			if err := schemas.ValidateSessionID(args[0]); err != nil {
 				return usageErr(err)
 			}
+			if tasks {
+				return g.withTasks(cmd, func(ctx context.Context, b *bus.Bus) error {
+					v, err := client.ReplayTasks(ctx, b, args[0], u)
+					if err != nil {
+						return err
+					}
+					return printTasks(g.stdout, v, tasksListing{asJSON: asJSON})
+				})
+			}
 			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
 				m, err := client.Replay(ctx, b, args[0], u)
 				if err != nil {
 					return err
 				}
-				return printManifest(g.stdout, m, asJSON, time.Now())
+				if err := printManifest(g.stdout, m, asJSON, time.Now()); err != nil || asJSON {
+					return err
+				}
+				return replayTasks(ctx, g.stdout, b, m)
 			})
 		},
 	}
 	cmd.Flags().StringVar(&until, "until", "", "last stream sequence (e.g. 42) or time (RFC 3339) to include; default: everything")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the manifest as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the manifest (with --tasks, the task list view) as JSON")
+	cmd.Flags().BoolVar(&tasks, "tasks", false, "show only the task list of a backlog session")
 	return cmd
 }
 
@@ -272,7 +337,7 @@ func newExportCmd(g *globals) *cobra.Command {
 	var dir string
 	cmd := &cobra.Command{
 		Use:   "export SESSION --dir DIR",
-		Short: "Write a session's manifest, artifacts and events to a directory",
+		Short: "Write a session's manifest, artifacts and events (and a backlog's to-do.json) to a directory",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dir == "" {
@@ -284,6 +349,10 @@ func newExportCmd(g *globals) *cobra.Command {
 			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
 				m, err := client.Export(ctx, b, args[0], dir)
 				if err != nil {
+					return err
+				}
+				// A backlog's task list as it was at the manifest's last event.
+				if _, err := client.ExportTasks(ctx, b, args[0], dir, m.LastSeq); err != nil {
 					return err
 				}
 				fmt.Fprintf(g.stderr, "exported session %s (%s) to %s\n", args[0], m.Status, dir)

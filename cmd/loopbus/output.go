@@ -78,6 +78,9 @@ func printManifest(w io.Writer, m *projections.Manifest, asJSON bool, now time.T
 	}
 	fmt.Fprintf(w, "session   %s\npipeline  %s\nstatus    %s\nsource    %s\nupdated   %s (stream seq %d)\n",
 		m.ContentID, m.Pipeline, sessionState(m), m.SourceHash, m.UpdatedAt.UTC().Format(time.RFC3339), m.LastSeq)
+	if m.Kind == schemas.KindBacklog {
+		fmt.Fprintf(w, "backlog   phase %s (the tasks: loopbus tasks %s)\n", orDash(m.Phase), m.ContentID)
+	}
 	if m.Error != "" {
 		fmt.Fprintf(w, "error     %s\n", m.Error)
 	}
@@ -364,4 +367,11 @@ func oneLine(s string, n int) string {
 	}
 	r := []rune(s)
 	return string(r[:max(n-1, 0)]) + "…"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

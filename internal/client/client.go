@@ -102,12 +102,17 @@ func SubmitWithBudget(ctx context.Context, b Bus, p schemas.Pipeline, inputPath,
 	if err != nil {
 		return schemas.Event{}, err
 	}
+	return publishStart(ctx, b, session, now, &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest), Budget: budget})
+}
+
+// publishStart publishes session.started unless the session has events.
+func publishStart(ctx context.Context, b Bus, session string, now time.Time, data *schemas.SessionStarted) (schemas.Event, error) {
 	ev := schemas.Event{
 		ID:      schemas.DeterministicID(session, schemas.TypeSessionStarted),
 		Type:    schemas.TypeSessionStarted,
 		Session: session,
 		Time:    now,
-		Data:    &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest), Budget: budget},
+		Data:    data,
 	}
 	ev.Correlation = ev.ID
 	if _, err := b.PublishExpect(ctx, ev, 0); err != nil {

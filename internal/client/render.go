@@ -68,6 +68,16 @@ func Summarize(e schemas.Event) string {
 		return oneLine(s, 100)
 	case *schemas.SignalAcknowledged:
 		return oneLine(strings.TrimSpace(fmt.Sprintf("%s %s: %s (signal %s)", d.Signal, d.Result, d.Detail, d.SignalID)), 120)
+	case *schemas.TaskAdded:
+		return oneLine(fmt.Sprintf("%s [%s] %s by=%s", d.Task.ID, d.Task.Status, d.Task.Title, d.By), 120)
+	case *schemas.TaskUpdated:
+		return oneLine(strings.TrimSpace(fmt.Sprintf("%s %s by=%s %s", d.ID, d.Status, d.By, d.Note)), 120)
+	case *schemas.TaskSelected:
+		return oneLine(fmt.Sprintf("%s run=%d agent=%s %s", d.ID, d.Run, d.Agent, d.Reason), 120)
+	case *schemas.BacklogPhase:
+		return oneLine(d.Phase+": "+d.Reason, 120)
+	case *schemas.HookRun:
+		return oneLine(fmt.Sprintf("hook=%s event=%s exit=%d %dms %s", d.Hook, d.EventType, d.ExitCode, d.DurationMs, d.Error), 120)
 	}
 	return ""
 }
@@ -114,6 +124,16 @@ func (p *Progress) Event(ev schemas.Event, m *projections.Manifest) {
 		fmt.Fprintf(p.w, "%s  ✗ %s failed: %s\n", ts, d.Step, oneLine(d.Error, 200))
 	case *schemas.SessionCompleted:
 		fmt.Fprintf(p.w, "%s  ✓ session %s completed in %s\n", ts, ev.Session, ev.Time.Sub(m.CreatedAt).Round(time.Millisecond))
+	case *schemas.BacklogPhase:
+		fmt.Fprintf(p.w, "%s  ▸ %s: %s%s\n", ts, d.Phase, oneLine(d.Reason, 160), counts(d.Counts))
+	case *schemas.TaskSelected:
+		fmt.Fprintf(p.w, "%s  ▸ %s selected (run %d, agent %s): %s\n", ts, d.ID, d.Run, d.Agent, d.Reason)
+	case *schemas.TaskAdded:
+		fmt.Fprintf(p.w, "%s  + %s added by %s: %s\n", ts, d.Task.ID, d.By, oneLine(d.Task.Title, 100))
+	case *schemas.TaskUpdated:
+		if d.Status != "" {
+			fmt.Fprintf(p.w, "%s  ▸ %s is %s: %s\n", ts, d.ID, d.Status, oneLine(d.Note+" "+strings.Join(derefList(d.Blockers), "; "), 140))
+		}
 	}
 }
 
@@ -122,4 +142,25 @@ func redelivery(n int) string {
 		return fmt.Sprintf(" (delivery %d: an earlier worker did not finish)", n)
 	}
 	return ""
+}
+
+// counts renders task counts as " (2 todo, 1 done)", in status order.
+func counts(c map[string]int) string {
+	var parts []string
+	for _, st := range schemas.TaskStatuses() {
+		if c[st] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", c[st], st))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+func derefList(p *[]string) []string {
+	if p == nil {
+		return nil
+	}
+	return *p
 }

@@ -26,6 +26,34 @@
 //	    validate_timeout: 30s
 //	    final: true
 //
+// A file with kind: backlog describes a task backlog instead of steps: the
+// agents that work a task list and how (paths are relative to its
+// directory; every key but name, agents and roles is optional, shown here
+// with its default where it has one):
+//
+//	kind: backlog
+//	name: demo
+//	project: demo                          # default: name
+//	agents:                                # each as a step's agent
+//	  claude: {backend: claude, model: sonnet}
+//	  helper: {backend: exec, command: [./agent.sh]}
+//	roles:                                 # an agent or a list of agents
+//	  iterate: [claude, helper]            # required
+//	  review: claude                       # review, repair, bootstrap:
+//	  repair: claude                       # default: the first iterate agent
+//	  bootstrap: claude
+//	schedule: odd-even                     # single (default), odd-even, round-robin
+//	max_iterations: 50                     # agent runs of the session
+//	max_parallel: 1                        # 1 to 16
+//	source_files: [README.md, docs/spec.md]
+//	summary_iterations: 3
+//	timeout: 10m                           # per agent run
+//	validate: [make, test]
+//	validate_timeout: 1m
+//	prompts: {iterate: "..."}              # role: template
+//	budget: {max_cost_usd: 5}
+//	breaker: {no_progress: 3}
+//
 // Every problem is reported with the file, line and dotted field path it
 // concerns, and all problems of a file are reported at once (see Errors).
 package pipeline
@@ -82,6 +110,14 @@ func Load(path string) (schemas.Pipeline, error) {
 // each step's Breaker are nil when the file sets none of their fields; a
 // step's breaker holds only the thresholds the step sets (it overrides the
 // pipeline's field by field).
+//
+// A file whose kind is backlog is returned with Kind backlog, no steps,
+// Backlog set (roles all present, defaults applied: schedule single,
+// max_parallel 1, summary_iterations 3, timeout 10m, validate_timeout 1m,
+// project the name) and Budget.MaxIterations set from max_iterations and
+// budget.max_iterations (the tighter; 50 when neither is set). Its source
+// files must exist; they are kept as written (see SourcePath). A file
+// without kind, or of kind pipeline, is returned with Kind empty.
 //
 // Parse reads schema files and checks whether command arguments name files
 // under dir, but runs nothing. name is used in messages only. When data has
@@ -161,28 +197,29 @@ func (l *loader) pipeline(data []byte) schemas.Pipeline {
 	if !ok {
 		return p
 	}
-	top, ok := l.mapping(body, posOf(body), "", []string{"name", "steps", "budget", "breaker"})
-	if !ok {
+	if _, isMap := body.(*ast.MappingNode); !isMap {
+		l.mapping(body, posOf(body), "", pipelineKeys())
 		return p
 	}
+	// The keys allowed depend on the kind, so they are checked after it
+	// is known.
+	top, _ := l.mapping(body, posOf(body), "", nil)
+	switch l.fileKind(top) {
+	case schemas.KindBacklog:
+		l.backlog(top, &p)
+		return p
+	case schemas.KindPipeline:
+	default:
+		return p
+	}
+	top = l.only(top, pipelineKeys(), "key")
 	if be, ok := top.get("budget"); ok {
 		p.Budget = l.budget(be)
 	}
 	if be, ok := top.get("breaker"); ok {
 		p.Breaker = l.breaker(be)
 	}
-	if e, ok := top.get("name"); !ok {
-		l.errorf(top.pos, "name", "required")
-	} else if s, ok := l.str(e); ok {
-		if err := schemas.ValidateStepName(s); err != nil {
-			msg := err.Error()
-			if rest, cut := strings.CutPrefix(msg, schemas.ErrBadStepName.Error()); cut {
-				msg = "invalid pipeline name" + rest
-			}
-			l.errorf(e.valPos, e.field, "%s", msg)
-		}
-		p.Name = s
-	}
+	p.Name = l.name(top)
 	se, ok := top.get("steps")
 	if !ok {
 		l.errorf(top.pos, "steps", "required: a mapping from step names to steps")
@@ -206,6 +243,55 @@ func (l *loader) pipeline(data []byte) schemas.Pipeline {
 	graphOK := l.checkGraph(p.Steps, infos)
 	l.checkFinal(p.Steps, infos, se.keyPos, graphOK)
 	return p
+}
+
+// pipelineKeys returns the top-level keys of a pipeline file.
+func pipelineKeys() []string { return []string{"name", "steps", "budget", "breaker", "kind"} }
+
+// fileKind returns the kind of the file: pipeline when top has no kind, ""
+// when its kind is not one of the kinds (the problem is reported).
+func (l *loader) fileKind(top mapNode) string {
+	e, ok := top.get("kind")
+	if !ok {
+		return schemas.KindPipeline
+	}
+	k, ok := l.str(e)
+	if !ok {
+		return ""
+	}
+	if k != schemas.KindPipeline && k != schemas.KindBacklog {
+		l.errorf(e.valPos, e.field, "unknown kind %q (kinds: %s, %s)", k, schemas.KindPipeline, schemas.KindBacklog)
+		return ""
+	}
+	return k
+}
+
+// name decodes the required name of a pipeline or backlog file: it follows
+// the step-name rules.
+func (l *loader) name(top mapNode) string {
+	e, ok := top.get("name")
+	if !ok {
+		l.errorf(top.pos, "name", "required")
+		return ""
+	}
+	s, ok := l.str(e)
+	if !ok {
+		return ""
+	}
+	if err := schemas.ValidateStepName(s); err != nil {
+		l.errorf(e.valPos, e.field, "%s", renameErr(err, "pipeline name"))
+	}
+	return s
+}
+
+// renameErr returns the message of a schemas.ErrBadStepName error with
+// "step name" replaced by what, for names that follow the step-name rules.
+func renameErr(err error, what string) string {
+	msg := err.Error()
+	if rest, cut := strings.CutPrefix(msg, schemas.ErrBadStepName.Error()); cut {
+		return "invalid " + what + rest
+	}
+	return msg
 }
 
 // step decodes one step.

@@ -249,7 +249,7 @@ stepz: {}
 steps:
   a: {agent: {backend: exec, command: [echo]}, prompt: go, outputs: [{name: a.txt}]}
 `,
-			wantErr: `p.yaml:2: stepz: unknown key "stepz" (allowed: name, steps, budget, breaker)`,
+			wantErr: `p.yaml:2: stepz: unknown key "stepz" (allowed: name, steps, budget, breaker, kind)`,
 		},
 		{
 			name: "unknown step key",
@@ -950,7 +950,7 @@ name: q
 		{
 			name:    "not a mapping",
 			yaml:    "- a\n- b\n",
-			wantErr: `p.yaml:1: want a mapping with keys name, steps, budget, breaker, got a list`,
+			wantErr: `p.yaml:1: want a mapping with keys name, steps, budget, breaker, kind, got a list`,
 		},
 		{
 			name: "two documents",
@@ -1119,6 +1119,8 @@ steps:
 		"---\n...\n",
 		"name: p\nsteps:\n  a:\n    agent: {<<: [*q]}\n",
 		"name: p\nbudget: {max_cost_usd: 0.5, max_tokens: 9223372036854775808, max_iterations: .inf}\nbreaker: {no_progress: 1}\nsteps:\n  a: {breaker: {identical_failures: -1}}\n",
+		"kind: backlog\nname: b\nagents: {a: &a {backend: claude}, b: *a}\nroles: {iterate: [a, b], review: b}\nschedule: odd-even\nmax_parallel: 2\nsource_files: [s.json, /]\nprompts: {iterate: \"{{.Task.ID}}\"}\nsteps: {}\n",
+		"kind: [x]\n",
 	} {
 		f.Add([]byte(seed))
 	}

@@ -179,7 +179,7 @@ func TestParseHostileOutputNames(t *testing.T) {
 			yaml := "name: p\nsteps:\n  a:\n    agent: {backend: exec, command: [echo]}\n    prompt: go\n    outputs: [{name: " + tt.output + "}]\n"
 			p, err := Parse("p.yaml", []byte(yaml), t.TempDir())
 			if err == nil {
-				t.Fatalf("Parse succeeded with outputs %q, want error containing %q", p.Steps[0].Outputs, tt.wantErr)
+				t.Fatalf("Parse succeeded with outputs %+v, want error containing %q", p.Steps[0].Outputs, tt.wantErr)
 			}
 			t.Log(err)
 			checkInvalid(t, err)

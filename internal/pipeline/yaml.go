@@ -217,14 +217,21 @@ func (l *loader) mapping(n ast.Node, at pos, field string, allowed []string) (ma
 		}
 	}
 	if allowed != nil {
-		for _, e := range out.entries {
-			if !slices.Contains(allowed, e.key) {
-				l.errorf(e.keyPos, e.field, "unknown key %q (allowed: %s)", e.key, strings.Join(allowed, ", "))
-			}
-		}
-		out.entries = slices.DeleteFunc(out.entries, func(e entry) bool { return !slices.Contains(allowed, e.key) })
+		out = l.only(out, allowed, "key")
 	}
 	return out, true
+}
+
+// only reports each entry of m whose key is not in allowed as an unknown
+// what (such as "key" or "role") and returns m without them.
+func (l *loader) only(m mapNode, allowed []string, what string) mapNode {
+	for _, e := range m.entries {
+		if !slices.Contains(allowed, e.key) {
+			l.errorf(e.keyPos, e.field, "unknown %s %q (allowed: %s)", what, e.key, strings.Join(allowed, ", "))
+		}
+	}
+	m.entries = slices.DeleteFunc(slices.Clone(m.entries), func(e entry) bool { return !slices.Contains(allowed, e.key) })
+	return m
 }
 
 // collect appends m's explicit entries to own and the entries of mappings

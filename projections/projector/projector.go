@@ -1,7 +1,8 @@
 // Package projector keeps the projections' views current in the views
 // bucket: it folds the event stream with the pure folds of package
-// projections and writes the results, each tagged with the stream sequence
-// it reflects.
+// projections (session manifests, and the task lists of backlog sessions)
+// and writes the results, each tagged with the stream sequence it
+// reflects.
 package projector
 
 import (
@@ -16,7 +17,7 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// checkpointKey holds the stream sequence up to which every manifest is
+// checkpointKey holds the stream sequence up to which every view is
 // materialized.
 const checkpointKey = "_projector.manifests"
 
@@ -51,18 +52,27 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Service keeps every session manifest in the views bucket current with
-// the stream. Views are derived data: Rebuild (or deleting the checkpoint)
-// recomputes them from the stream.
+// Service keeps every session manifest, and the task list of every backlog
+// session, in the views bucket current with the stream. Views are derived
+// data: Rebuild (or deleting the checkpoint) recomputes them from the
+// stream.
 type Service struct {
 	cfg Config
 	bus Bus
 	log zerolog.Logger
-	// live caches manifests of running sessions; terminal ones are dropped
+	// live caches the views of running sessions; terminal ones are dropped
 	// after they are written.
-	live map[string]*projections.Manifest
-	// dirty: manifests changed since the last flush while catching up.
+	live map[string]*views
+	// dirty: sessions whose views changed since the last flush while
+	// catching up.
 	dirty map[string]bool
+}
+
+// views are one session's views: its manifest and, for a backlog session,
+// its task list (nil otherwise).
+type views struct {
+	m     *projections.Manifest
+	tasks *projections.TaskList
 }
 
 // New returns a projector.
@@ -79,35 +89,45 @@ func New(cfg Config, b Bus, log zerolog.Logger) (*Service, error) {
 	if cfg.CatchUpBatch == 0 {
 		cfg.CatchUpBatch = 10_000
 	}
-	return &Service{cfg: cfg, bus: b, log: log, live: map[string]*projections.Manifest{}, dirty: map[string]bool{}}, nil
+	return &Service{cfg: cfg, bus: b, log: log, live: map[string]*views{}, dirty: map[string]bool{}}, nil
 }
 
 type checkpoint struct {
 	Seq uint64 `json:"seq"`
-	// Version is the manifest format the views were written in.
+	// Version is the manifest format the views were written in; Tasks the
+	// task list format (0: written before task lists were projected).
 	Version int `json:"version"`
+	Tasks   int `json:"tasks,omitempty"`
 }
 
-// Run materializes manifests from the checkpoint on until ctx ends. Views
-// written in another manifest format are recomputed from the start of the
-// stream.
+// current reports whether the views were written in the formats of this
+// projector.
+func (cp checkpoint) current() bool {
+	return cp.Version == projections.ManifestVersion && cp.Tasks == projections.TaskListVersion
+}
+
+// Run materializes the views from the checkpoint on until ctx ends. Views
+// written in another manifest or task list format are recomputed from the
+// start of the stream.
 func (p *Service) Run(ctx context.Context) error {
 	var cp checkpoint
 	if err := p.bus.GetView(ctx, checkpointKey, &cp); err != nil && !errors.Is(err, bus.ErrNotFound) {
 		return fmt.Errorf("projector: %w", err)
 	}
-	if cp.Seq > 0 && cp.Version != projections.ManifestVersion {
-		p.log.Info().Int("from", cp.Version).Int("to", projections.ManifestVersion).Msg("views are of another manifest format; recomputing them from the stream")
+	if cp.Seq > 0 && !cp.current() {
+		p.log.Info().Int("from", cp.Version).Int("to", projections.ManifestVersion).
+			Int("tasks_from", cp.Tasks).Int("tasks_to", projections.TaskListVersion).
+			Msg("views are of another format; recomputing them from the stream")
 		cp.Seq = 0
 	}
 	return p.run(ctx, cp.Seq, true)
 }
 
-// Rebuild recomputes every manifest from the start of the stream, then
-// returns (it does not follow).
+// Rebuild recomputes every view from the start of the stream, then returns
+// (it does not follow).
 func (p *Service) Rebuild(ctx context.Context) error {
-	p.live, p.dirty = map[string]*projections.Manifest{}, map[string]bool{}
-	defer func() { p.live, p.dirty = map[string]*projections.Manifest{}, map[string]bool{} }()
+	p.live, p.dirty = map[string]*views{}, map[string]bool{}
+	defer func() { p.live, p.dirty = map[string]*views{}, map[string]bool{} }()
 	return p.run(ctx, 0, false)
 }
 
@@ -128,7 +148,7 @@ func (p *Service) run(ctx context.Context, from uint64, follow bool) error {
 		if err := p.flush(sctx, rebuilding); err != nil {
 			return err
 		}
-		if err := p.bus.PutView(sctx, checkpointKey, checkpoint{Seq: last, Version: projections.ManifestVersion}); err != nil {
+		if err := p.bus.PutView(sctx, checkpointKey, checkpoint{Seq: last, Version: projections.ManifestVersion, Tasks: projections.TaskListVersion}); err != nil {
 			p.log.Warn().Err(err).Msg("could not save projector checkpoint")
 		}
 		return nil
@@ -202,49 +222,77 @@ func retry(ctx context.Context, log zerolog.Logger, what string, fn func() error
 	}
 }
 
-// flush writes the changed manifests (one, once caught up; a batch's while
-// catching up). A manifest stays marked until it is written.
+// flush writes the changed views (one session's, once caught up; a
+// batch's while catching up). A session stays marked until its views are
+// written; the task list is written after the manifest, so a retry writes
+// both again.
 func (p *Service) flush(ctx context.Context, rebuilding bool) error {
 	for session := range p.dirty {
-		m := p.live[session]
-		if err := p.bus.PutView(ctx, projections.ManifestKey(session), m); err != nil {
-			return err
+		v := p.live[session]
+		if v.m != nil {
+			if err := p.bus.PutView(ctx, projections.ManifestKey(session), v.m); err != nil {
+				return err
+			}
+		}
+		if v.tasks != nil {
+			if err := p.bus.PutView(ctx, projections.TasksKey(session), v.tasks); err != nil {
+				return err
+			}
 		}
 		delete(p.dirty, session)
 		// While rebuilding there is no stored view to fall back on, so
 		// ended sessions stay cached (events may follow their end).
-		if m.Terminal() && !rebuilding {
+		if v.m.Terminal() && !rebuilding {
 			delete(p.live, session)
 		}
 	}
 	return nil
 }
 
-// apply folds ev into its session's manifest and marks it for the next
-// flush. It fails only before folding (reading a stored view), so a retry
+// apply folds ev into its session's views and marks them for the next
+// flush. It fails only before folding (reading stored views), so a retry
 // never folds an event twice.
 func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) error {
-	m := p.live[ev.Session]
-	if m == nil && !rebuilding && ev.Type != schemas.TypeSessionStarted {
-		var stored projections.Manifest
-		err := p.bus.GetView(ctx, projections.ManifestKey(ev.Session), &stored)
-		switch {
-		case err == nil:
-			m = &stored
-		case errors.Is(err, bus.ErrNotFound):
-		default:
-			return err
+	v := p.live[ev.Session]
+	if v == nil {
+		v = &views{}
+		if !rebuilding && ev.Type != schemas.TypeSessionStarted {
+			var err error
+			if v.m, err = getView[projections.Manifest](ctx, p.bus, projections.ManifestKey(ev.Session)); err != nil {
+				return err
+			}
+			if v.tasks, err = getView[projections.TaskList](ctx, p.bus, projections.TasksKey(ev.Session)); err != nil {
+				return err
+			}
 		}
 	}
-	before := uint64(0)
-	if m != nil {
-		before = m.LastSeq
+	var before, tasksBefore uint64
+	if v.m != nil {
+		before = v.m.LastSeq
 	}
-	m = projections.FoldManifest(m, ev)
-	if m == nil || m.LastSeq == before {
+	if v.tasks != nil {
+		tasksBefore = v.tasks.LastSeq
+	}
+	v.m = projections.FoldManifest(v.m, ev)
+	v.tasks = projections.FoldTasks(v.tasks, ev)
+	changed := v.m != nil && v.m.LastSeq != before || v.tasks != nil && v.tasks.LastSeq != tasksBefore
+	if !changed {
 		return nil
 	}
-	p.live[ev.Session] = m
+	p.live[ev.Session] = v
 	p.dirty[ev.Session] = true
 	return nil
+}
+
+// getView reads the stored view under key: nil when there is none.
+func getView[T any](ctx context.Context, b Bus, key string) (*T, error) {
+	var v T
+	err := b.GetView(ctx, key, &v)
+	switch {
+	case err == nil:
+		return &v, nil
+	case errors.Is(err, bus.ErrNotFound):
+		return nil, nil
+	}
+	return nil, err
 }

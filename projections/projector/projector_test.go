@@ -619,3 +619,165 @@ func TestViewsOfAnotherFormatAreRecomputed(t *testing.T) {
 		t.Errorf("view version %d", m.Version)
 	}
 }
+
+// backlogPipeline is a minimal valid pipeline of kind backlog.
+func backlogPipeline() schemas.Pipeline {
+	return schemas.Pipeline{Name: "todo", Dir: "/srv/todo", Kind: schemas.KindBacklog, Backlog: &schemas.Backlog{
+		Agents:      map[string]schemas.AgentSpec{"coder": {Backend: "exec", Command: []string{"sh", "agents/code.sh"}}},
+		Roles:       map[string][]string{schemas.RoleIterate: {"coder"}},
+		Schedule:    schemas.ScheduleSingle,
+		MaxParallel: 1, MaxSummaryIterations: 3, TimeoutMs: 60000,
+		SourceFiles: []string{"README.md"}, Project: "todo app",
+	}}
+}
+
+// backlogSession is the history of a backlog session that completes: two
+// imported tasks, one found by an agent, one added and one unblocked from
+// the command line.
+func backlogSession(sess string) []spec {
+	in := ref("to-do.json", sess+"/input/to-do.json", `{"schema_version":1,"tasks":[]}`, "")
+	var out []spec
+	add := func(typ, step string, data any) {
+		out = append(out, spec{session: sess, typ: typ, step: step, data: constant(data)})
+	}
+	tasks := []schemas.Task{
+		{ID: "T1", Title: "Parse input", Priority: 1, Status: schemas.TaskTodo},
+		{ID: "T2", Title: "Print output", Priority: 2, Status: schemas.TaskTodo, DependsOn: []string{"T1"}},
+	}
+	add(schemas.TypeSessionStarted, "", &schemas.SessionStarted{Pipeline: backlogPipeline(), Input: in, SourceHash: schemas.ShortHash(in.Digest),
+		Backlog: &schemas.BacklogStart{Tasks: tasks}})
+	for _, t := range tasks {
+		add(schemas.TypeTaskAdded, "", &schemas.TaskAdded{Task: t, By: "import", Reason: "imported from to-do.json"})
+	}
+	add(schemas.TypeBacklogPhase, "", &schemas.BacklogPhase{Phase: schemas.PhaseIterate, Reason: "imported 2 task(s)"})
+	add(schemas.TypeTaskSelected, "T1", &schemas.TaskSelected{ID: "T1", Run: 1, Agent: "coder", Reason: "todo: priority 1"})
+	add(schemas.TypeTaskUpdated, "T1", &schemas.TaskUpdated{ID: "T1", Status: schemas.TaskDone, Note: "parsed", By: "job-1", Reason: "summary of run 1"})
+	add(schemas.TypeTaskAdded, "", &schemas.TaskAdded{Task: schemas.Task{ID: "T3", Title: "Handle errors", Status: schemas.TaskTodo}, By: "job-1", Reason: "found while working on T1"})
+	add(schemas.TypeTaskSelected, "T2", &schemas.TaskSelected{ID: "T2", Run: 1, Agent: "coder", Reason: "todo: priority 2"})
+	bl := []string{"needs a terminal"}
+	add(schemas.TypeTaskUpdated, "T2", &schemas.TaskUpdated{ID: "T2", Status: schemas.TaskBlocked, Blockers: &bl, By: "job-2", Reason: "summary of run 1"})
+	none := []string{}
+	add(schemas.TypeTaskUpdated, "T2", &schemas.TaskUpdated{ID: "T2", Status: schemas.TaskTodo, Blockers: &none, By: "cli", Reason: "terminal found"})
+	add(schemas.TypeTaskAdded, "", &schemas.TaskAdded{Task: schemas.Task{ID: "T4", Title: "Write docs", Status: schemas.TaskTodo}, By: "cli"})
+	add(schemas.TypeTaskUpdated, "T9", &schemas.TaskUpdated{ID: "T9", Status: schemas.TaskDone, By: "cli", Reason: "no such task"})
+	for _, id := range []string{"T2", "T3", "T4"} {
+		add(schemas.TypeTaskSelected, id, &schemas.TaskSelected{ID: id, Run: 1, Agent: "coder"})
+		add(schemas.TypeTaskUpdated, id, &schemas.TaskUpdated{ID: id, Status: schemas.TaskDone, By: "job-" + id, Reason: "summary of run 1"})
+	}
+	add(schemas.TypeBacklogPhase, "", &schemas.BacklogPhase{Phase: schemas.PhaseReview, Reason: "no runnable task left"})
+	add(schemas.TypeBacklogPhase, "", &schemas.BacklogPhase{Phase: schemas.PhaseDone, Reason: "review found nothing to add"})
+	add(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: []schemas.ArtifactRef{}})
+	return out
+}
+
+// tasksView reads the stored task list of sess as raw JSON; nil when none.
+func tasksView(t *testing.T, b *bus.Bus, sess string) json.RawMessage {
+	t.Helper()
+	var raw json.RawMessage
+	err := b.GetView(context.Background(), projections.TasksKey(sess), &raw)
+	if errors.Is(err, bus.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// waitTasks waits until the stored task list of sess reflects seq.
+func waitTasks(t *testing.T, b *bus.Bus, sess string, seq uint64) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		raw := tasksView(t, b, sess)
+		var v projections.TaskList
+		if raw != nil && json.Unmarshal(raw, &v) == nil && v.LastSeq == seq {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task list of %s never reached seq %d; it is %s", sess, seq, raw)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// assertTasksAreFold compares the stored task list of sess with
+// BuildTaskList over every event in the stream, as JSON.
+func assertTasksAreFold(t *testing.T, b *bus.Bus, sess string) {
+	t.Helper()
+	want := projections.BuildTaskList(sess, allEvents(t, b))
+	if want == nil {
+		t.Fatalf("BuildTaskList(%s) is nil", sess)
+	}
+	wantRaw, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotRaw := tasksView(t, b, sess)
+	var got, exp any
+	if err := json.Unmarshal(gotRaw, &got); err != nil {
+		t.Fatalf("task list of %s is not JSON: %s", sess, gotRaw)
+	}
+	if err := json.Unmarshal(wantRaw, &exp); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, exp) {
+		t.Errorf("task list of %s differs from BuildTaskList over the stream:\n got %s\nwant %s", sess, gotRaw, wantRaw)
+	}
+}
+
+// TestProjectorTaskLists: the task list of a backlog session is kept next
+// to its manifest, through a restart (the stored list is read back and
+// folded on) and after the session's end; a pipeline session has none.
+func TestProjectorTaskLists(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	history := interleave(backlogSession("b1"), completeSession("s1"))
+	half := len(history) / 2
+	p.publish(history[:half]...)
+	stop := startProjector(t, b, projector.Config{CheckpointEvery: 3})
+	waitTasks(t, b, "b1", p.last["b1"])
+	assertTasksAreFold(t, b, "b1")
+	stop()
+
+	p.publish(history[half:]...)
+	startProjector(t, b, projector.Config{CheckpointEvery: 3})
+	waitTasks(t, b, "b1", p.last["b1"])
+	waitView(t, b, "s1", p.last["s1"])
+	assertTasksAreFold(t, b, "b1")
+	assertViewIsFold(t, b, "b1")
+	var v projections.TaskList
+	if err := json.Unmarshal(tasksView(t, b, "b1"), &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.Status != projections.StatusCompleted || v.Phase != schemas.PhaseDone || v.Counts[schemas.TaskDone] != 4 || len(v.Tasks) != 4 {
+		t.Errorf("task list does not show the completed backlog: %+v", v)
+	}
+	if raw := tasksView(t, b, "s1"); raw != nil {
+		t.Errorf("pipeline session s1 has a task list: %s", raw)
+	}
+
+	// An update after the end (the session's views were dropped from the
+	// cache): the stored list is read back and folded on.
+	p.publish(spec{session: "b1", typ: schemas.TypeTaskUpdated, step: "T4", data: constant(&schemas.TaskUpdated{ID: "T4", Note: "late note", By: "cli"})})
+	waitTasks(t, b, "b1", p.last["b1"])
+	assertTasksAreFold(t, b, "b1")
+}
+
+// TestTasksViewsOfOlderProjectorAreComputed: a checkpoint of a projector
+// that wrote manifests only (no task list version) makes the projector
+// recompute every view, so backlog sessions get their task lists.
+func TestTasksViewsOfOlderProjectorAreComputed(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	p.publish(backlogSession("b1")...)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := b.PutView(ctx, "_projector.manifests", map[string]any{"seq": p.last["b1"], "version": projections.ManifestVersion}); err != nil {
+		t.Fatal(err)
+	}
+	startProjector(t, b, projector.Config{})
+	waitTasks(t, b, "b1", p.last["b1"])
+	assertTasksAreFold(t, b, "b1")
+	assertViewIsFold(t, b, "b1")
+}

@@ -1,0 +1,385 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/template"
+
+	"github.com/goccy/go-yaml/ast"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+const (
+	// defaultBacklogIterations bounds the agent runs of a backlog session
+	// when the file sets neither max_iterations nor budget.max_iterations.
+	defaultBacklogIterations = 50
+	// maxParallelLimit bounds max_parallel: every parallel run is a
+	// workspace and an agent process.
+	maxParallelLimit         = 16
+	defaultSummaryIterations = 3
+)
+
+// backlogKeys returns the top-level keys of a backlog file.
+func backlogKeys() []string {
+	return []string{
+		"kind", "name", "project", "agents", "roles", "schedule",
+		"max_iterations", "max_parallel", "source_files", "summary_iterations",
+		"timeout", "validate", "validate_timeout", "prompts", "budget", "breaker",
+	}
+}
+
+// backlogRoles returns the roles, in the order messages list them.
+func backlogRoles() []string {
+	return []string{schemas.RoleIterate, schemas.RoleReview, schemas.RoleRepair, schemas.RoleBootstrap}
+}
+
+// backlogSchedules returns the schedules, in the order messages list them.
+func backlogSchedules() []string {
+	return []string{schemas.ScheduleSingle, schemas.ScheduleOddEven, schemas.ScheduleRoundRobin}
+}
+
+// SourcePath returns where the source file src of the backlog p is: src
+// itself when it is absolute, else src under p.Dir (the directory of the
+// backlog file, for a Pipeline from Load or Parse).
+func SourcePath(p schemas.Pipeline, src string) string {
+	return underDir(p.Dir, src)
+}
+
+// underDir resolves path against dir unless it is absolute.
+func underDir(dir, path string) string {
+	if filepath.IsAbs(path) {
+		return path
+	}
+	return filepath.Join(dir, path)
+}
+
+// backlog decodes the top-level mapping of a file of kind backlog into p.
+func (l *loader) backlog(top mapNode, p *schemas.Pipeline) {
+	p.Kind = schemas.KindBacklog
+	// steps is the likeliest mistake (a pipeline file given a kind), so it
+	// gets its own message rather than "unknown key".
+	if i := slices.IndexFunc(top.entries, func(e entry) bool { return e.key == "steps" }); i >= 0 {
+		e := top.entries[i]
+		l.errorf(e.keyPos, e.field, "a file of kind backlog has no steps: its tasks come from the task file (remove steps, or kind for a pipeline)")
+		top.entries = slices.Delete(slices.Clone(top.entries), i, i+1)
+	}
+	top = l.only(top, backlogKeys(), "key")
+
+	b := &schemas.Backlog{
+		Schedule:             schemas.ScheduleSingle,
+		MaxParallel:          1,
+		MaxSummaryIterations: defaultSummaryIterations,
+		TimeoutMs:            defaultTimeout.Milliseconds(),
+		ValidateTimeoutMs:    defaultValidateTimeout.Milliseconds(),
+	}
+	p.Name = l.name(top)
+	b.Project = p.Name
+	if e, ok := top.get("project"); ok {
+		if s, ok := l.str(e); ok {
+			if strings.TrimSpace(s) == "" {
+				l.errorf(e.valPos, e.field, "must not be empty (leave project out to use the name)")
+			} else {
+				b.Project = s
+			}
+		}
+	}
+
+	agents, names, agentsOK := l.backlogAgents(top)
+	b.Agents = agents
+	iterate := l.roles(top, b, names, agentsOK)
+	l.schedule(top, b, iterate)
+
+	if e, ok := top.get("max_parallel"); ok {
+		b.MaxParallel = int(l.intIn(e, 1, maxParallelLimit, 1))
+	}
+	if e, ok := top.get("summary_iterations"); ok {
+		b.MaxSummaryIterations = int(l.intIn(e, 1, maxIterationsLimit, defaultSummaryIterations))
+	}
+	if e, ok := top.get("timeout"); ok {
+		b.TimeoutMs = l.duration(e, b.TimeoutMs)
+	}
+	if e, ok := top.get("validate"); ok {
+		if argv, ok := l.argv(e); ok {
+			b.Validate = argv
+		}
+	}
+	if e, ok := top.get("validate_timeout"); ok {
+		b.ValidateTimeoutMs = l.duration(e, b.ValidateTimeoutMs)
+	}
+	if e, ok := top.get("source_files"); ok {
+		b.SourceFiles = l.sourceFiles(e)
+	}
+	if e, ok := top.get("prompts"); ok {
+		b.Prompts = l.prompts(e)
+	}
+
+	// max_iterations is the backlog's name for budget.max_iterations; when
+	// both are set the tighter applies, when neither the default does.
+	var budget schemas.Budget
+	if e, ok := top.get("budget"); ok {
+		if fb := l.budget(e); fb != nil {
+			budget = *fb
+		}
+	}
+	iterations := 0
+	if e, ok := top.get("max_iterations"); ok {
+		iterations = int(l.positiveInt(e, math.MaxInt32))
+	}
+	if iterations == 0 && budget.MaxIterations == 0 {
+		iterations = defaultBacklogIterations
+	}
+	budget = budget.Tighter(schemas.Budget{MaxIterations: iterations})
+	p.Budget = &budget
+	if e, ok := top.get("breaker"); ok {
+		p.Breaker = l.breaker(e)
+	}
+	p.Backlog = b
+}
+
+// backlogAgents decodes agents: a non-empty mapping from agent names
+// (step-name rules) to agents, each decoded as a step's agent. It returns
+// the names in file order, and ok false when agents is missing or not a
+// non-empty mapping (so roles cannot be checked against it).
+func (l *loader) backlogAgents(top mapNode) (map[string]schemas.AgentSpec, []string, bool) {
+	e, ok := top.get("agents")
+	if !ok {
+		l.errorf(top.pos, "agents", "required: a mapping from agent names to agents such as {backend: claude}")
+		return nil, nil, false
+	}
+	m, ok := l.mapping(e.val, e.keyPos, e.field, nil)
+	if !ok {
+		return nil, nil, false
+	}
+	if len(m.entries) == 0 {
+		l.errorf(e.keyPos, e.field, "must define at least one agent")
+		return nil, nil, false
+	}
+	agents := make(map[string]schemas.AgentSpec, len(m.entries))
+	names := make([]string, 0, len(m.entries))
+	for _, a := range m.entries {
+		if err := schemas.ValidateStepName(a.key); err != nil {
+			l.errorf(a.keyPos, a.field, "%s", renameErr(err, "agent name"))
+		}
+		agents[a.key] = l.agent(a)
+		names = append(names, a.key)
+	}
+	return agents, names, true
+}
+
+// roles decodes roles into b.Roles: iterate is required, review, repair
+// and bootstrap default to the first iterate agent. Each role is an agent
+// name or a non-empty list of distinct names; when checkNames is set, each
+// must be one of names. It returns the iterate entry (zero when absent).
+func (l *loader) roles(top mapNode, b *schemas.Backlog, names []string, checkNames bool) entry {
+	e, ok := top.get("roles")
+	if !ok {
+		l.errorf(top.pos, "roles", "required: at least {iterate: AGENT} or {iterate: [AGENT, AGENT]}")
+		return entry{}
+	}
+	m, ok := l.mapping(e.val, e.keyPos, e.field, nil)
+	if !ok {
+		return entry{}
+	}
+	m = l.only(m, backlogRoles(), "role")
+	b.Roles = make(map[string][]string, len(backlogRoles()))
+	for _, r := range m.entries {
+		if r.val == nil {
+			continue // null is absent, as everywhere in the file
+		}
+		b.Roles[r.key] = l.roleAgents(r, names, checkNames)
+	}
+	it, ok := m.get(schemas.RoleIterate)
+	if !ok {
+		l.errorf(e.keyPos, join(e.field, schemas.RoleIterate), "required: the agent, or list of agents, that works the tasks")
+		return entry{}
+	}
+	if first := b.Roles[schemas.RoleIterate]; len(first) > 0 {
+		for _, role := range backlogRoles() {
+			if _, set := b.Roles[role]; !set {
+				b.Roles[role] = slices.Clone(first[:1])
+			}
+		}
+	}
+	return it
+}
+
+// roleAgents decodes one role: an agent name or a list of them.
+func (l *loader) roleAgents(e entry, names []string, checkNames bool) []string {
+	var agents []string
+	var at []pos
+	var fields []string
+	if s, isScalar := scalarText(e.val); isScalar {
+		agents, at, fields = []string{s}, []pos{e.valPos}, []string{e.field}
+	} else {
+		if _, isSeq := e.val.(*ast.SequenceNode); !isSeq {
+			l.errorf(e.valPos, e.field, "want an agent name or a list of them, got %s", kind(e.val))
+			return nil
+		}
+		var ok bool
+		if agents, at, ok = l.list(e, "[agent-a, agent-b]"); !ok {
+			return nil
+		}
+		if len(agents) == 0 {
+			l.errorf(e.valPos, e.field, "must name at least one agent")
+			return nil
+		}
+		for i := range agents {
+			fields = append(fields, fmt.Sprintf("%s[%d]", e.field, i))
+		}
+	}
+	for i, a := range agents {
+		switch {
+		case checkNames && !slices.Contains(names, a):
+			l.errorf(at[i], fields[i], "unknown agent %q (agents: %s)", a, strings.Join(names, ", "))
+		case slices.Index(agents, a) < i:
+			l.errorf(at[i], fields[i], "agent %q is listed twice", a)
+		}
+	}
+	return agents
+}
+
+// schedule decodes schedule into b.Schedule and checks it against the
+// iterate agents: odd-even takes exactly two, single exactly one (a second
+// agent would never run).
+func (l *loader) schedule(top mapNode, b *schemas.Backlog, iterate entry) {
+	e, set := top.get("schedule")
+	if set {
+		s, ok := l.str(e)
+		if !ok {
+			return
+		}
+		if !slices.Contains(backlogSchedules(), s) {
+			l.errorf(e.valPos, e.field, "unknown schedule %q (schedules: %s)", s, strings.Join(backlogSchedules(), ", "))
+			return
+		}
+		b.Schedule = s
+	}
+	agents := b.Roles[schemas.RoleIterate]
+	if len(agents) == 0 {
+		return // missing or invalid, reported already
+	}
+	switch {
+	case b.Schedule == schemas.ScheduleOddEven && len(agents) != 2:
+		l.errorf(e.valPos, e.field, "odd-even alternates two iterate agents, but roles.iterate (line %d) lists %d: %s",
+			iterate.valPos.line, len(agents), strings.Join(agents, ", "))
+	case b.Schedule == schemas.ScheduleSingle && len(agents) > 1:
+		msg := fmt.Sprintf("schedule single runs only the first iterate agent, but roles.iterate lists %d: %s; set schedule: odd-even or round-robin, or list one agent",
+			len(agents), strings.Join(agents, ", "))
+		if set {
+			l.errorf(e.valPos, e.field, "%s", msg)
+		} else {
+			l.errorf(iterate.valPos, iterate.field, "%s", msg)
+		}
+	}
+}
+
+// intIn decodes an integer from lo to hi (lo >= 0); it returns def on
+// error.
+func (l *loader) intIn(e entry, lo, hi, def int64) int64 {
+	if n, ok := e.val.(*ast.IntegerNode); ok {
+		switch v := n.Value.(type) {
+		case int64:
+			if v >= lo && v <= hi {
+				return v
+			}
+		case uint64:
+			if v >= uint64(lo) && v <= uint64(hi) {
+				return int64(v)
+			}
+		}
+	}
+	l.errorf(e.valPos, e.field, "want an integer from %d to %d, got %s", lo, hi, describeValue(e.val))
+	return def
+}
+
+// sourceFiles decodes source_files: paths of existing regular files,
+// relative to the file's directory or absolute, kept as written. Their base
+// names name their artifacts, so they must be valid artifact names and
+// distinct.
+func (l *loader) sourceFiles(e entry) []string {
+	paths, at, ok := l.list(e, "[README.md, docs/spec.md]")
+	if !ok {
+		return nil
+	}
+	type first struct {
+		path string
+		line int
+	}
+	bases := make(map[string]first, len(paths))
+	var out []string
+	for i, src := range paths {
+		field := fmt.Sprintf("%s[%d]", e.field, i)
+		if src == "" {
+			l.errorf(at[i], field, "must not be empty")
+			continue
+		}
+		fi, err := os.Stat(underDir(l.dir, src))
+		if err != nil {
+			// The path as written says enough; the resolved one would
+			// only repeat it.
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			l.errorf(at[i], field, "source file %s: %w", src, err)
+			continue
+		}
+		if !fi.Mode().IsRegular() {
+			l.errorf(at[i], field, "source file %s: not a regular file", src)
+			continue
+		}
+		base := filepath.Base(src)
+		if err := schemas.ValidateName(base); err != nil {
+			l.errorf(at[i], field, "source file %s: %w", src, err)
+			continue
+		}
+		if prev, dup := bases[base]; dup {
+			l.errorf(at[i], field, "source file %s has the base name of %s (line %d); source files are stored as artifacts named by their base names",
+				src, prev.path, prev.line)
+			continue
+		}
+		bases[base] = first{src, at[i].line}
+		out = append(out, src)
+	}
+	return out
+}
+
+// prompts decodes prompts: a mapping from roles to non-empty Go templates
+// that replace the role's built-in prompt.
+func (l *loader) prompts(e entry) map[string]string {
+	m, ok := l.mapping(e.val, e.keyPos, e.field, nil)
+	if !ok {
+		return nil
+	}
+	m = l.only(m, backlogRoles(), "role")
+	var out map[string]string
+	for _, pe := range m.entries {
+		if pe.val == nil {
+			continue // null is absent: the built-in prompt
+		}
+		text, ok := l.str(pe)
+		if !ok {
+			continue
+		}
+		if strings.TrimSpace(text) == "" {
+			l.errorf(pe.valPos, pe.field, "must not be empty")
+			continue
+		}
+		if _, err := template.New(pe.key).Option("missingkey=error").Parse(text); err != nil {
+			l.errorf(pe.valPos, pe.field, "invalid template: %w", err)
+			continue
+		}
+		if out == nil {
+			out = make(map[string]string)
+		}
+		out[pe.key] = text
+	}
+	return out
+}
