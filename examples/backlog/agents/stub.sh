@@ -7,8 +7,10 @@
 set -eu
 out=${LOOPBUS_OUTPUT_DIR:-out}
 case $LOOPBUS_STEP in
-bootstrap)
+bootstrap | repair)
 	# One task per "- " line of the plan, each depending on the one before.
+	# (A real repair agent fixes the problems its prompt lists in the file
+	# it finds in in/; this stand-in writes the plan's tasks instead.)
 	{
 		printf '{"schema_version": 1, "project": {"name": "Release notes"}, "source_files": ["plan.md"], "tasks": ['
 		n=0
@@ -21,10 +23,6 @@ bootstrap)
 		done
 		printf '\n]}\n'
 	} >"$out/to-do.json"
-	;;
-repair)
-	# A real agent would fix the problems the prompt lists.
-	cp in/to-do.json "$out/to-do.json"
 	;;
 review)
 	printf '{"task_id": "review", "status": "done", "summary": "Every item of the plan has a finished task."}\n' >"$out/summary.json"
