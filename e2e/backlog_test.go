@@ -385,3 +385,36 @@ func TestBacklogTwoTasksAtOnce(t *testing.T) {
 		t.Errorf("agent log:\n%s", log)
 	}
 }
+
+// TestBacklogExample runs the README's backlog commands on the embedded
+// server: the example imports its task file, or bootstraps one from its
+// plan, and works every task to done.
+func TestBacklogExample(t *testing.T) {
+	data := t.TempDir()
+	for _, tc := range []struct {
+		name    string
+		session string
+		args    []string
+	}{
+		{name: "imported", session: "notes-import", args: []string{"--tasks", "../examples/backlog/to-do.json"}},
+		{name: "bootstrapped", session: "notes-boot"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := loopbus(t, append([]string{"run", "../examples/backlog/backlog.yaml", "--data", data, "--session", tc.session}, tc.args...)...)
+			if res.code != 0 {
+				t.Fatalf("run: exit %d\n%s", res.code, res.stderr)
+			}
+			res = loopbus(t, "tasks", tc.session, "--data", data, "--json")
+			var view struct {
+				Phase  string         `json:"phase"`
+				Counts map[string]int `json:"counts"`
+			}
+			if err := json.Unmarshal([]byte(res.stdout), &view); err != nil {
+				t.Fatalf("tasks --json: %v\n%s", err, res.stdout)
+			}
+			if view.Phase != "done" || view.Counts["done"] != 4 || view.Counts["todo"]+view.Counts["doing"]+view.Counts["blocked"] != 0 {
+				t.Errorf("phase %q, counts %v; want done with 4 tasks done", view.Phase, view.Counts)
+			}
+		})
+	}
+}
