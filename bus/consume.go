@@ -60,6 +60,9 @@ type ConsumerConfig struct {
 	// DeliverNew starts a newly created consumer at new events instead of the
 	// whole history.
 	DeliverNew bool
+	// OnReady, if set, is called once the durable consumer exists (events
+	// stored from then on reach it, whatever DeliverNew says).
+	OnReady func()
 	// MaxAckPending bounds the messages delivered and not yet acknowledged;
 	// 0 means no bound. 1 keeps stream order even across redeliveries: the
 	// next message waits until a crashed handler's times out and comes back.
@@ -132,6 +135,9 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 	cons, err := b.ensureConsumer(ctx, cc)
 	if err != nil || cons == nil {
 		return err
+	}
+	if cfg.OnReady != nil {
+		cfg.OnReady()
 	}
 	// lctx also ends when the connection is closed for good; handlers get
 	// ctx, whose end means "stop and hand over".

@@ -20,21 +20,18 @@ import (
 
 var updateGolden = flag.Bool("update", false, "rewrite golden files")
 
-// backlogRig is a cluster, a backlog file and the agent's plan and records.
+// backlogRig is a loop rig plus the scripted agent's plan directory.
 type backlogRig struct {
-	*cluster
-	plan, fake string
+	*loopRig
+	plan string
 }
 
 func newBacklogRig(t *testing.T, workers, concurrency int) *backlogRig {
 	t.Helper()
-	c := newCluster(t)
-	c.all(workers, concurrency, 10*time.Second)
-	r := &backlogRig{cluster: c, plan: filepath.Join(c.dir, "plan"), fake: filepath.Join(c.dir, "fake")}
-	for _, d := range []string{r.plan, r.fake} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
+	r := &backlogRig{loopRig: newLoopRigOf(t, workers, concurrency)}
+	r.plan = filepath.Join(r.dir, "plan")
+	if err := os.MkdirAll(r.plan, 0o755); err != nil {
+		t.Fatal(err)
 	}
 	return r
 }
@@ -73,29 +70,13 @@ func (r *backlogRig) planRun(step string, n int, content string) {
 	writeFiles(r.t, r.plan, map[string]string{name: content})
 }
 
-// run starts a session and returns its id.
+// run starts a session of file (detached).
 func (r *backlogRig) run(file, session string, args ...string) {
 	r.t.Helper()
 	res := loopbus(r.t, append(append([]string{"run", file, "--session", session, "--detach"}, args...), r.global()...)...)
 	if res.code != 0 {
 		r.t.Fatalf("run: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-}
-
-func (r *backlogRig) evs(session string) []loopEvent {
-	r.t.Helper()
-	return decodedEvents(r.t, r.global(), session)
-}
-
-// completed waits for the session to end and checks it completed.
-func (r *backlogRig) completed(session string) []loopEvent {
-	r.t.Helper()
-	r.waitTerminal(90*time.Second, session)
-	evs := r.evs(session)
-	if n := len(ofType(evs, "session.completed")); n != 1 {
-		r.t.Fatalf("%s: %d session.completed; events:\n%s", session, n, backlogTrace(evs))
-	}
-	return evs
 }
 
 // backlogTrace renders the decisions of a session one per line.
@@ -137,15 +118,6 @@ func selected(evs []loopEvent) []string {
 		out = append(out, e.str("id"))
 	}
 	return out
-}
-
-func (r *backlogRig) prompt(step string, n int) string {
-	r.t.Helper()
-	b, err := os.ReadFile(filepath.Join(r.fake, fmt.Sprintf("%s.%d.prompt", step, n)))
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return string(b)
 }
 
 const importedTasks = `{

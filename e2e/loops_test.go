@@ -26,8 +26,15 @@ type loopRig struct {
 
 func newLoopRig(t *testing.T) *loopRig {
 	t.Helper()
+	return newLoopRigOf(t, 1, 4)
+}
+
+// newLoopRigOf is newLoopRig with the given worker replicas, each running
+// concurrency jobs at once.
+func newLoopRigOf(t *testing.T, workers, concurrency int) *loopRig {
+	t.Helper()
 	c := newCluster(t)
-	procs := c.all(1, 4, 10*time.Second)
+	procs := c.all(workers, concurrency, 10*time.Second)
 	fake := filepath.Join(c.dir, "fake")
 	if err := os.MkdirAll(fake, 0o755); err != nil {
 		t.Fatal(err)
@@ -94,17 +101,11 @@ func (r *loopRig) signal(args ...string) string {
 // sessionEvents returns the session's events with their data decoded.
 func (r *loopRig) sessionEvents(session string) []loopEvent {
 	r.t.Helper()
-	return decodedEvents(r.t, r.global(), session)
-}
-
-// decodedEvents returns a session's events with their data decoded.
-func decodedEvents(t *testing.T, global []string, session string) []loopEvent {
-	t.Helper()
 	var out []loopEvent
-	for _, e := range events(t, global, session) {
+	for _, e := range events(r.t, r.global(), session) {
 		le := loopEvent{cloudEvent: e}
 		if err := json.Unmarshal(e.Data, &le.data); err != nil {
-			t.Fatalf("%s data: %v", e.Type, err)
+			r.t.Fatalf("%s data: %v", e.Type, err)
 		}
 		out = append(out, le)
 	}

@@ -272,6 +272,42 @@ func TestSecureExample(t *testing.T) {
 		}
 	}
 
+	// A backlog under the restricted users: the orchestrator records task
+	// and phase events, the client adds a task while the session runs, and
+	// a hook runner (as the client) records its runs.
+	blDir := t.TempDir()
+	release := filepath.Join(blDir, "release")
+	writeFiles(t, blDir, map[string]string{
+		"agent.sh": `set -eu
+case $LOOPBUS_STEP in
+review) printf '{"task_id": "review", "status": "done", "summary": "ok"}' > "$LOOPBUS_OUTPUT_DIR/summary.json" ;;
+*) while [ ! -e "` + release + `" ]; do sleep 0.1; done
+   printf '{"task_id": "%s", "status": "done", "summary": "done"}' "$LOOPBUS_STEP" > "$LOOPBUS_OUTPUT_DIR/summary.json" ;;
+esac
+`,
+		"backlog.yaml": "kind: backlog\nname: secure-backlog\nagents: {sh: {backend: exec, command: [sh, agent.sh]}}\nroles: {iterate: sh}\n",
+		"to-do.json":   `{"schema_version": 1, "tasks": [{"id": "T1", "title": "first", "status": "todo"}]}`,
+		"hooks.yaml":   "runner: sec\nstart: all\nhooks:\n  - name: count\n    types: [loopbus.task.updated]\n    command: [sh, -c, 'echo run >> hook.log']\n",
+	})
+	if r := out.result("run backlog", loopbus(t, as("client", "run", filepath.Join(blDir, "backlog.yaml"), "--tasks", filepath.Join(blDir, "to-do.json"), "--session", "sec-bl", "--detach")...)); r.code != 0 {
+		t.Fatalf("run backlog as client: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := out.result("tasks add", loopbus(t, as("client", "tasks", "add", "sec-bl", "--title", "second", "--id", "T2")...)); r.code != 0 {
+		t.Fatalf("tasks add as client: exit %d\n%s", r.code, r.stderr)
+	}
+	writeFiles(t, blDir, map[string]string{"release": ""})
+	if r := out.result("wait backlog", loopbus(t, as("client", "wait", "sec-bl")...)); r.code != 0 {
+		t.Fatalf("backlog under restricted users: exit %d\n%s\nservices:\n%s", r.code, r.stderr, out.all["orchestrator"]())
+	}
+	out.start(t, "hooks", nil, as("client", "hooks", "--config", filepath.Join(blDir, "hooks.yaml"))...)
+	eventually(t, 30*time.Second, "two hook.completed events", func() bool {
+		r := loopbus(t, as("client", "events", "--session", "sec-bl", "--type", "hook.completed", "--json")...)
+		return r.code == 0 && strings.Count(r.stdout, "\n") == 2
+	})
+	if b, err := os.ReadFile(filepath.Join(blDir, "hook.log")); err != nil || string(b) != "run\nrun\n" {
+		t.Errorf("hook.log: %q, %v; want two runs (T1 and T2 done)", b, err)
+	}
+
 	// The agent worker's user is refused what is not its job.
 	admin, _ := rawConn(t, url, "admin", pw["admin"])
 	js, err := jetstream.New(admin)

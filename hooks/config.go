@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/loopbus/loopbus/internal/workspace"
+	"github.com/loopbus/loopbus/internal/yamlread"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -51,6 +51,9 @@ type Config struct {
 	// is published (or found already published: Run.Skipped), from the
 	// runner's one goroutine.
 	OnRun func(Run)
+	// OnReady, if set, is called once the runner's durable consumer exists:
+	// with start new, events stored from then on run hooks.
+	OnReady func()
 }
 
 // Hook is one command run for matching events.
@@ -111,66 +114,30 @@ func (c Config) runner() string {
 // ErrInvalid is wrapped by every problem of a hooks file or Config.
 var ErrInvalid = errors.New("invalid hooks")
 
-// Error is one problem of a hooks file.
-type Error struct {
-	// File is the hooks file as named by the caller.
-	File string
-	// Line and Column locate the problem (1-based); 0 when unknown.
-	Line, Column int
-	// Field is the dotted path of the offending field, such as
-	// "hooks[1].timeout"; empty for problems of no field.
-	Field string
-	// Msg describes the problem.
-	Msg string
-	// Err is the underlying cause when there is one, else nil.
-	Err error
-}
+// invalid gives hooks problems their own Error type wrapping ErrInvalid.
+type invalid struct{}
 
-// Error formats e as "FILE:LINE: FIELD: MSG", leaving out what is unknown.
-func (e *Error) Error() string {
-	var b strings.Builder
-	switch {
-	case e.File != "" && e.Line > 0:
-		fmt.Fprintf(&b, "%s:%d: ", e.File, e.Line)
-	case e.File != "":
-		b.WriteString(e.File + ": ")
-	case e.Line > 0:
-		fmt.Fprintf(&b, "line %d: ", e.Line)
-	}
-	if e.Field != "" {
-		b.WriteString(e.Field + ": ")
-	}
-	b.WriteString(e.Msg)
-	return b.String()
-}
+// Sentinel implements yamlread.Sentinel.
+func (invalid) Sentinel() error { return ErrInvalid }
 
-// Unwrap returns ErrInvalid and, when set, the cause.
-func (e *Error) Unwrap() []error {
-	if e.Err == nil {
-		return []error{ErrInvalid}
-	}
-	return []error{ErrInvalid, e.Err}
-}
+// Error is one problem of a hooks file: File, Line and Column (1-based, 0
+// when unknown), Field (the dotted path of the offending field, such as
+// "hooks[1].timeout"; empty for problems of no field), Msg, and Err (the
+// cause when there is one, else nil). Its Error method formats it as
+// "FILE:LINE: FIELD: MSG", leaving out what is unknown; it unwraps to
+// ErrInvalid and Err.
+type Error = yamlread.Error[invalid]
 
-// Errors is every problem of one hooks file, in file order.
-type Errors []*Error
+// Errors is every problem of one hooks file, in file order; its Error
+// method returns them one per line.
+type Errors = yamlread.Errors[invalid]
 
-// Error returns the problems one per line.
-func (es Errors) Error() string {
-	lines := make([]string, len(es))
-	for i, e := range es {
-		lines[i] = e.Error()
-	}
-	return strings.Join(lines, "\n")
-}
-
-// Unwrap returns the individual problems.
-func (es Errors) Unwrap() []error {
-	out := make([]error, len(es))
-	for i, e := range es {
-		out[i] = e
-	}
-	return out
+// loader holds the state of one Parse call: the reader of the file (which
+// refuses merge keys, reports duplicate keys and collects the problems)
+// and the directory relative paths resolve against.
+type loader struct {
+	yamlread.Reader[invalid]
+	dir string
 }
 
 // Load reads the hooks file at path; see Parse. An error reading the file
@@ -202,16 +169,15 @@ func Parse(name string, data []byte, dir string) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	l := &loader{file: name, dir: absDir}
+	l := &loader{dir: absDir}
+	l.File = name
+	l.Empty = "file is empty: want a mapping with a hooks list"
+	l.NoMerge = "merge keys are not supported in hooks files"
+	l.Duplicates = true
+	l.RawKeys = true
 	cfg := l.parse(data)
-	if len(l.errs) > 0 {
-		slices.SortStableFunc(l.errs, func(a, b *Error) int {
-			if a.Line != b.Line {
-				return a.Line - b.Line
-			}
-			return a.Column - b.Column
-		})
-		return Config{}, l.errs
+	if err := l.Err(); err != nil {
+		return Config{}, err
 	}
 	cfg.File = name
 	return cfg, nil
@@ -219,42 +185,42 @@ func Parse(name string, data []byte, dir string) (Config, error) {
 
 func (l *loader) parse(data []byte) Config {
 	var cfg Config
-	body, ok := l.document(data)
+	body, ok := l.Document(data)
 	if !ok {
 		return cfg
 	}
-	top, ok := l.mapping(l.resolve(body), pos{}, "", topKeys())
+	top, ok := l.Mapping(l.Resolve(body), yamlread.Pos{}, "", topKeys())
 	if !ok {
 		return cfg
 	}
 	cfg.Runner, cfg.Start = DefaultRunner, StartNew
-	if e, ok := top.get("runner"); ok {
-		if s, ok := l.str(e); ok {
+	if e, ok := top.Get("runner"); ok {
+		if s, ok := l.Str(e); ok {
 			if err := checkToken(s); err != nil {
-				l.errorf(e.valPos, e.field, "runner %q %v", s, err)
+				l.Errorf(e.ValPos, e.Field, "runner %q %v", s, err)
 			}
 			cfg.Runner = s
 		}
 	}
-	if e, ok := top.get("start"); ok {
-		if s, ok := l.str(e); ok {
+	if e, ok := top.Get("start"); ok {
+		if s, ok := l.Str(e); ok {
 			if s != StartNew && s != StartAll {
-				l.errorf(e.valPos, e.field, "%q: want new (events stored after the runner is first started) or all (the whole stream)", s)
+				l.Errorf(e.ValPos, e.Field, "%q: want new (events stored after the runner is first started) or all (the whole stream)", s)
 			}
 			cfg.Start = s
 		}
 	}
-	e, ok := top.get("hooks")
+	e, ok := top.Get("hooks")
 	if !ok {
-		l.errorf(top.pos, "hooks", "required: a list of hooks, each with a name, types or subjects, and a command")
+		l.Errorf(top.Pos, "hooks", "required: a list of hooks, each with a name, types or subjects, and a command")
 		return cfg
 	}
-	items, ok := l.items(e, "[{name: notify, types: [loopbus.session.completed], command: [./notify.sh]}]")
+	items, ok := l.Items(e, "[{name: notify, types: [loopbus.session.completed], command: [./notify.sh]}]")
 	if !ok {
 		return cfg
 	}
 	if len(items) == 0 {
-		l.errorf(e.valPos, e.field, "must not be empty")
+		l.Errorf(e.ValPos, e.Field, "must not be empty")
 	}
 	seen := map[string]bool{}
 	for _, it := range items {
@@ -263,7 +229,7 @@ func (l *loader) parse(data []byte) Config {
 			continue
 		}
 		if seen[h.Name] {
-			l.errorf(pos{line: h.Line}, it.field+".name", "duplicate hook name %q", h.Name)
+			l.Errorf(yamlread.Pos{Line: h.Line}, it.Field+".name", "duplicate hook name %q", h.Name)
 		}
 		seen[h.Name] = true
 		cfg.Hooks = append(cfg.Hooks, h)
@@ -272,36 +238,36 @@ func (l *loader) parse(data []byte) Config {
 }
 
 // hook decodes one element of hooks.
-func (l *loader) hook(it entry) (Hook, bool) {
-	m, ok := l.mapping(it.val, it.valPos, it.field, hookKeys())
+func (l *loader) hook(it yamlread.Entry) (Hook, bool) {
+	m, ok := l.Mapping(it.Val, it.ValPos, it.Field, hookKeys())
 	if !ok {
 		return Hook{}, false
 	}
-	h := Hook{Line: m.pos.line, Timeout: DefaultTimeout, Dir: l.dir}
-	n := len(l.errs)
-	if e, ok := m.get("name"); !ok {
-		l.errorf(m.pos, join(it.field, "name"), "required")
-	} else if s, ok := l.str(e); ok {
+	h := Hook{Line: m.Pos.Line, Timeout: DefaultTimeout, Dir: l.dir}
+	n := len(l.Errs)
+	if e, ok := m.Get("name"); !ok {
+		l.Errorf(m.Pos, yamlread.Join(it.Field, "name"), "required")
+	} else if s, ok := l.Str(e); ok {
 		if err := checkToken(s); err != nil {
-			l.errorf(e.valPos, e.field, "hook name %q %v", s, err)
+			l.Errorf(e.ValPos, e.Field, "hook name %q %v", s, err)
 		}
 		h.Name = s
 	}
 	check := func(key, example string, fn func(string) error) []string {
-		e, ok := m.get(key)
+		e, ok := m.Get(key)
 		if !ok {
 			return nil
 		}
-		list, items, ok := l.strList(e, example)
+		list, items, ok := l.Strings(e, example)
 		if !ok {
 			return nil
 		}
 		if len(list) == 0 {
-			l.errorf(e.valPos, e.field, "must not be empty (leave the key out instead)")
+			l.Errorf(e.ValPos, e.Field, "must not be empty (leave the key out instead)")
 		}
 		for i, s := range list {
 			if err := fn(s); err != nil {
-				l.errorf(items[i].valPos, items[i].field, "%w", err)
+				l.Errorf(items[i].ValPos, items[i].Field, "%w", err)
 			}
 		}
 		return list
@@ -310,44 +276,39 @@ func (l *loader) hook(it entry) (Hook, bool) {
 	h.Subjects = check("subjects", "[\"loopbus.evt.*.task.>\"]", checkSubject)
 	h.Sessions = check("sessions", "[demo-1]", schemas.ValidateSessionID)
 	h.SecretEnv = check("secret_env", "[WEBHOOK_URL]", workspace.ValidateSecretName)
-	if len(h.Types) == 0 && len(h.Subjects) == 0 && !m.has("types") && !m.has("subjects") {
-		l.errorf(m.pos, it.field, "want types or subjects (or both): which events run the hook")
+	if len(h.Types) == 0 && len(h.Subjects) == 0 && !m.Has("types") && !m.Has("subjects") {
+		l.Errorf(m.Pos, it.Field, "want types or subjects (or both): which events run the hook")
 	}
-	if e, ok := m.get("command"); !ok {
-		l.errorf(m.pos, join(it.field, "command"), "required: the argv to run, such as [./notify.sh]")
+	if e, ok := m.Get("command"); !ok {
+		l.Errorf(m.Pos, yamlread.Join(it.Field, "command"), "required: the argv to run, such as [./notify.sh]")
 	} else {
 		h.Command = l.argv(e)
 	}
-	if e, ok := m.get("dir"); ok {
-		if s, ok := l.str(e); ok {
+	if e, ok := m.Get("dir"); ok {
+		if s, ok := l.Str(e); ok {
 			d := s
 			if !filepath.IsAbs(d) {
 				d = filepath.Join(l.dir, d)
 			}
 			if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-				l.errorf(e.valPos, e.field, "%q is not a directory", s)
+				l.Errorf(e.ValPos, e.Field, "%q is not a directory", s)
 			}
 			h.Dir = d
 		}
 	}
-	if e, ok := m.get("timeout"); ok {
-		if s, ok := l.str(e); ok {
+	if e, ok := m.Get("timeout"); ok {
+		if s, ok := l.Str(e); ok {
 			d, err := time.ParseDuration(s)
 			if err != nil || d <= 0 {
-				l.errorf(e.valPos, e.field, "%q: want a positive duration such as 30s or 5m", s)
+				l.Errorf(e.ValPos, e.Field, "%q: want a positive duration such as 30s or 5m", s)
 			}
 			h.Timeout = d
 		}
 	}
-	if e, ok := m.get("env"); ok {
+	if e, ok := m.Get("env"); ok {
 		h.Env = l.env(e)
 	}
-	return h, len(l.errs) == n
-}
-
-// has reports whether key is present, even with a null value.
-func (m mapNode) has(key string) bool {
-	return slices.ContainsFunc(m.entries, func(e entry) bool { return e.key == key })
+	return h, len(l.Errs) == n
 }
 
 // argv decodes a command: a non-empty list of strings, the first not
@@ -355,21 +316,21 @@ func (m mapNode) has(key string) bool {
 // naming an existing regular file in the hooks file's directory, are made
 // absolute against it; a first element with a slash must be an executable
 // file.
-func (l *loader) argv(e entry) []string {
-	if _, isStr := scalarText(e.val); isStr {
-		l.errorf(e.valPos, e.field, "want an argv list, not a string: write [sh, -c, \"...\"] to run a shell command")
+func (l *loader) argv(e yamlread.Entry) []string {
+	if _, isStr := yamlread.Scalar(e.Val); isStr {
+		l.Errorf(e.ValPos, e.Field, "want an argv list, not a string: write [sh, -c, \"...\"] to run a shell command")
 		return nil
 	}
-	argv, items, ok := l.strList(e, "[./notify.sh]")
+	argv, items, ok := l.Strings(e, "[./notify.sh]")
 	if !ok {
 		return nil
 	}
 	if len(argv) == 0 {
-		l.errorf(e.valPos, e.field, "must not be empty")
+		l.Errorf(e.ValPos, e.Field, "must not be empty")
 		return nil
 	}
 	if argv[0] == "" {
-		l.errorf(items[0].valPos, items[0].field, "program must not be empty")
+		l.Errorf(items[0].ValPos, items[0].Field, "program must not be empty")
 		return nil
 	}
 	prog := argv[0]
@@ -392,32 +353,32 @@ func (l *loader) argv(e entry) []string {
 		fi, err := os.Stat(argv[0])
 		switch {
 		case err != nil:
-			l.errorf(items[0].valPos, items[0].field, "program %s: %v", argv[0], errors.Unwrap(err))
+			l.Errorf(items[0].ValPos, items[0].Field, "program %s: %v", argv[0], errors.Unwrap(err))
 		case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
-			l.errorf(items[0].valPos, items[0].field, "program %s is not an executable file (chmod +x it, or write [sh, %s, ...])", argv[0], prog)
+			l.Errorf(items[0].ValPos, items[0].Field, "program %s is not an executable file (chmod +x it, or write [sh, %s, ...])", argv[0], prog)
 		}
 	}
 	return argv
 }
 
 // env decodes a mapping of environment variables.
-func (l *loader) env(e entry) map[string]string {
-	m, ok := l.mapping(e.val, e.valPos, e.field, nil)
+func (l *loader) env(e yamlread.Entry) map[string]string {
+	m, ok := l.Mapping(e.Val, e.ValPos, e.Field, nil)
 	if !ok {
 		return nil
 	}
 	out := map[string]string{}
-	for _, kv := range m.entries {
-		if err := checkEnvName(kv.key); err != nil {
-			l.errorf(kv.keyPos, kv.field, "%v", err)
+	for _, kv := range m.Entries {
+		if err := checkEnvName(kv.Key); err != nil {
+			l.Errorf(kv.KeyPos, kv.Field, "%v", err)
 			continue
 		}
-		if kv.val == nil {
-			out[kv.key] = ""
+		if kv.Val == nil {
+			out[kv.Key] = ""
 			continue
 		}
-		if s, ok := l.str(kv); ok {
-			out[kv.key] = s
+		if s, ok := l.Str(kv); ok {
+			out[kv.Key] = s
 		}
 	}
 	return out

@@ -128,6 +128,7 @@ func (s *Service) Run(ctx context.Context) error {
 		MaxAckPending: 1,
 		AckWait:       s.cfg.AckWait,
 		DeliverNew:    s.cfg.Start == StartNew,
+		OnReady:       s.cfg.OnReady,
 	}, s.handle)
 }
 

@@ -22,9 +22,6 @@ import (
 // Role steps of a backlog session; task ids may not take these names.
 var roleSteps = backlog.ReservedIDs()
 
-// taskFileName is the output of bootstrap and repair runs.
-const taskFileName = backlog.FileName
-
 // BacklogState is a backlog session's state beyond its steps.
 type BacklogState struct {
 	Def   schemas.Backlog
@@ -33,10 +30,8 @@ type BacklogState struct {
 	Phase string
 	// PhaseRuns counts entries into each phase (role steps' rounds).
 	PhaseRuns map[string]int
-	// Runs counts each task's selections; Selections all of them (the
-	// schedule's run number).
-	Runs       map[string]int
-	Selections int
+	// Runs counts each task's selections.
+	Runs map[string]int
 	// Hints are info messages for the session's next job.
 	Hints []string
 }
@@ -66,7 +61,6 @@ func (b *BacklogState) evolve(s *Session, ev schemas.Event) {
 			return
 		}
 		b.Runs[d.ID] = max(b.Runs[d.ID], d.Run)
-		b.Selections++
 		prev := s.Steps[d.ID]
 		st := &Step{Def: b.stepDef(d.ID, d.Agent, s), Status: StepPending, Round: d.Run - 1}
 		if prev != nil {
@@ -100,6 +94,16 @@ func (b *BacklogState) roleAgent(role string) string {
 	return ""
 }
 
+// selections counts the task runs selected so far: the schedule's run
+// number.
+func (b *BacklogState) selections() int {
+	n := 0
+	for _, r := range b.Runs {
+		n += r
+	}
+	return n
+}
+
 // iterateAgent returns the agent of the n-th task run (from 1) by the
 // schedule.
 func (b *BacklogState) iterateAgent(n int) string {
@@ -123,7 +127,7 @@ func (b *BacklogState) stepDef(name, agent string, s *Session) schemas.Step {
 	def := schemas.Step{Name: name, Agent: b.Def.Agents[agent], MaxIterations: max(b.Def.MaxSummaryIterations, 1), TimeoutMs: b.Def.TimeoutMs}
 	switch name {
 	case schemas.PhaseBootstrap, schemas.PhaseRepair:
-		def.Outputs = []schemas.Output{{Name: taskFileName, Schema: backlog.FileSchema(), SchemaVersion: "task-file/1", Report: true}}
+		def.Outputs = []schemas.Output{{Name: backlog.FileName, Schema: backlog.FileSchema(), SchemaVersion: "task-file/1", Report: true}}
 	case schemas.PhaseReview:
 		def.Outputs = []schemas.Output{{Name: backlog.SummaryName, Schema: backlog.SummarySchema(backlog.ReviewTaskID), SchemaVersion: "task-summary/1", Report: true}}
 	default:
@@ -148,7 +152,7 @@ func (b *BacklogState) checkReport(st *Step, v *schemas.Verdict) {
 	switch {
 	case raw == nil:
 		errs = []schemas.ValidationError{{Artifact: name, Message: "the verdict carries no report of " + name, Source: "schema"}}
-	case name == taskFileName:
+	case name == backlog.FileName:
 		f, ferrs := backlog.ParseFile(name, raw)
 		if errs = ferrs; len(errs) == 0 {
 			st.FileTasks = f.Tasks
@@ -195,7 +199,7 @@ func (d *decider) backlogStart() {
 	case len(b.Start.ImportErrors) > 0:
 		d.phase(schemas.PhaseRepair, fmt.Sprintf("the imported task file has %d problem(s); the repair agent fixes it", len(b.Start.ImportErrors)))
 	case len(b.Start.Tasks) > 0:
-		d.addTasks(b.Start.Tasks, "import", "imported from "+taskFileName)
+		d.addTasks(b.Start.Tasks, "import", "imported from the task file")
 		d.phase(schemas.PhaseIterate, fmt.Sprintf("imported %d task(s)", len(b.Start.Tasks)))
 	default:
 		d.phase(schemas.PhaseBootstrap, "no tasks: the bootstrap agent proposes them from the source files")
@@ -317,7 +321,7 @@ func (d *decider) backlogFill() bool {
 				break
 			}
 			run := b.Runs[id] + 1
-			agent := b.iterateAgent(b.Selections + 1)
+			agent := b.iterateAgent(b.selections() + 1)
 			d.emit(schemas.TypeTaskSelected, id, &schemas.TaskSelected{ID: id, Run: run, Agent: agent, Reason: why}, "task", id, "run", strconv.Itoa(run))
 			activeCount++
 			changed = true

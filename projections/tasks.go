@@ -237,7 +237,7 @@ func (v *TaskList) apply(ev schemas.Event, d any, id string, change TaskChange) 
 	if !l.Apply(ev) {
 		return
 	}
-	t := cloneTask(*l.Tasks[id])
+	t := backlog.CloneTask(*l.Tasks[id])
 	if i, ok := v.index(id); ok {
 		v.Tasks[i] = t
 	} else {
@@ -256,13 +256,17 @@ func (v *TaskList) apply(ev schemas.Event, d any, id string, change TaskChange) 
 	v.count()
 }
 
+// List returns a copy of the task state (backlog.List) the view folds,
+// for checks such as backlog.List.CheckNew.
+func (v *TaskList) List() *backlog.List { return v.state().Clone() }
+
 // state returns the task state to fold into, rebuilding it from Tasks for
 // a decoded view.
 func (v *TaskList) state() *backlog.List {
 	if v.list == nil {
 		v.list = backlog.NewList()
 		for _, t := range v.Tasks {
-			c := cloneTask(t)
+			c := backlog.CloneTask(t)
 			v.list.Tasks[c.ID] = &c
 		}
 	}
@@ -285,12 +289,4 @@ func (v *TaskList) count() {
 		c[t.Status]++
 	}
 	v.Counts = c
-}
-
-// cloneTask returns a copy of t that shares no memory with it.
-func cloneTask(t schemas.Task) schemas.Task {
-	t.Steps, t.Blockers, t.Tags = slices.Clone(t.Steps), slices.Clone(t.Blockers), slices.Clone(t.Tags)
-	t.Files, t.DependsOn, t.Notes = slices.Clone(t.Files), slices.Clone(t.DependsOn), slices.Clone(t.Notes)
-	t.CreatedAt, t.UpdatedAt = clonePtr(t.CreatedAt), clonePtr(t.UpdatedAt)
-	return t
 }

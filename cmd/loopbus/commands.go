@@ -43,14 +43,14 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			if err != nil {
 				return usageErr(err)
 			}
+			if session == "" {
+				session = client.NewSessionID(p.Name, time.Now())
+			} else if err := schemas.ValidateSessionID(session); err != nil {
+				return usageErr(err)
+			}
 			if p.Kind == schemas.KindBacklog {
 				if input != "" {
 					return usageErr(fmt.Errorf("run: %s is a backlog: give its task file with --tasks FILE (or nothing, to bootstrap one), not --input", args[0]))
-				}
-				if session == "" {
-					session = client.NewSessionID(p.Name, time.Now())
-				} else if err := schemas.ValidateSessionID(session); err != nil {
-					return usageErr(err)
 				}
 				return g.submitAndFollow(cmd.Context(), g.backlogSubmitter(p, tasks, session, sb), session, detach, asJSON, workers)
 			}
@@ -62,11 +62,6 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			}
 			if _, err := os.Stat(input); err != nil {
 				return usageErr(fmt.Errorf("run: input: %w", err))
-			}
-			if session == "" {
-				session = client.NewSessionID(p.Name, time.Now())
-			} else if err := schemas.ValidateSessionID(session); err != nil {
-				return usageErr(err)
 			}
 			return g.submitAndFollow(cmd.Context(), g.pipelineSubmitter(p, input, session, sb), session, detach, asJSON, workers)
 		},

@@ -63,41 +63,27 @@ func (g *globals) runHooks(cmd *cobra.Command, cfg hooks.Config) error {
 		defer mu.Unlock()
 		printHookRun(g.stderr, time.Now(), r)
 	}
+	// Say when the consumer exists: with start new, events stored before
+	// that do not run hooks.
+	var s *hooks.Service
+	cfg.OnReady = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(g.stderr, "hooks: waiting for events (consumer %s, %d hook(s), subjects %s)\n",
+			cfg.Durable(), len(cfg.Hooks), strings.Join(s.Subjects(), " "))
+	}
 	ctx := cmd.Context()
 	c, err := g.connect(ctx, "hooks", log, true)
 	if err != nil {
 		return err
 	}
 	defer c.close(g.stderr)
-	s, err := hooks.New(cfg, c.bus, log.With().Str("service", "hooks").Logger(), time.Now)
+	s, err = hooks.New(cfg, c.bus, log.With().Str("service", "hooks").Logger(), time.Now)
 	if err != nil {
 		return usageErr(err)
 	}
 	var group run.Group
 	actx, cancel := context.WithCancel(ctx)
-	// Say when the consumer exists: with start new, events stored before
-	// that do not run hooks.
-	var ready sync.WaitGroup
-	ready.Add(1)
-	go func() {
-		defer ready.Done()
-		for actx.Err() == nil {
-			qctx, qcancel := context.WithTimeout(actx, 5*time.Second)
-			_, err := c.bus.JetStream().Consumer(qctx, c.bus.StreamName(), cfg.Durable())
-			qcancel()
-			if err == nil {
-				mu.Lock()
-				fmt.Fprintf(g.stderr, "hooks: waiting for events (consumer %s, %d hook(s), subjects %s)\n",
-					cfg.Durable(), len(cfg.Hooks), strings.Join(s.Subjects(), " "))
-				mu.Unlock()
-				return
-			}
-			select {
-			case <-actx.Done():
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	}()
 	group.Add(func() error {
 		if err := s.Run(actx); err != nil {
 			return fmt.Errorf("hooks: %w", err)
@@ -110,7 +96,6 @@ func (g *globals) runHooks(cmd *cobra.Command, cfg hooks.Config) error {
 	addSignals(&group, ctx)
 	err = group.Run()
 	cancel()
-	ready.Wait()
 	if err != nil && !isSignal(err) {
 		return err
 	}

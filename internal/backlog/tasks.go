@@ -31,11 +31,25 @@ func NewList() *List {
 func (l *List) Clone() *List {
 	c := &List{Tasks: make(map[string]*schemas.Task, len(l.Tasks)), progress: l.progress, blockedAt: maps.Clone(l.blockedAt)}
 	for id, t := range l.Tasks {
-		tc := *t
-		tc.Blockers, tc.Files, tc.Notes = slices.Clone(t.Blockers), slices.Clone(t.Files), slices.Clone(t.Notes)
+		tc := CloneTask(*t)
 		c.Tasks[id] = &tc
 	}
 	return c
+}
+
+// CloneTask returns a copy of t that shares no memory with it.
+func CloneTask(t schemas.Task) schemas.Task {
+	t.Steps, t.Blockers, t.Tags = slices.Clone(t.Steps), slices.Clone(t.Blockers), slices.Clone(t.Tags)
+	t.Files, t.DependsOn, t.Notes = slices.Clone(t.Files), slices.Clone(t.DependsOn), slices.Clone(t.Notes)
+	if t.CreatedAt != nil {
+		c := *t.CreatedAt
+		t.CreatedAt = &c
+	}
+	if t.UpdatedAt != nil {
+		c := *t.UpdatedAt
+		t.UpdatedAt = &c
+	}
+	return t
 }
 
 // IDs returns the task ids in id order (see Less).
@@ -71,9 +85,7 @@ func (l *List) Apply(ev schemas.Event) bool {
 		if _, ok := l.Tasks[d.Task.ID]; ok || d.Task.ID == "" {
 			return false
 		}
-		t := d.Task
-		t.Steps, t.Blockers, t.Tags = slices.Clone(t.Steps), slices.Clone(t.Blockers), slices.Clone(t.Tags)
-		t.Files, t.DependsOn, t.Notes = slices.Clone(t.Files), slices.Clone(t.DependsOn), slices.Clone(t.Notes)
+		t := CloneTask(d.Task)
 		if t.Status == "" {
 			t.Status = schemas.TaskTodo
 		}

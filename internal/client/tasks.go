@@ -119,11 +119,7 @@ func AddTask(ctx context.Context, b Bus, session string, task schemas.Task, reas
 		if task.ID != "" && v.Task(task.ID) != nil {
 			return schemas.Event{}, fmt.Errorf("%w: session %s already has a task %s (%s)", ErrBadInput, session, task.ID, v.Task(task.ID).Title)
 		}
-		l := backlog.NewList()
-		for _, t := range v.Tasks {
-			l.Tasks[t.ID] = &t
-		}
-		added, errs := l.CheckNew([]schemas.Task{task}, "/task")
+		added, errs := v.List().CheckNew([]schemas.Task{task}, "/task")
 		// Problems the list had without the task are not the task's.
 		had := map[string]bool{}
 		for _, e := range backlog.CheckTasks(v.Tasks) {

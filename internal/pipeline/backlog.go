@@ -13,6 +13,7 @@ import (
 
 	"github.com/goccy/go-yaml/ast"
 
+	"github.com/loopbus/loopbus/internal/yamlread"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -61,16 +62,16 @@ func underDir(dir, path string) string {
 }
 
 // backlog decodes the top-level mapping of a file of kind backlog into p.
-func (l *loader) backlog(top mapNode, p *schemas.Pipeline) {
+func (l *loader) backlog(top yamlread.Map, p *schemas.Pipeline) {
 	p.Kind = schemas.KindBacklog
 	// steps is the likeliest mistake (a pipeline file given a kind), so it
 	// gets its own message rather than "unknown key".
-	if i := slices.IndexFunc(top.entries, func(e entry) bool { return e.key == "steps" }); i >= 0 {
-		e := top.entries[i]
-		l.errorf(e.keyPos, e.field, "a file of kind backlog has no steps: its tasks come from the task file (remove steps, or kind for a pipeline)")
-		top.entries = slices.Delete(slices.Clone(top.entries), i, i+1)
+	if i := slices.IndexFunc(top.Entries, func(e yamlread.Entry) bool { return e.Key == "steps" }); i >= 0 {
+		e := top.Entries[i]
+		l.Errorf(e.KeyPos, e.Field, "a file of kind backlog has no steps: its tasks come from the task file (remove steps, or kind for a pipeline)")
+		top.Entries = slices.Delete(slices.Clone(top.Entries), i, i+1)
 	}
-	top = l.only(top, backlogKeys(), "key")
+	top = l.Only(top, backlogKeys(), "key")
 
 	b := &schemas.Backlog{
 		Schedule:             schemas.ScheduleSingle,
@@ -81,10 +82,10 @@ func (l *loader) backlog(top mapNode, p *schemas.Pipeline) {
 	}
 	p.Name = l.name(top)
 	b.Project = p.Name
-	if e, ok := top.get("project"); ok {
-		if s, ok := l.str(e); ok {
+	if e, ok := top.Get("project"); ok {
+		if s, ok := l.Str(e); ok {
 			if strings.TrimSpace(s) == "" {
-				l.errorf(e.valPos, e.field, "must not be empty (leave project out to use the name)")
+				l.Errorf(e.ValPos, e.Field, "must not be empty (leave project out to use the name)")
 			} else {
 				b.Project = s
 			}
@@ -96,40 +97,40 @@ func (l *loader) backlog(top mapNode, p *schemas.Pipeline) {
 	iterate := l.roles(top, b, names, agentsOK)
 	l.schedule(top, b, iterate)
 
-	if e, ok := top.get("max_parallel"); ok {
+	if e, ok := top.Get("max_parallel"); ok {
 		b.MaxParallel = int(l.intIn(e, 1, maxParallelLimit, 1))
 	}
-	if e, ok := top.get("summary_iterations"); ok {
+	if e, ok := top.Get("summary_iterations"); ok {
 		b.MaxSummaryIterations = int(l.intIn(e, 1, maxIterationsLimit, defaultSummaryIterations))
 	}
-	if e, ok := top.get("timeout"); ok {
+	if e, ok := top.Get("timeout"); ok {
 		b.TimeoutMs = l.duration(e, b.TimeoutMs)
 	}
-	if e, ok := top.get("validate"); ok {
+	if e, ok := top.Get("validate"); ok {
 		if argv, ok := l.argv(e); ok {
 			b.Validate = argv
 		}
 	}
-	if e, ok := top.get("validate_timeout"); ok {
+	if e, ok := top.Get("validate_timeout"); ok {
 		b.ValidateTimeoutMs = l.duration(e, b.ValidateTimeoutMs)
 	}
-	if e, ok := top.get("source_files"); ok {
+	if e, ok := top.Get("source_files"); ok {
 		b.SourceFiles = l.sourceFiles(e)
 	}
-	if e, ok := top.get("prompts"); ok {
+	if e, ok := top.Get("prompts"); ok {
 		b.Prompts = l.prompts(e)
 	}
 
 	// max_iterations is the backlog's name for budget.max_iterations; when
 	// both are set the tighter applies, when neither the default does.
 	var budget schemas.Budget
-	if e, ok := top.get("budget"); ok {
+	if e, ok := top.Get("budget"); ok {
 		if fb := l.budget(e); fb != nil {
 			budget = *fb
 		}
 	}
 	iterations := 0
-	if e, ok := top.get("max_iterations"); ok {
+	if e, ok := top.Get("max_iterations"); ok {
 		iterations = int(l.positiveInt(e, math.MaxInt32))
 	}
 	if iterations == 0 && budget.MaxIterations == 0 {
@@ -137,7 +138,7 @@ func (l *loader) backlog(top mapNode, p *schemas.Pipeline) {
 	}
 	budget = budget.Tighter(schemas.Budget{MaxIterations: iterations})
 	p.Budget = &budget
-	if e, ok := top.get("breaker"); ok {
+	if e, ok := top.Get("breaker"); ok {
 		p.Breaker = l.breaker(e)
 	}
 	p.Backlog = b
@@ -147,28 +148,28 @@ func (l *loader) backlog(top mapNode, p *schemas.Pipeline) {
 // (step-name rules) to agents, each decoded as a step's agent. It returns
 // the names in file order, and ok false when agents is missing or not a
 // non-empty mapping (so roles cannot be checked against it).
-func (l *loader) backlogAgents(top mapNode) (map[string]schemas.AgentSpec, []string, bool) {
-	e, ok := top.get("agents")
+func (l *loader) backlogAgents(top yamlread.Map) (map[string]schemas.AgentSpec, []string, bool) {
+	e, ok := top.Get("agents")
 	if !ok {
-		l.errorf(top.pos, "agents", "required: a mapping from agent names to agents such as {backend: claude}")
+		l.Errorf(top.Pos, "agents", "required: a mapping from agent names to agents such as {backend: claude}")
 		return nil, nil, false
 	}
-	m, ok := l.mapping(e.val, e.keyPos, e.field, nil)
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, nil)
 	if !ok {
 		return nil, nil, false
 	}
-	if len(m.entries) == 0 {
-		l.errorf(e.keyPos, e.field, "must define at least one agent")
+	if len(m.Entries) == 0 {
+		l.Errorf(e.KeyPos, e.Field, "must define at least one agent")
 		return nil, nil, false
 	}
-	agents := make(map[string]schemas.AgentSpec, len(m.entries))
-	names := make([]string, 0, len(m.entries))
-	for _, a := range m.entries {
-		if err := schemas.ValidateStepName(a.key); err != nil {
-			l.errorf(a.keyPos, a.field, "%s", renameErr(err, "agent name"))
+	agents := make(map[string]schemas.AgentSpec, len(m.Entries))
+	names := make([]string, 0, len(m.Entries))
+	for _, a := range m.Entries {
+		if err := schemas.ValidateStepName(a.Key); err != nil {
+			l.Errorf(a.KeyPos, a.Field, "%s", renameErr(err, "agent name"))
 		}
-		agents[a.key] = l.agent(a)
-		names = append(names, a.key)
+		agents[a.Key] = l.agent(a)
+		names = append(names, a.Key)
 	}
 	return agents, names, true
 }
@@ -177,28 +178,28 @@ func (l *loader) backlogAgents(top mapNode) (map[string]schemas.AgentSpec, []str
 // and bootstrap default to the first iterate agent. Each role is an agent
 // name or a non-empty list of distinct names; when checkNames is set, each
 // must be one of names. It returns the iterate entry (zero when absent).
-func (l *loader) roles(top mapNode, b *schemas.Backlog, names []string, checkNames bool) entry {
-	e, ok := top.get("roles")
+func (l *loader) roles(top yamlread.Map, b *schemas.Backlog, names []string, checkNames bool) yamlread.Entry {
+	e, ok := top.Get("roles")
 	if !ok {
-		l.errorf(top.pos, "roles", "required: at least {iterate: AGENT} or {iterate: [AGENT, AGENT]}")
-		return entry{}
+		l.Errorf(top.Pos, "roles", "required: at least {iterate: AGENT} or {iterate: [AGENT, AGENT]}")
+		return yamlread.Entry{}
 	}
-	m, ok := l.mapping(e.val, e.keyPos, e.field, nil)
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, nil)
 	if !ok {
-		return entry{}
+		return yamlread.Entry{}
 	}
-	m = l.only(m, backlogRoles(), "role")
+	m = l.Only(m, backlogRoles(), "role")
 	b.Roles = make(map[string][]string, len(backlogRoles()))
-	for _, r := range m.entries {
-		if r.val == nil {
+	for _, r := range m.Entries {
+		if r.Val == nil {
 			continue // null is absent, as everywhere in the file
 		}
-		b.Roles[r.key] = l.roleAgents(r, names, checkNames)
+		b.Roles[r.Key] = l.roleAgents(r, names, checkNames)
 	}
-	it, ok := m.get(schemas.RoleIterate)
+	it, ok := m.Get(schemas.RoleIterate)
 	if !ok {
-		l.errorf(e.keyPos, join(e.field, schemas.RoleIterate), "required: the agent, or list of agents, that works the tasks")
-		return entry{}
+		l.Errorf(e.KeyPos, yamlread.Join(e.Field, schemas.RoleIterate), "required: the agent, or list of agents, that works the tasks")
+		return yamlread.Entry{}
 	}
 	if first := b.Roles[schemas.RoleIterate]; len(first) > 0 {
 		for _, role := range backlogRoles() {
@@ -211,35 +212,36 @@ func (l *loader) roles(top mapNode, b *schemas.Backlog, names []string, checkNam
 }
 
 // roleAgents decodes one role: an agent name or a list of them.
-func (l *loader) roleAgents(e entry, names []string, checkNames bool) []string {
+func (l *loader) roleAgents(e yamlread.Entry, names []string, checkNames bool) []string {
 	var agents []string
-	var at []pos
+	var at []yamlread.Pos
 	var fields []string
-	if s, isScalar := scalarText(e.val); isScalar {
-		agents, at, fields = []string{s}, []pos{e.valPos}, []string{e.field}
+	if s, isScalar := yamlread.Scalar(e.Val); isScalar {
+		agents, at, fields = []string{s}, []yamlread.Pos{e.ValPos}, []string{e.Field}
 	} else {
-		if _, isSeq := e.val.(*ast.SequenceNode); !isSeq {
-			l.errorf(e.valPos, e.field, "want an agent name or a list of them, got %s", kind(e.val))
+		if _, isSeq := e.Val.(*ast.SequenceNode); !isSeq {
+			l.Errorf(e.ValPos, e.Field, "want an agent name or a list of them, got %s", yamlread.Kind(e.Val))
 			return nil
 		}
+		var items []yamlread.Entry
 		var ok bool
-		if agents, at, ok = l.list(e, "[agent-a, agent-b]"); !ok {
+		if agents, items, ok = l.Strings(e, "[agent-a, agent-b]"); !ok {
 			return nil
 		}
 		if len(agents) == 0 {
-			l.errorf(e.valPos, e.field, "must name at least one agent")
+			l.Errorf(e.ValPos, e.Field, "must name at least one agent")
 			return nil
 		}
-		for i := range agents {
-			fields = append(fields, fmt.Sprintf("%s[%d]", e.field, i))
+		for _, it := range items {
+			at, fields = append(at, it.ValPos), append(fields, it.Field)
 		}
 	}
 	for i, a := range agents {
 		switch {
 		case checkNames && !slices.Contains(names, a):
-			l.errorf(at[i], fields[i], "unknown agent %q (agents: %s)", a, strings.Join(names, ", "))
+			l.Errorf(at[i], fields[i], "unknown agent %q (agents: %s)", a, strings.Join(names, ", "))
 		case slices.Index(agents, a) < i:
-			l.errorf(at[i], fields[i], "agent %q is listed twice", a)
+			l.Errorf(at[i], fields[i], "agent %q is listed twice", a)
 		}
 	}
 	return agents
@@ -248,15 +250,15 @@ func (l *loader) roleAgents(e entry, names []string, checkNames bool) []string {
 // schedule decodes schedule into b.Schedule and checks it against the
 // iterate agents: odd-even takes exactly two, single exactly one (a second
 // agent would never run).
-func (l *loader) schedule(top mapNode, b *schemas.Backlog, iterate entry) {
-	e, set := top.get("schedule")
+func (l *loader) schedule(top yamlread.Map, b *schemas.Backlog, iterate yamlread.Entry) {
+	e, set := top.Get("schedule")
 	if set {
-		s, ok := l.str(e)
+		s, ok := l.Str(e)
 		if !ok {
 			return
 		}
 		if !slices.Contains(backlogSchedules(), s) {
-			l.errorf(e.valPos, e.field, "unknown schedule %q (schedules: %s)", s, strings.Join(backlogSchedules(), ", "))
+			l.Errorf(e.ValPos, e.Field, "unknown schedule %q (schedules: %s)", s, strings.Join(backlogSchedules(), ", "))
 			return
 		}
 		b.Schedule = s
@@ -267,23 +269,23 @@ func (l *loader) schedule(top mapNode, b *schemas.Backlog, iterate entry) {
 	}
 	switch {
 	case b.Schedule == schemas.ScheduleOddEven && len(agents) != 2:
-		l.errorf(e.valPos, e.field, "odd-even alternates two iterate agents, but roles.iterate (line %d) lists %d: %s",
-			iterate.valPos.line, len(agents), strings.Join(agents, ", "))
+		l.Errorf(e.ValPos, e.Field, "odd-even alternates two iterate agents, but roles.iterate (line %d) lists %d: %s",
+			iterate.ValPos.Line, len(agents), strings.Join(agents, ", "))
 	case b.Schedule == schemas.ScheduleSingle && len(agents) > 1:
 		msg := fmt.Sprintf("schedule single runs only the first iterate agent, but roles.iterate lists %d: %s; set schedule: odd-even or round-robin, or list one agent",
 			len(agents), strings.Join(agents, ", "))
 		if set {
-			l.errorf(e.valPos, e.field, "%s", msg)
+			l.Errorf(e.ValPos, e.Field, "%s", msg)
 		} else {
-			l.errorf(iterate.valPos, iterate.field, "%s", msg)
+			l.Errorf(iterate.ValPos, iterate.Field, "%s", msg)
 		}
 	}
 }
 
 // intIn decodes an integer from lo to hi (lo >= 0); it returns def on
 // error.
-func (l *loader) intIn(e entry, lo, hi, def int64) int64 {
-	if n, ok := e.val.(*ast.IntegerNode); ok {
+func (l *loader) intIn(e yamlread.Entry, lo, hi, def int64) int64 {
+	if n, ok := e.Val.(*ast.IntegerNode); ok {
 		switch v := n.Value.(type) {
 		case int64:
 			if v >= lo && v <= hi {
@@ -295,7 +297,7 @@ func (l *loader) intIn(e entry, lo, hi, def int64) int64 {
 			}
 		}
 	}
-	l.errorf(e.valPos, e.field, "want an integer from %d to %d, got %s", lo, hi, describeValue(e.val))
+	l.Errorf(e.ValPos, e.Field, "want an integer from %d to %d, got %s", lo, hi, describeValue(e.Val))
 	return def
 }
 
@@ -303,8 +305,8 @@ func (l *loader) intIn(e entry, lo, hi, def int64) int64 {
 // relative to the file's directory or absolute, kept as written. Their base
 // names name their artifacts, so they must be valid artifact names and
 // distinct.
-func (l *loader) sourceFiles(e entry) []string {
-	paths, at, ok := l.list(e, "[README.md, docs/spec.md]")
+func (l *loader) sourceFiles(e yamlread.Entry) []string {
+	paths, items, ok := l.Strings(e, "[README.md, docs/spec.md]")
 	if !ok {
 		return nil
 	}
@@ -315,9 +317,9 @@ func (l *loader) sourceFiles(e entry) []string {
 	bases := make(map[string]first, len(paths))
 	var out []string
 	for i, src := range paths {
-		field := fmt.Sprintf("%s[%d]", e.field, i)
+		at, field := items[i].ValPos, items[i].Field
 		if src == "" {
-			l.errorf(at[i], field, "must not be empty")
+			l.Errorf(at, field, "must not be empty")
 			continue
 		}
 		fi, err := os.Stat(underDir(l.dir, src))
@@ -328,24 +330,24 @@ func (l *loader) sourceFiles(e entry) []string {
 			if errors.As(err, &pe) {
 				err = pe.Err
 			}
-			l.errorf(at[i], field, "source file %s: %w", src, err)
+			l.Errorf(at, field, "source file %s: %w", src, err)
 			continue
 		}
 		if !fi.Mode().IsRegular() {
-			l.errorf(at[i], field, "source file %s: not a regular file", src)
+			l.Errorf(at, field, "source file %s: not a regular file", src)
 			continue
 		}
 		base := filepath.Base(src)
 		if err := schemas.ValidateName(base); err != nil {
-			l.errorf(at[i], field, "source file %s: %w", src, err)
+			l.Errorf(at, field, "source file %s: %w", src, err)
 			continue
 		}
 		if prev, dup := bases[base]; dup {
-			l.errorf(at[i], field, "source file %s has the base name of %s (line %d); source files are stored as artifacts named by their base names",
+			l.Errorf(at, field, "source file %s has the base name of %s (line %d); source files are stored as artifacts named by their base names",
 				src, prev.path, prev.line)
 			continue
 		}
-		bases[base] = first{src, at[i].line}
+		bases[base] = first{src, at.Line}
 		out = append(out, src)
 	}
 	return out
@@ -353,33 +355,33 @@ func (l *loader) sourceFiles(e entry) []string {
 
 // prompts decodes prompts: a mapping from roles to non-empty Go templates
 // that replace the role's built-in prompt.
-func (l *loader) prompts(e entry) map[string]string {
-	m, ok := l.mapping(e.val, e.keyPos, e.field, nil)
+func (l *loader) prompts(e yamlread.Entry) map[string]string {
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, nil)
 	if !ok {
 		return nil
 	}
-	m = l.only(m, backlogRoles(), "role")
+	m = l.Only(m, backlogRoles(), "role")
 	var out map[string]string
-	for _, pe := range m.entries {
-		if pe.val == nil {
+	for _, pe := range m.Entries {
+		if pe.Val == nil {
 			continue // null is absent: the built-in prompt
 		}
-		text, ok := l.str(pe)
+		text, ok := l.Str(pe)
 		if !ok {
 			continue
 		}
 		if strings.TrimSpace(text) == "" {
-			l.errorf(pe.valPos, pe.field, "must not be empty")
+			l.Errorf(pe.ValPos, pe.Field, "must not be empty")
 			continue
 		}
-		if _, err := template.New(pe.key).Option("missingkey=error").Parse(text); err != nil {
-			l.errorf(pe.valPos, pe.field, "invalid template: %w", err)
+		if _, err := template.New(pe.Key).Option("missingkey=error").Parse(text); err != nil {
+			l.Errorf(pe.ValPos, pe.Field, "invalid template: %w", err)
 			continue
 		}
 		if out == nil {
 			out = make(map[string]string)
 		}
-		out[pe.key] = text
+		out[pe.Key] = text
 	}
 	return out
 }

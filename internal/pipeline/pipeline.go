@@ -61,7 +61,6 @@ package pipeline
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -75,6 +74,7 @@ import (
 	"github.com/goccy/go-yaml/ast"
 
 	"github.com/loopbus/loopbus/internal/workspace"
+	"github.com/loopbus/loopbus/internal/yamlread"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -128,40 +128,25 @@ func Parse(name string, data []byte, dir string) (schemas.Pipeline, error) {
 	if err != nil {
 		return schemas.Pipeline{}, fmt.Errorf("pipeline %s: directory: %w", name, err)
 	}
-	l := &loader{file: name, dir: abs}
+	l := &loader{dir: abs}
+	l.File = name
+	l.Empty = "file is empty: want a mapping with name and steps"
 	p := l.pipeline(data)
-	if len(l.errs) > 0 {
-		slices.SortStableFunc(l.errs, func(a, b *Error) int {
-			if a.Line != b.Line {
-				return a.Line - b.Line
-			}
-			return a.Column - b.Column
-		})
-		return schemas.Pipeline{}, l.errs
+	for _, e := range l.Errs {
+		e.Msg = oneLine(e.Msg)
+	}
+	if err := l.Err(); err != nil {
+		return schemas.Pipeline{}, err
 	}
 	return p, nil
 }
 
-// loader holds the state of one Parse call.
+// loader holds the state of one Parse call: the reader of the file (which
+// expands merge keys and collects the problems) and the directory relative
+// paths resolve against.
 type loader struct {
-	file    string
-	dir     string
-	aliases map[*ast.AliasNode]ast.Node
-	errs    Errors
-}
-
-// errorf records a problem at p in field. A %w verb in format also sets the
-// problem's Err.
-func (l *loader) errorf(p pos, field, format string, args ...any) {
-	err := fmt.Errorf(format, args...)
-	l.errs = append(l.errs, &Error{
-		File:   l.file,
-		Line:   p.line,
-		Column: p.col,
-		Field:  field,
-		Msg:    oneLine(err.Error()),
-		Err:    errors.Unwrap(err),
-	})
+	yamlread.Reader[invalid]
+	dir string
 }
 
 // oneLine joins the lines of a multi-line message (such as a schema
@@ -182,9 +167,9 @@ func oneLine(msg string) string {
 // stepInfo keeps the positions of a step's parts for the checks that span
 // steps.
 type stepInfo struct {
-	requires []pos // each requires item
-	final    pos   // the final key
-	outputs  []pos // each output's name
+	requires []yamlread.Entry // each requires item
+	final    yamlread.Pos     // the final key
+	outputs  []yamlread.Pos   // each output's name
 	// bad is set when the step's dependencies could not be decoded, so the
 	// graph checks would report spurious problems.
 	bad bool
@@ -192,18 +177,18 @@ type stepInfo struct {
 
 // pipeline decodes and checks the whole document.
 func (l *loader) pipeline(data []byte) schemas.Pipeline {
-	p := schemas.Pipeline{Source: l.file, Dir: l.dir}
-	body, ok := l.document(data)
+	p := schemas.Pipeline{Source: l.File, Dir: l.dir}
+	body, ok := l.Document(data)
 	if !ok {
 		return p
 	}
 	if _, isMap := body.(*ast.MappingNode); !isMap {
-		l.mapping(body, posOf(body), "", pipelineKeys())
+		l.Mapping(body, yamlread.PosOf(body), "", pipelineKeys())
 		return p
 	}
 	// The keys allowed depend on the kind, so they are checked after it
 	// is known.
-	top, _ := l.mapping(body, posOf(body), "", nil)
+	top, _ := l.Mapping(body, yamlread.PosOf(body), "", nil)
 	switch l.fileKind(top) {
 	case schemas.KindBacklog:
 		l.backlog(top, &p)
@@ -212,36 +197,36 @@ func (l *loader) pipeline(data []byte) schemas.Pipeline {
 	default:
 		return p
 	}
-	top = l.only(top, pipelineKeys(), "key")
-	if be, ok := top.get("budget"); ok {
+	top = l.Only(top, pipelineKeys(), "key")
+	if be, ok := top.Get("budget"); ok {
 		p.Budget = l.budget(be)
 	}
-	if be, ok := top.get("breaker"); ok {
+	if be, ok := top.Get("breaker"); ok {
 		p.Breaker = l.breaker(be)
 	}
 	p.Name = l.name(top)
-	se, ok := top.get("steps")
+	se, ok := top.Get("steps")
 	if !ok {
-		l.errorf(top.pos, "steps", "required: a mapping from step names to steps")
+		l.Errorf(top.Pos, "steps", "required: a mapping from step names to steps")
 		return p
 	}
-	steps, ok := l.mapping(se.val, se.keyPos, "steps", nil)
+	steps, ok := l.Mapping(se.Val, se.KeyPos, "steps", nil)
 	if !ok {
 		return p
 	}
-	if len(steps.entries) == 0 {
-		l.errorf(se.keyPos, "steps", "must define at least one step")
+	if len(steps.Entries) == 0 {
+		l.Errorf(se.KeyPos, "steps", "must define at least one step")
 		return p
 	}
-	infos := make([]stepInfo, 0, len(steps.entries))
-	for _, e := range steps.entries {
+	infos := make([]stepInfo, 0, len(steps.Entries))
+	for _, e := range steps.Entries {
 		s, info := l.step(e)
 		p.Steps = append(p.Steps, s)
 		infos = append(infos, info)
 	}
 	l.checkOutputs(p.Steps, infos)
 	graphOK := l.checkGraph(p.Steps, infos)
-	l.checkFinal(p.Steps, infos, se.keyPos, graphOK)
+	l.checkFinal(p.Steps, infos, se.KeyPos, graphOK)
 	return p
 }
 
@@ -250,17 +235,17 @@ func pipelineKeys() []string { return []string{"name", "steps", "budget", "break
 
 // fileKind returns the kind of the file: pipeline when top has no kind, ""
 // when its kind is not one of the kinds (the problem is reported).
-func (l *loader) fileKind(top mapNode) string {
-	e, ok := top.get("kind")
+func (l *loader) fileKind(top yamlread.Map) string {
+	e, ok := top.Get("kind")
 	if !ok {
 		return schemas.KindPipeline
 	}
-	k, ok := l.str(e)
+	k, ok := l.Str(e)
 	if !ok {
 		return ""
 	}
 	if k != schemas.KindPipeline && k != schemas.KindBacklog {
-		l.errorf(e.valPos, e.field, "unknown kind %q (kinds: %s, %s)", k, schemas.KindPipeline, schemas.KindBacklog)
+		l.Errorf(e.ValPos, e.Field, "unknown kind %q (kinds: %s, %s)", k, schemas.KindPipeline, schemas.KindBacklog)
 		return ""
 	}
 	return k
@@ -268,18 +253,18 @@ func (l *loader) fileKind(top mapNode) string {
 
 // name decodes the required name of a pipeline or backlog file: it follows
 // the step-name rules.
-func (l *loader) name(top mapNode) string {
-	e, ok := top.get("name")
+func (l *loader) name(top yamlread.Map) string {
+	e, ok := top.Get("name")
 	if !ok {
-		l.errorf(top.pos, "name", "required")
+		l.Errorf(top.Pos, "name", "required")
 		return ""
 	}
-	s, ok := l.str(e)
+	s, ok := l.Str(e)
 	if !ok {
 		return ""
 	}
 	if err := schemas.ValidateStepName(s); err != nil {
-		l.errorf(e.valPos, e.field, "%s", renameErr(err, "pipeline name"))
+		l.Errorf(e.ValPos, e.Field, "%s", renameErr(err, "pipeline name"))
 	}
 	return s
 }
@@ -295,19 +280,19 @@ func renameErr(err error, what string) string {
 }
 
 // step decodes one step.
-func (l *loader) step(e entry) (schemas.Step, stepInfo) {
+func (l *loader) step(e yamlread.Entry) (schemas.Step, stepInfo) {
 	s := schemas.Step{
-		Name:              e.key,
-		Line:              e.keyPos.line,
+		Name:              e.Key,
+		Line:              e.KeyPos.Line,
 		MaxIterations:     1,
 		TimeoutMs:         defaultTimeout.Milliseconds(),
 		ValidateTimeoutMs: defaultValidateTimeout.Milliseconds(),
 	}
 	var info stepInfo
-	if err := schemas.ValidateStepName(e.key); err != nil {
-		l.errorf(e.keyPos, e.field, "%w", err)
+	if err := schemas.ValidateStepName(e.Key); err != nil {
+		l.Errorf(e.KeyPos, e.Field, "%w", err)
 	}
-	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, []string{
 		"requires", "agent", "prompt", "outputs", "validate",
 		"max_iterations", "timeout", "validate_timeout", "final", "breaker",
 	})
@@ -316,36 +301,36 @@ func (l *loader) step(e entry) (schemas.Step, stepInfo) {
 		return s, info
 	}
 
-	if a, ok := m.get("agent"); ok {
+	if a, ok := m.Get("agent"); ok {
 		s.Agent = l.agent(a)
 	} else {
-		l.errorf(e.keyPos, join(e.field, "agent"), "required: {backend: exec, command: [...]}")
+		l.Errorf(e.KeyPos, yamlread.Join(e.Field, "agent"), "required: {backend: exec, command: [...]}")
 	}
 
-	if pe, ok := m.get("prompt"); !ok {
-		l.errorf(e.keyPos, join(e.field, "prompt"), "required")
-	} else if text, ok := l.str(pe); ok {
+	if pe, ok := m.Get("prompt"); !ok {
+		l.Errorf(e.KeyPos, yamlread.Join(e.Field, "prompt"), "required")
+	} else if text, ok := l.Str(pe); ok {
 		s.Prompt = text
 		if strings.TrimSpace(text) == "" {
-			l.errorf(pe.valPos, pe.field, "must not be empty")
-		} else if _, err := template.New(e.key).Option("missingkey=error").Parse(text); err != nil {
-			l.errorf(pe.valPos, pe.field, "invalid template: %w", err)
+			l.Errorf(pe.ValPos, pe.Field, "must not be empty")
+		} else if _, err := template.New(e.Key).Option("missingkey=error").Parse(text); err != nil {
+			l.Errorf(pe.ValPos, pe.Field, "invalid template: %w", err)
 		}
 	}
 
-	if re, ok := m.get("requires"); ok {
-		if names, at, ok := l.list(re, "[step-a, step-b]"); ok && len(names) > 0 {
-			s.Requires, info.requires = names, at
+	if re, ok := m.Get("requires"); ok {
+		if names, items, ok := l.Strings(re, "[step-a, step-b]"); ok && len(names) > 0 {
+			s.Requires, info.requires = names, items
 		} else if !ok {
 			info.bad = true
 		}
 	}
 
-	if oe, ok := m.get("outputs"); !ok {
-		l.errorf(e.keyPos, join(e.field, "outputs"), "required: at least one {name: ..., schema: ...}")
-	} else if items, ok := l.items(oe, "[{name: out.json}]"); ok {
+	if oe, ok := m.Get("outputs"); !ok {
+		l.Errorf(e.KeyPos, yamlread.Join(e.Field, "outputs"), "required: at least one {name: ..., schema: ...}")
+	} else if items, ok := l.Items(oe, "[{name: out.json}]"); ok {
 		if len(items) == 0 {
-			l.errorf(oe.valPos, oe.field, "must list at least one output")
+			l.Errorf(oe.ValPos, oe.Field, "must list at least one output")
 		}
 		for _, it := range items {
 			out, at := l.output(it)
@@ -354,50 +339,50 @@ func (l *loader) step(e entry) (schemas.Step, stepInfo) {
 		}
 	}
 
-	if ve, ok := m.get("validate"); ok {
+	if ve, ok := m.Get("validate"); ok {
 		if argv, ok := l.argv(ve); ok {
 			s.Validate = argv
 		}
 	}
-	if ie, ok := m.get("max_iterations"); ok {
+	if ie, ok := m.Get("max_iterations"); ok {
 		s.MaxIterations = l.iterations(ie)
 	}
-	if te, ok := m.get("timeout"); ok {
+	if te, ok := m.Get("timeout"); ok {
 		s.TimeoutMs = l.duration(te, s.TimeoutMs)
 	}
-	if te, ok := m.get("validate_timeout"); ok {
+	if te, ok := m.Get("validate_timeout"); ok {
 		s.ValidateTimeoutMs = l.duration(te, s.ValidateTimeoutMs)
 	}
-	if be, ok := m.get("breaker"); ok {
+	if be, ok := m.Get("breaker"); ok {
 		s.Breaker = l.breaker(be)
 	}
-	if fe, ok := m.get("final"); ok {
-		info.final = fe.keyPos
-		if b, isBool := fe.val.(*ast.BoolNode); isBool {
+	if fe, ok := m.Get("final"); ok {
+		info.final = fe.KeyPos
+		if b, isBool := fe.Val.(*ast.BoolNode); isBool {
 			s.Final = b.Value
 		} else {
-			l.errorf(fe.valPos, fe.field, "want true or false, got %s", kind(fe.val))
+			l.Errorf(fe.ValPos, fe.Field, "want true or false, got %s", yamlread.Kind(fe.Val))
 		}
 	}
 	return s, info
 }
 
 // agent decodes a step's agent.
-func (l *loader) agent(e entry) schemas.AgentSpec {
+func (l *loader) agent(e yamlread.Entry) schemas.AgentSpec {
 	var a schemas.AgentSpec
-	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"backend", "command", "env", "secret_env", "model", "permission_mode", "allowed_tools", "args"})
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, []string{"backend", "command", "env", "secret_env", "model", "permission_mode", "allowed_tools", "args"})
 	if !ok {
 		return a
 	}
-	if se, ok := m.get("secret_env"); ok {
+	if se, ok := m.Get("secret_env"); ok {
 		a.SecretEnv = l.secretEnv(se)
 	}
-	if be, ok := m.get("backend"); !ok {
-		l.errorf(e.keyPos, join(e.field, "backend"), "required (supported: %s)", backendList)
-	} else if b, ok := l.str(be); ok {
+	if be, ok := m.Get("backend"); !ok {
+		l.Errorf(e.KeyPos, yamlread.Join(e.Field, "backend"), "required (supported: %s)", backendList)
+	} else if b, ok := l.Str(be); ok {
 		a.Backend = b
 		if b != schemas.BackendExec && b != schemas.BackendClaude && b != schemas.BackendCodex {
-			l.errorf(be.valPos, be.field, "unsupported backend %q (supported: %s)", b, backendList)
+			l.Errorf(be.ValPos, be.Field, "unsupported backend %q (supported: %s)", b, backendList)
 		}
 	}
 	// Options of the agent CLIs: only where they mean something.
@@ -412,46 +397,46 @@ func (l *loader) agent(e entry) schemas.AgentSpec {
 		{key: "allowed_tools", backends: []string{schemas.BackendClaude}, list: &a.AllowedTools},
 		{key: "args", backends: []string{schemas.BackendClaude, schemas.BackendCodex}, list: &a.Args},
 	} {
-		oe, ok := m.get(o.key)
+		oe, ok := m.Get(o.key)
 		if !ok {
 			continue
 		}
 		if a.Backend != "" && !slices.Contains(o.backends, a.Backend) {
-			l.errorf(oe.keyPos, oe.field, "not an option of the %s backend (only of %s)", a.Backend, strings.Join(o.backends, " and "))
+			l.Errorf(oe.KeyPos, oe.Field, "not an option of the %s backend (only of %s)", a.Backend, strings.Join(o.backends, " and "))
 			continue
 		}
 		if o.str != nil {
-			*o.str, _ = l.str(oe)
-		} else if vals, _, ok := l.list(oe, "[a, b]"); ok {
+			*o.str, _ = l.Str(oe)
+		} else if vals, _, ok := l.Strings(oe, "[a, b]"); ok {
 			*o.list = vals
 		}
 	}
-	if ce, ok := m.get("command"); ok {
+	if ce, ok := m.Get("command"); ok {
 		if argv, ok := l.argv(ce); ok {
 			a.Command = argv
 		}
 	} else if a.Backend == schemas.BackendExec {
-		l.errorf(e.keyPos, join(e.field, "command"), "required for the exec backend: an argv list such as [sh, agent.sh]")
+		l.Errorf(e.KeyPos, yamlread.Join(e.Field, "command"), "required for the exec backend: an argv list such as [sh, agent.sh]")
 	}
-	if ee, ok := m.get("env"); ok {
-		if env, ok := l.mapping(ee.val, ee.keyPos, ee.field, nil); ok {
-			for _, v := range env.entries {
-				if v.key == "" || strings.ContainsAny(v.key, "=\x00") {
-					l.errorf(v.keyPos, v.field, "invalid environment variable name %q", v.key)
+	if ee, ok := m.Get("env"); ok {
+		if env, ok := l.Mapping(ee.Val, ee.KeyPos, ee.Field, nil); ok {
+			for _, v := range env.Entries {
+				if v.Key == "" || strings.ContainsAny(v.Key, "=\x00") {
+					l.Errorf(v.KeyPos, v.Field, "invalid environment variable name %q", v.Key)
 					continue
 				}
-				val, ok := l.str(v)
+				val, ok := l.Str(v)
 				if !ok {
 					continue
 				}
-				if slices.Contains(a.SecretEnv, v.key) || workspace.LooksSecret(v.key) && len(val) >= workspace.MinSecretLen {
-					l.errorf(v.keyPos, v.field, "values in env travel in events; set %s in the worker's environment and list it in secret_env", v.key)
+				if slices.Contains(a.SecretEnv, v.Key) || workspace.LooksSecret(v.Key) && len(val) >= workspace.MinSecretLen {
+					l.Errorf(v.KeyPos, v.Field, "values in env travel in events; set %s in the worker's environment and list it in secret_env", v.Key)
 					continue
 				}
 				if a.Env == nil {
 					a.Env = make(map[string]string)
 				}
-				a.Env[v.key] = val
+				a.Env[v.Key] = val
 			}
 		}
 	}
@@ -460,19 +445,18 @@ func (l *loader) agent(e entry) schemas.AgentSpec {
 
 // secretEnv decodes secret_env: a list of environment variable names (see
 // workspace.ValidateSecretName), each listed once.
-func (l *loader) secretEnv(e entry) []string {
-	names, at, ok := l.list(e, "[API_TOKEN]")
+func (l *loader) secretEnv(e yamlread.Entry) []string {
+	names, items, ok := l.Strings(e, "[API_TOKEN]")
 	if !ok {
 		return nil
 	}
 	var out []string
 	for i, n := range names {
-		field := fmt.Sprintf("%s[%d]", e.field, i)
 		switch err := workspace.ValidateSecretName(n); {
 		case err != nil:
-			l.errorf(at[i], field, "%w", err)
+			l.Errorf(items[i].ValPos, items[i].Field, "%w", err)
 		case slices.Contains(out, n):
-			l.errorf(at[i], field, "%s is listed twice", n)
+			l.Errorf(items[i].ValPos, items[i].Field, "%s is listed twice", n)
 		default:
 			out = append(out, n)
 		}
@@ -484,23 +468,23 @@ func (l *loader) secretEnv(e entry) []string {
 // is not empty. Relative paths in it are resolved against the pipeline's
 // directory: the first element when it contains a slash, any other element
 // when it names an existing regular file there.
-func (l *loader) argv(e entry) ([]string, bool) {
-	if _, isSeq := e.val.(*ast.SequenceNode); !isSeq {
-		if _, isStr := scalarText(e.val); isStr {
-			l.errorf(e.valPos, e.field, "want an argv list, not a string: write [sh, -c, \"...\"] to run a shell command")
+func (l *loader) argv(e yamlread.Entry) ([]string, bool) {
+	if _, isSeq := e.Val.(*ast.SequenceNode); !isSeq {
+		if _, isStr := yamlread.Scalar(e.Val); isStr {
+			l.Errorf(e.ValPos, e.Field, "want an argv list, not a string: write [sh, -c, \"...\"] to run a shell command")
 			return nil, false
 		}
 	}
-	argv, at, ok := l.list(e, "[sh, -c, \"...\"]")
+	argv, items, ok := l.Strings(e, "[sh, -c, \"...\"]")
 	if !ok {
 		return nil, false
 	}
 	if len(argv) == 0 {
-		l.errorf(e.valPos, e.field, "must not be empty")
+		l.Errorf(e.ValPos, e.Field, "must not be empty")
 		return nil, false
 	}
 	if argv[0] == "" {
-		l.errorf(at[0], e.field+"[0]", "program must not be empty")
+		l.Errorf(items[0].ValPos, items[0].Field, "program must not be empty")
 		return nil, false
 	}
 	for i, arg := range argv {
@@ -523,25 +507,25 @@ func (l *loader) argv(e entry) ([]string, bool) {
 
 // output decodes one element of outputs and returns it with the position
 // of its name.
-func (l *loader) output(it entry) (schemas.Output, pos) {
+func (l *loader) output(it yamlread.Entry) (schemas.Output, yamlread.Pos) {
 	var out schemas.Output
-	m, ok := l.mapping(it.val, it.valPos, it.field, []string{"name", "schema"})
+	m, ok := l.Mapping(it.Val, it.ValPos, it.Field, []string{"name", "schema"})
 	if !ok {
-		return out, it.valPos
+		return out, it.ValPos
 	}
-	at := m.pos
-	if ne, ok := m.get("name"); !ok {
-		l.errorf(m.pos, join(it.field, "name"), "required")
-	} else if name, ok := l.str(ne); ok {
-		at = ne.valPos
+	at := m.Pos
+	if ne, ok := m.Get("name"); !ok {
+		l.Errorf(m.Pos, yamlread.Join(it.Field, "name"), "required")
+	} else if name, ok := l.Str(ne); ok {
+		at = ne.ValPos
 		if err := schemas.ValidateName(name); err != nil {
-			l.errorf(ne.valPos, ne.field, "%w", err)
+			l.Errorf(ne.ValPos, ne.Field, "%w", err)
 		} else {
 			out.Name = name
 		}
 	}
-	if se, ok := m.get("schema"); ok {
-		if path, ok := l.str(se); ok {
+	if se, ok := m.Get("schema"); ok {
+		if path, ok := l.Str(se); ok {
 			l.schema(se, path, &out)
 		}
 	}
@@ -549,9 +533,9 @@ func (l *loader) output(it entry) (schemas.Output, pos) {
 }
 
 // schema reads, checks and inlines the output schema at path.
-func (l *loader) schema(e entry, path string, out *schemas.Output) {
+func (l *loader) schema(e yamlread.Entry, path string, out *schemas.Output) {
 	if path == "" {
-		l.errorf(e.valPos, e.field, "must not be empty")
+		l.Errorf(e.ValPos, e.Field, "must not be empty")
 		return
 	}
 	full := path
@@ -560,21 +544,21 @@ func (l *loader) schema(e entry, path string, out *schemas.Output) {
 	}
 	raw, err := readSchema(full)
 	if err != nil {
-		l.errorf(e.valPos, e.field, "schema file %s: %w", path, err)
+		l.Errorf(e.ValPos, e.Field, "schema file %s: %w", path, err)
 		return
 	}
 	var v any
 	if err := json.Unmarshal(raw, &v); err != nil {
-		l.errorf(e.valPos, e.field, "schema file %s is not valid JSON: %w", path, err)
+		l.Errorf(e.ValPos, e.Field, "schema file %s is not valid JSON: %w", path, err)
 		return
 	}
 	if _, err := schemas.CompileArtifactSchema(path, raw); err != nil {
-		l.errorf(e.valPos, e.field, "%w", err)
+		l.Errorf(e.ValPos, e.Field, "%w", err)
 		return
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, raw); err != nil {
-		l.errorf(e.valPos, e.field, "schema file %s is not valid JSON: %w", path, err)
+		l.Errorf(e.ValPos, e.Field, "schema file %s is not valid JSON: %w", path, err)
 		return
 	}
 	out.SchemaPath = path
@@ -608,12 +592,12 @@ func readSchema(path string) ([]byte, error) {
 }
 
 // iterations decodes max_iterations; it returns the default on error.
-func (l *loader) iterations(e entry) int {
+func (l *loader) iterations(e yamlread.Entry) int {
 	bad := func() int {
-		l.errorf(e.valPos, e.field, "want an integer from 1 to %d, got %s", maxIterationsLimit, describe(e.val))
+		l.Errorf(e.ValPos, e.Field, "want an integer from 1 to %d, got %s", maxIterationsLimit, describe(e.Val))
 		return 1
 	}
-	n, ok := e.val.(*ast.IntegerNode)
+	n, ok := e.Val.(*ast.IntegerNode)
 	if !ok {
 		return bad()
 	}
@@ -633,19 +617,19 @@ func (l *loader) iterations(e entry) int {
 // budget decodes the pipeline's budget: max_cost_usd (a number > 0),
 // max_tokens and max_iterations (integers > 0). It returns nil when no
 // bound is set (an empty mapping, or one with problems).
-func (l *loader) budget(e entry) *schemas.Budget {
-	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"max_cost_usd", "max_tokens", "max_iterations"})
+func (l *loader) budget(e yamlread.Entry) *schemas.Budget {
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, []string{"max_cost_usd", "max_tokens", "max_iterations"})
 	if !ok {
 		return nil
 	}
 	var b schemas.Budget
-	if ce, ok := m.get("max_cost_usd"); ok {
+	if ce, ok := m.Get("max_cost_usd"); ok {
 		b.MaxCostUSD = l.positiveNumber(ce)
 	}
-	if te, ok := m.get("max_tokens"); ok {
+	if te, ok := m.Get("max_tokens"); ok {
 		b.MaxTokens = l.positiveInt(te, math.MaxInt64)
 	}
-	if ie, ok := m.get("max_iterations"); ok {
+	if ie, ok := m.Get("max_iterations"); ok {
 		b.MaxIterations = int(l.positiveInt(ie, math.MaxInt32))
 	}
 	if b == (schemas.Budget{}) {
@@ -658,16 +642,16 @@ func (l *loader) budget(e entry) *schemas.Budget {
 // step: no_progress and identical_failures, integers >= 1. It returns nil
 // when no threshold is set; unset ones are left zero (the orchestrator
 // takes them from the pipeline, then from the defaults).
-func (l *loader) breaker(e entry) *schemas.Breaker {
-	m, ok := l.mapping(e.val, e.keyPos, e.field, []string{"no_progress", "identical_failures"})
+func (l *loader) breaker(e yamlread.Entry) *schemas.Breaker {
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, []string{"no_progress", "identical_failures"})
 	if !ok {
 		return nil
 	}
 	var b schemas.Breaker
-	if ne, ok := m.get("no_progress"); ok {
+	if ne, ok := m.Get("no_progress"); ok {
 		b.NoProgress = int(l.positiveInt(ne, math.MaxInt32))
 	}
-	if fe, ok := m.get("identical_failures"); ok {
+	if fe, ok := m.Get("identical_failures"); ok {
 		b.IdenticalFailures = int(l.positiveInt(fe, math.MaxInt32))
 	}
 	if b == (schemas.Breaker{}) {
@@ -677,9 +661,9 @@ func (l *loader) breaker(e entry) *schemas.Breaker {
 }
 
 // positiveInt decodes an integer from 1 to limit; it returns 0 on error.
-func (l *loader) positiveInt(e entry, limit int64) int64 {
+func (l *loader) positiveInt(e yamlread.Entry, limit int64) int64 {
 	tooLarge := false
-	if n, ok := e.val.(*ast.IntegerNode); ok {
+	if n, ok := e.Val.(*ast.IntegerNode); ok {
 		switch v := n.Value.(type) {
 		case int64:
 			if v >= 1 && v <= limit {
@@ -694,17 +678,17 @@ func (l *loader) positiveInt(e entry, limit int64) int64 {
 		}
 	}
 	if tooLarge {
-		l.errorf(e.valPos, e.field, "must be at most %d, got %s", limit, describeValue(e.val))
+		l.Errorf(e.ValPos, e.Field, "must be at most %d, got %s", limit, describeValue(e.Val))
 	} else {
-		l.errorf(e.valPos, e.field, "want an integer > 0, got %s", describeValue(e.val))
+		l.Errorf(e.ValPos, e.Field, "want an integer > 0, got %s", describeValue(e.Val))
 	}
 	return 0
 }
 
 // positiveNumber decodes a finite number > 0; it returns 0 on error.
-func (l *loader) positiveNumber(e entry) float64 {
+func (l *loader) positiveNumber(e yamlread.Entry) float64 {
 	var v float64
-	switch n := e.val.(type) {
+	switch n := e.Val.(type) {
 	case *ast.IntegerNode:
 		switch x := n.Value.(type) {
 		case int64:
@@ -718,7 +702,7 @@ func (l *loader) positiveNumber(e entry) float64 {
 	if v > 0 && !math.IsInf(v, 0) {
 		return v
 	}
-	l.errorf(e.valPos, e.field, "want a number > 0, got %s", describeValue(e.val))
+	l.Errorf(e.ValPos, e.Field, "want a number > 0, got %s", describeValue(e.Val))
 	return 0
 }
 
@@ -728,30 +712,30 @@ func (l *loader) positiveNumber(e entry) float64 {
 func describeValue(n ast.Node) string {
 	switch n.(type) {
 	case *ast.StringNode, *ast.LiteralNode:
-		s, _ := scalarText(n)
+		s, _ := yamlread.Scalar(n)
 		return fmt.Sprintf("the string %q", s)
 	}
-	if s, ok := scalarText(n); ok {
+	if s, ok := yamlread.Scalar(n); ok {
 		return s
 	}
-	return kind(n)
+	return yamlread.Kind(n)
 }
 
 // duration decodes a positive Go duration into milliseconds; it returns def
 // on error.
-func (l *loader) duration(e entry, def int64) int64 {
-	text, ok := l.str(e)
+func (l *loader) duration(e yamlread.Entry, def int64) int64 {
+	text, ok := l.Str(e)
 	if !ok {
 		return def
 	}
 	d, err := time.ParseDuration(text)
 	switch {
 	case err != nil:
-		l.errorf(e.valPos, e.field, "invalid duration %q: want a Go duration such as 30s, 2m or 1h30m", text)
+		l.Errorf(e.ValPos, e.Field, "invalid duration %q: want a Go duration such as 30s, 2m or 1h30m", text)
 	case d <= 0:
-		l.errorf(e.valPos, e.field, "must be > 0, got %q", text)
+		l.Errorf(e.ValPos, e.Field, "must be > 0, got %q", text)
 	case d < time.Millisecond:
-		l.errorf(e.valPos, e.field, "must be at least 1ms, got %q", text)
+		l.Errorf(e.ValPos, e.Field, "must be at least 1ms, got %q", text)
 	default:
 		return d.Milliseconds()
 	}
@@ -760,10 +744,10 @@ func (l *loader) duration(e entry, def int64) int64 {
 
 // describe shows a resolved scalar's text, or its kind for anything else.
 func describe(n ast.Node) string {
-	if s, ok := scalarText(n); ok {
+	if s, ok := yamlread.Scalar(n); ok {
 		return fmt.Sprintf("%q", s)
 	}
-	return kind(n)
+	return yamlread.Kind(n)
 }
 
 // checkOutputs reports output names used more than once in the pipeline:
@@ -783,11 +767,11 @@ func (l *loader) checkOutputs(steps []schemas.Step, infos []stepInfo) {
 			at := infos[i].outputs[j]
 			switch prev, dup := seen[o.Name]; {
 			case !dup:
-				seen[o.Name] = owner{s.Name, at.line}
+				seen[o.Name] = owner{s.Name, at.Line}
 			case prev.step == s.Name:
-				l.errorf(at, field, "output %q is listed twice in step %q", o.Name, s.Name)
+				l.Errorf(at, field, "output %q is listed twice in step %q", o.Name, s.Name)
 			default:
-				l.errorf(at, field, "output %q of step %q is also produced by step %q (line %d); output names must be unique across the pipeline",
+				l.Errorf(at, field, "output %q of step %q is also produced by step %q (line %d); output names must be unique across the pipeline",
 					o.Name, s.Name, prev.step, prev.line)
 			}
 		}
@@ -809,14 +793,14 @@ func (l *loader) checkGraph(steps []schemas.Step, infos []stepInfo) bool {
 		}
 		for j, r := range s.Requires {
 			field := stepField(s.Name, fmt.Sprintf("requires[%d]", j))
-			at := infos[i].requires[j]
+			at := infos[i].requires[j].ValPos
 			t, known := index[r]
 			switch {
 			case !known:
-				l.errorf(at, field, "unknown step %q (steps: %s)", r, stepNames(steps))
+				l.Errorf(at, field, "unknown step %q (steps: %s)", r, stepNames(steps))
 				ok = false
 			case slices.Index(s.Requires, r) < j:
-				l.errorf(at, field, "step %q is listed twice", r)
+				l.Errorf(at, field, "step %q is listed twice", r)
 				ok = false
 			default:
 				edges[i] = append(edges[i], t)
@@ -858,7 +842,7 @@ func (l *loader) checkGraph(steps []schemas.Step, infos []stepInfo) bool {
 				seen[path] = true
 				from, next := cycle[0], steps[cycle[1%len(cycle)]].Name
 				j := slices.Index(steps[from].Requires, next)
-				l.errorf(infos[from].requires[j], stepField(steps[from].Name, fmt.Sprintf("requires[%d]", j)),
+				l.Errorf(infos[from].requires[j].ValPos, stepField(steps[from].Name, fmt.Sprintf("requires[%d]", j)),
 					"dependency cycle: %s", path)
 				ok = false
 			}
@@ -877,7 +861,7 @@ func (l *loader) checkGraph(steps []schemas.Step, infos []stepInfo) bool {
 // checkFinal makes sure exactly one step is final: at most one may be
 // marked; when none is, the only step nothing requires becomes final.
 // Ambiguity is only reported when the dependency graph is sound.
-func (l *loader) checkFinal(steps []schemas.Step, infos []stepInfo, stepsPos pos, graphOK bool) {
+func (l *loader) checkFinal(steps []schemas.Step, infos []stepInfo, stepsPos yamlread.Pos, graphOK bool) {
 	first := -1
 	for i, s := range steps {
 		if !s.Final {
@@ -887,8 +871,8 @@ func (l *loader) checkFinal(steps []schemas.Step, infos []stepInfo, stepsPos pos
 			first = i
 			continue
 		}
-		l.errorf(infos[i].final, stepField(s.Name, "final"),
-			"only one step may be final; step %q (line %d) is already final", steps[first].Name, infos[first].final.line)
+		l.Errorf(infos[i].final, stepField(s.Name, "final"),
+			"only one step may be final; step %q (line %d) is already final", steps[first].Name, infos[first].final.Line)
 	}
 	if first >= 0 || !graphOK {
 		return
@@ -914,14 +898,14 @@ func (l *loader) checkFinal(steps []schemas.Step, infos []stepInfo, stepsPos pos
 		for i, s := range sinks {
 			names[i] = steps[s].Name
 		}
-		l.errorf(stepsPos, "steps", "cannot tell which step is final: %s are required by no other step; mark one with final: true",
+		l.Errorf(stepsPos, "steps", "cannot tell which step is final: %s are required by no other step; mark one with final: true",
 			strings.Join(names, ", "))
 	}
 }
 
 // stepField returns the dotted path of field rest of step name.
 func stepField(name, rest string) string {
-	return join("steps", name) + "." + rest
+	return yamlread.Join("steps", name) + "." + rest
 }
 
 // stepNames lists the steps' names for messages.

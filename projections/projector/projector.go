@@ -261,8 +261,11 @@ func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) 
 			if v.m, err = getView[projections.Manifest](ctx, p.bus, projections.ManifestKey(ev.Session)); err != nil {
 				return err
 			}
-			if v.tasks, err = getView[projections.TaskList](ctx, p.bus, projections.TasksKey(ev.Session)); err != nil {
-				return err
+			// Only a backlog session has a task list to read back.
+			if v.m != nil && v.m.Kind == schemas.KindBacklog {
+				if v.tasks, err = getView[projections.TaskList](ctx, p.bus, projections.TasksKey(ev.Session)); err != nil {
+					return err
+				}
 			}
 		}
 	}
