@@ -45,9 +45,9 @@ FUZZTIME    ?= 30s
 FUZZTIME_CI ?= 10s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./bus/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/pipeline/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./definition/
 	$(GO) test -run '^$$' -fuzz '^FuzzFoldManifest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./projections/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseFile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/backlog/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./backlog/
 
 clean:
 	rm -rf bin

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/loopbus/loopbus/agent"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/agentcli"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -195,7 +195,7 @@ func (s *Service) starts(ctx context.Context, req schemas.Event, jr *schemas.Job
 	return len(deliveries), err
 }
 
-// execCategory is the category (agentcli.Observation.Category) of an exec
+// execCategory is the category (agent.Observation.Category) of an exec
 // backend's program: it has no lane of its own, so an unlisted program is
 // no-net.
 const execCategory = "exec"
@@ -210,8 +210,8 @@ func (s *Service) missingLane(jr *schemas.JobRequested) (tool, lane string, miss
 	switch jr.Agent.Backend {
 	case schemas.BackendClaude:
 		for _, rule := range jr.Agent.AllowedTools {
-			name := agentcli.RuleTool(rule)
-			if l := s.lanes.Lane(name, agentcli.ClaudeCategory(name)); !s.has[l] {
+			name := agent.RuleTool(rule)
+			if l := s.lanes.Lane(name, agent.ClaudeCategory(name)); !s.has[l] {
 				return name, l, true
 			}
 		}

@@ -6,10 +6,10 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/loopbus/loopbus/internal/agentcli"
-	"github.com/loopbus/loopbus/internal/procrun"
-	"github.com/loopbus/loopbus/internal/workspace"
+	"github.com/loopbus/loopbus/agent"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
+	"github.com/loopbus/loopbus/workspace/procrun"
 )
 
 // cliOutcome is what an agent CLI's event stream said about its run.
@@ -40,16 +40,16 @@ type cliOutcome struct {
 // The error is procrun's: the CLI could not be started.
 func (s *Service) runCLI(ctx, run context.Context, stop context.CancelCauseFunc, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, *cliOutcome, error) {
 	var argv []string
-	var parser agentcli.Parser
+	var parser agent.Parser
 	a := jr.Agent
 	if a.Backend == schemas.BackendClaude {
 		var disallowed []string
 		if len(s.lacks) > 0 {
 			disallowed = s.lanes.ClaudeRules(s.lacks...)
 		}
-		argv, parser = agentcli.ClaudeArgv(a.Model, a.PermissionMode, a.AllowedTools, disallowed, a.Args), agentcli.NewClaude()
+		argv, parser = agent.ClaudeArgv(a.Model, a.PermissionMode, a.AllowedTools, disallowed, a.Args), agent.NewClaude()
 	} else {
-		argv, parser = agentcli.CodexArgv(a.Model, a.Args), agentcli.NewCodex()
+		argv, parser = agent.CodexArgv(a.Model, a.Args), agent.NewCodex()
 	}
 	if len(a.Command) > 0 { // another program in place of "claude"/"codex"
 		argv = append(slices.Clone(a.Command), argv[1:]...)
@@ -70,7 +70,7 @@ func (s *Service) runCLI(ctx, run context.Context, stop context.CancelCauseFunc,
 	onLine := func(line []byte) {
 		for _, o := range parser.Line(line) {
 			switch o.Kind {
-			case agentcli.KindToolStart:
+			case agent.KindToolStart:
 				name := nonEmpty(sec.Mask(o.Name), "tool")
 				names[o.ToolID] = name
 				lane := s.lanes.Lane(o.Name, o.Category)
@@ -83,7 +83,7 @@ func (s *Service) runCLI(ctx, run context.Context, stop context.CancelCauseFunc,
 						Msg("the agent used a tool of a lane this worker does not run: killing it")
 					stop(&laneError{tool: name, lane: lane, has: s.cfg.Lanes})
 				}
-			case agentcli.KindToolEnd:
+			case agent.KindToolEnd:
 				name := nonEmpty(names[o.ToolID], nonEmpty(sec.Mask(o.Name), "tool"))
 				status := "ok"
 				if o.IsError {
@@ -93,26 +93,26 @@ func (s *Service) runCLI(ctx, run context.Context, stop context.CancelCauseFunc,
 					JobID: jr.JobID, ToolID: toolID(jr.JobID, d, o.ToolID), Name: name, Lane: s.lanes.Lane(o.Name, o.Category), Status: status,
 					DurationMs: o.Duration.Milliseconds(), Output: sec.Mask(o.Output),
 				}, "tool", o.ToolID, "completed")
-			case agentcli.KindMessage:
+			case agent.KindMessage:
 				messages++
 				publish(schemas.TypeAgentMessage, &schemas.AgentMessage{JobID: jr.JobID, Text: sec.Mask(o.Text)}, "message", strconv.Itoa(messages))
-			case agentcli.KindUsage:
+			case agent.KindUsage:
 				out.hasUsage = true
 				out.usage.InputTokens += o.Usage.InputTokens + o.Usage.CacheReadTokens + o.Usage.CacheWriteTokens
 				out.usage.OutputTokens += o.Usage.OutputTokens
 				out.usage.CostUSD += o.Usage.CostUSD
-			case agentcli.KindRateLimit:
+			case agent.KindRateLimit:
 				out.rateLimit = nonEmpty(sec.Mask(o.Text), "usage or rate limit reached")
 				if !o.ResetAt.IsZero() {
 					out.resetAt = o.ResetAt
 				}
-			case agentcli.KindFailure:
+			case agent.KindFailure:
 				out.failure = sec.Mask(o.Text)
-			case agentcli.KindResult:
+			case agent.KindResult:
 				if o.IsError && out.failure == "" {
 					out.failure = nonEmpty(sec.Mask(o.Text), "the agent reported an error")
 				}
-			case agentcli.KindUnknown:
+			case agent.KindUnknown:
 				out.ignored++
 			}
 		}

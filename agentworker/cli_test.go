@@ -12,10 +12,10 @@ import (
 )
 
 // fakeCLI is the path of a fake agent CLI that prints the real event
-// stream format (internal/agentcli/testdata).
+// stream format (agent/testdata).
 func fakeCLI(t *testing.T, name string) string {
 	t.Helper()
-	p, err := filepath.Abs(filepath.Join("..", "internal", "agentcli", "testdata", name))
+	p, err := filepath.Abs(filepath.Join("..", "agent", "testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}

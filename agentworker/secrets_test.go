@@ -17,10 +17,10 @@ import (
 
 	"github.com/loopbus/loopbus/agentworker"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/procrun"
 	"github.com/loopbus/loopbus/internal/testnats"
-	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
+	"github.com/loopbus/loopbus/workspace/procrun"
 )
 
 // Secret values of the worker's environment, each made secret another way.

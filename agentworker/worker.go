@@ -33,11 +33,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/loopbus/loopbus/agent"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/agentcli"
-	"github.com/loopbus/loopbus/internal/procrun"
-	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
+	"github.com/loopbus/loopbus/workspace/procrun"
 	"github.com/rs/zerolog"
 )
 
@@ -78,13 +78,13 @@ type Config struct {
 	// workspace.LooksSecret). A listed variable must be unset, empty or at
 	// least workspace.MinSecretLen bytes long.
 	SecretEnv []string
-	// Lanes are the tool lanes (agentcli.AllLanes) this worker runs; empty
+	// Lanes are the tool lanes (agent.AllLanes) this worker runs; empty
 	// means all. A job whose allowed tools (claude) or program (exec) need
 	// another lane is left to other workers; an agent that uses a tool of
 	// another lane anyway is stopped and its job failed.
 	Lanes []string
-	// LaneTable maps tool names to lanes, over agentcli.DefaultLanes (see
-	// agentcli.LaneTable).
+	// LaneTable maps tool names to lanes, over agent.DefaultLanes (see
+	// agent.LaneTable).
 	LaneTable map[string]string
 }
 
@@ -102,11 +102,11 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, l := range c.Lanes {
-		if err := agentcli.CheckLane(l); err != nil {
+		if err := agent.CheckLane(l); err != nil {
 			return fmt.Errorf("%w: lanes: %w", ErrInvalidConfig, err)
 		}
 	}
-	if _, err := agentcli.NewLaneTable(c.LaneTable); err != nil {
+	if _, err := agent.NewLaneTable(c.LaneTable); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return nil
@@ -136,7 +136,7 @@ func (c Config) withDefaults() Config {
 		c.Env = workspace.BaseEnv()
 	}
 	if len(c.Lanes) == 0 {
-		c.Lanes = agentcli.AllLanes()
+		c.Lanes = agent.AllLanes()
 	}
 	return c
 }
@@ -147,7 +147,7 @@ type Service struct {
 	bus   Bus
 	log   zerolog.Logger
 	now   func() time.Time
-	lanes *agentcli.LaneTable
+	lanes *agent.LaneTable
 	// has are the lanes this worker runs, lacks the others.
 	has   map[string]bool
 	lacks []string
@@ -177,7 +177,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	}
 	log = log.With().Str("worker", cfg.ID).Logger()
 	log.Debug().Int("secret_values", sec.Len()).Strs("secret_env", cfg.SecretEnv).Msg("secret environment values are masked")
-	table, err := agentcli.NewLaneTable(cfg.LaneTable)
+	table, err := agent.NewLaneTable(cfg.LaneTable)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -186,7 +186,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	for _, l := range cfg.Lanes {
 		s.has[l] = true
 	}
-	for _, l := range agentcli.AllLanes() {
+	for _, l := range agent.AllLanes() {
 		if !s.has[l] {
 			s.lacks = append(s.lacks, l)
 		}

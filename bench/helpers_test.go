@@ -10,8 +10,8 @@ import (
 
 	"github.com/loopbus/loopbus/agentworker"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/client"
-	"github.com/loopbus/loopbus/internal/pipeline"
+	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/definition"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/orchestrator"
 	"github.com/loopbus/loopbus/schemas"
@@ -87,7 +87,7 @@ func chain() []string { return []string{"a", "b", "c"} }
 
 func loadPipeline(tb testing.TB) schemas.Pipeline {
 	tb.Helper()
-	p, err := pipeline.Parse("bench.yaml", []byte(noopPipeline), tb.TempDir())
+	p, err := definition.Parse("bench.yaml", []byte(noopPipeline), tb.TempDir())
 	if err != nil {
 		tb.Fatalf("pipeline: %v", err)
 	}

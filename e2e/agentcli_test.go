@@ -11,7 +11,7 @@ import (
 func TestAgentCLIsEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	fake := func(name string) string {
-		p, err := filepath.Abs(filepath.Join("..", "internal", "agentcli", "testdata", name))
+		p, err := filepath.Abs(filepath.Join("..", "agent", "testdata", name))
 		if err != nil {
 			t.Fatal(err)
 		}

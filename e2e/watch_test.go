@@ -21,7 +21,7 @@ var watchLine = regexp.MustCompile(`^\d\d:\d\d:\d\d \S.*$`)
 // refuses an unknown session (exit 2).
 func TestWatch(t *testing.T) {
 	dir := t.TempDir()
-	fakeClaude, err := filepath.Abs(filepath.Join("..", "internal", "agentcli", "testdata", "fake-claude"))
+	fakeClaude, err := filepath.Abs(filepath.Join("..", "agent", "testdata", "fake-claude"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/loopbus/loopbus/internal/workspace"
-	"github.com/loopbus/loopbus/internal/yamlread"
+	"github.com/loopbus/loopbus/definition/yamlread"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 // Defaults of a hooks file.

@@ -47,9 +47,9 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/procrun"
-	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
+	"github.com/loopbus/loopbus/workspace/procrun"
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 )

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/loopbus/loopbus/internal/backlog"
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/schemas"
 )
 

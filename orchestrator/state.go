@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/loopbus/loopbus/internal/backlog"
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/schemas"
 )
 

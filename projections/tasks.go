@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/loopbus/loopbus/internal/backlog"
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/schemas"
 )
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/loopbus/loopbus/internal/backlog"
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/schemas"
 )
 

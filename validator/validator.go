@@ -20,9 +20,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/procrun"
-	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
+	"github.com/loopbus/loopbus/workspace/procrun"
 	"github.com/rs/zerolog"
 )
 

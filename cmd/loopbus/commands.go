@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/agentworker"
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/backlog"
-	"github.com/loopbus/loopbus/internal/client"
-	"github.com/loopbus/loopbus/internal/pipeline"
+	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/definition"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/oklog/run"
@@ -39,7 +39,7 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			if err != nil {
 				return usageErr(err)
 			}
-			p, err := pipeline.Load(args[0])
+			p, err := definition.Load(args[0])
 			if err != nil {
 				return usageErr(err)
 			}

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/goccy/go-yaml"
-	"github.com/loopbus/loopbus/internal/agentcli"
+	"github.com/loopbus/loopbus/agent"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -35,7 +35,7 @@ func configFiles() []string {
 
 // Settings of config files that are not global flags.
 const (
-	// lanesKey maps tool names to lanes (agentcli.LaneTable); the files'
+	// lanesKey maps tool names to lanes (agent.LaneTable); the files'
 	// entries are merged, the project file's winning.
 	lanesKey = "lanes"
 	// workerLanesKey is the agentworker's --lanes.
@@ -47,7 +47,7 @@ const (
 // fileSettings are the settings of the config files that are not global
 // flags, merged in rising precedence.
 type fileSettings struct {
-	// lanes is the lane table (tool → lane) over agentcli.DefaultLanes.
+	// lanes is the lane table (tool → lane) over agent.DefaultLanes.
 	lanes map[string]string
 	// workerLanes is worker-lanes as a comma-separated list and the file
 	// that set it; empty when none did.
@@ -106,10 +106,10 @@ func mergeLanes(table map[string]string, v any) error {
 	for _, k := range keys {
 		lane, ok := m[k].(string)
 		if !ok {
-			return fmt.Errorf("%s.%s: want a lane name (%s), got %v", lanesKey, k, strings.Join(agentcli.AllLanes(), ", "), m[k])
+			return fmt.Errorf("%s.%s: want a lane name (%s), got %v", lanesKey, k, strings.Join(agent.AllLanes(), ", "), m[k])
 		}
-		if _, err := agentcli.NewLaneTable(map[string]string{k: lane}); err != nil {
-			return err // a *agentcli.LaneKeyError: "lanes.KEY: …"
+		if _, err := agent.NewLaneTable(map[string]string{k: lane}); err != nil {
+			return err // a *agent.LaneKeyError: "lanes.KEY: …"
 		}
 		table[k] = lane
 	}
@@ -133,10 +133,10 @@ func laneList(v any) (string, error) {
 		}
 	case nil:
 	default:
-		return "", fmt.Errorf("want a list of lanes (%s), got %v", strings.Join(agentcli.AllLanes(), ", "), v)
+		return "", fmt.Errorf("want a list of lanes (%s), got %v", strings.Join(agent.AllLanes(), ", "), v)
 	}
 	list := strings.Join(parts, ",")
-	if _, err := agentcli.ParseLaneList(list); err != nil {
+	if _, err := agent.ParseLaneList(list); err != nil {
 		return "", err
 	}
 	return list, nil
@@ -158,7 +158,7 @@ func workerLaneSettings(lanesFlag *pflag.Flag) ([]string, map[string]string, err
 	if lanesFlag != nil && lanesFlag.Changed {
 		val, src = lanesFlag.Value.String(), "--"+lanesFlag.Name
 	}
-	lanes, err := agentcli.ParseLaneList(val)
+	lanes, err := agent.ParseLaneList(val)
 	if err != nil {
 		return nil, nil, usageErr(fmt.Errorf("%s: %w", src, err))
 	}

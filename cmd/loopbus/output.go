@@ -13,7 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/loopbus/loopbus/internal/client"
+	"github.com/loopbus/loopbus/client"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/rs/zerolog"

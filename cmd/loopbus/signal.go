@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/loopbus/loopbus/internal/client"
+	"github.com/loopbus/loopbus/client"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"

@@ -12,9 +12,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/backlog"
-	"github.com/loopbus/loopbus/internal/client"
+	"github.com/loopbus/loopbus/client"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/rs/zerolog"

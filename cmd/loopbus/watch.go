@@ -15,7 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/loopbus/loopbus/internal/client"
+	"github.com/loopbus/loopbus/client"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/mattn/go-isatty"

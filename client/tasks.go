@@ -13,8 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/backlog"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 )

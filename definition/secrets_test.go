@@ -1,4 +1,4 @@
-package pipeline
+package definition
 
 import (
 	"errors"
@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 // agentPipeline is a one-step pipeline whose agent mapping is agent.

@@ -1,9 +1,9 @@
-package pipeline
+package definition
 
 import (
 	"errors"
 
-	"github.com/loopbus/loopbus/internal/yamlread"
+	"github.com/loopbus/loopbus/definition/yamlread"
 )
 
 // ErrInvalid is wrapped by every problem found in a pipeline file, including

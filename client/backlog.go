@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/loopbus/loopbus/internal/backlog"
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/schemas"
 )
 

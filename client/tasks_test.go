@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/internal/backlog"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"

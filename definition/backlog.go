@@ -1,4 +1,4 @@
-package pipeline
+package definition
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/goccy/go-yaml/ast"
 
-	"github.com/loopbus/loopbus/internal/yamlread"
+	"github.com/loopbus/loopbus/definition/yamlread"
 	"github.com/loopbus/loopbus/schemas"
 )
 

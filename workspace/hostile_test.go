@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 // hostileNames could each reach outside out/ or in/, or confuse a reader,

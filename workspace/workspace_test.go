@@ -10,8 +10,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/loopbus/loopbus/internal/workspace"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 func create(t *testing.T) *workspace.Workspace {

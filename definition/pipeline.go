@@ -1,6 +1,7 @@
-// Package pipeline loads pipeline files: YAML documents naming the steps of
-// an agent pipeline, their agents, prompts, outputs and dependencies. It
-// validates them and returns the normalized schemas.Pipeline that a session
+// Package definition parses the files users write, pipelines and backlogs,
+// reporting every problem as FILE:LINE: FIELD. A pipeline is a YAML document
+// naming the steps of an agent pipeline, their agents, prompts, outputs and
+// dependencies. It validates them and returns the normalized schemas.Pipeline that a session
 // carries, with defaults applied, relative paths resolved and output schemas
 // inlined, so that no other service needs the file.
 //
@@ -56,7 +57,7 @@
 //
 // Every problem is reported with the file, line and dotted field path it
 // concerns, and all problems of a file are reported at once (see Errors).
-package pipeline
+package definition
 
 import (
 	"bytes"
@@ -73,9 +74,9 @@ import (
 
 	"github.com/goccy/go-yaml/ast"
 
-	"github.com/loopbus/loopbus/internal/workspace"
-	"github.com/loopbus/loopbus/internal/yamlread"
+	"github.com/loopbus/loopbus/definition/yamlread"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 const (

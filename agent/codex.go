@@ -1,4 +1,4 @@
-package agentcli
+package agent
 
 // The Codex backend reads the JSONL stream of `codex exec --json` (the
 // "experimental JSON" format of the Rust CLI). Format sources:

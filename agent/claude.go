@@ -1,4 +1,4 @@
-package agentcli
+package agent
 
 // Parser for Claude Code's `claude -p --output-format stream-json --verbose`.
 //

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"testing/iotest"
 
-	"github.com/loopbus/loopbus/internal/workspace"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 func TestLooksSecret(t *testing.T) {

@@ -1,7 +1,7 @@
-// Package agentcli turns the line-delimited JSON streams of agent command-line
+// Package agent turns the line-delimited JSON streams of agent command-line
 // tools (Claude Code, Codex) into backend-neutral observations that loopbus
 // records as events.
-package agentcli
+package agent
 
 import (
 	"time"
