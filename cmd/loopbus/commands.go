@@ -16,13 +16,14 @@ import (
 	"github.com/loopbus/loopbus/definition"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/serve"
 	"github.com/oklog/run"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
 
 func newRunCmd(g *globals) *cobra.Command {
-	var input, tasks, session string
+	var input, tasks, session, out string
 	var detach, asJSON bool
 	var workers int
 	var budget schemas.Budget
@@ -52,7 +53,7 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 				if input != "" {
 					return usageErr(fmt.Errorf("run: %s is a backlog: give its task file with --tasks FILE (or nothing, to bootstrap one), not --input", args[0]))
 				}
-				return g.submitAndFollow(cmd.Context(), g.backlogSubmitter(p, tasks, session, sb), session, detach, asJSON, workers)
+				return g.submitAndFollow(cmd.Context(), g.backlogSubmitter(p, tasks, session, sb), session, detach, asJSON, workers, out)
 			}
 			if tasks != "" {
 				return usageErr(fmt.Errorf("run: --tasks is for backlogs (kind: backlog); %s is a pipeline", args[0]))
@@ -63,7 +64,10 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			if _, err := os.Stat(input); err != nil {
 				return usageErr(fmt.Errorf("run: input: %w", err))
 			}
-			return g.submitAndFollow(cmd.Context(), g.pipelineSubmitter(p, input, session, sb), session, detach, asJSON, workers)
+			if detach && out != "" {
+				return usageErr(errors.New("run: --out needs the session followed to its end; it cannot go with --detach (use 'loopbus export SESSION --dir DIR' later)"))
+			}
+			return g.submitAndFollow(cmd.Context(), g.pipelineSubmitter(p, input, session, sb), session, detach, asJSON, workers, out)
 		},
 	}
 	cmd.Flags().StringVar(&input, "input", "", "input file (required for pipelines)")
@@ -72,6 +76,7 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 	cmd.Flags().BoolVar(&detach, "detach", false, "submit and exit without following (needs a running server: serve, or --nats)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final manifest as JSON on stdout")
 	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the in-process worker (embedded mode)")
+	cmd.Flags().StringVar(&out, "out", "", "when the session completes, write its final artifacts into this directory (created if missing)")
 	cmd.Flags().Float64Var(&budget.MaxCostUSD, "max-cost-usd", 0, "budget: stop the session once its agents have cost this many US dollars (with the pipeline's budget, the tighter bound applies)")
 	cmd.Flags().Int64Var(&budget.MaxTokens, "max-tokens", 0, "budget: stop the session once its agents have used this many tokens (input plus output)")
 	cmd.Flags().IntVar(&budget.MaxIterations, "max-iterations", 0, "budget: stop the session after this many agent runs in all")
@@ -133,7 +138,7 @@ func (g *globals) backlogSubmitter(p schemas.Pipeline, tasks, session string, bu
 	}
 }
 
-func (g *globals) submitAndFollow(ctx context.Context, submit submitter, session string, detach, asJSON bool, workers int) error {
+func (g *globals) submitAndFollow(ctx context.Context, submit submitter, session string, detach, asJSON bool, workers int, out string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -163,13 +168,13 @@ func (g *globals) submitAndFollow(ctx context.Context, submit submitter, session
 		return nil
 	}
 	fmt.Fprintln(g.stderr, what)
-	return g.follow(ctx, c, session, asJSON, workers, log)
+	return g.follow(ctx, c, session, asJSON, workers, out, log)
 }
 
 // follow watches a session to its end. In embedded mode (no --nats) it also
 // runs every service in-process, so the session progresses whoever started
 // the server; extra replicas are safe (shared consumers, guarded decisions).
-func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bool, workers int, log zerolog.Logger) error {
+func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bool, workers int, out string, log zerolog.Logger) error {
 	var group run.Group
 	if g.natsURL == "" {
 		// The in-process worker runs every lane (nothing else would run the
@@ -178,8 +183,9 @@ func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bo
 		if err != nil {
 			return err
 		}
-		set := serviceSet{orchestrator: true, validator: true, projector: true, workers: workers, worker: agentworker.Config{LaneTable: table}}
-		if err := addServices(&group, ctx, c.bus, set, log); err != nil {
+		set := serve.All(workers)
+		set.Worker.LaneTable = table
+		if err := set.Add(&group, ctx, c.bus, log, time.Now); err != nil {
 			return err
 		}
 	}
@@ -210,11 +216,15 @@ func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bo
 			return err
 		}
 	}
+	if err := g.finalArtifacts(ctx, c, final, out); err != nil {
+		return err
+	}
 	return sessionEnd(g.stderr, final)
 }
 
 func newWaitCmd(g *globals) *cobra.Command {
 	var asJSON bool
+	var out string
 	var workers int
 	cmd := &cobra.Command{
 		Use:   "wait SESSION",
@@ -236,9 +246,10 @@ func newWaitCmd(g *globals) *cobra.Command {
 			} else if last == 0 {
 				return usageErr(fmt.Errorf("%w: %s", client.ErrNoSession, args[0]))
 			}
-			return g.follow(ctx, c, args[0], asJSON, workers, log)
+			return g.follow(ctx, c, args[0], asJSON, workers, out, log)
 		},
 	}
+	cmd.Flags().StringVar(&out, "out", "", "when the session completes, write its final artifacts into this directory (created if missing)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final manifest as JSON on stdout")
 	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the in-process worker (embedded mode)")
 	return cmd
@@ -387,6 +398,15 @@ func newEventsCmd(g *globals) *cobra.Command {
 			}
 			subject := schemas.SubjectPrefix + "." + sess + "." + ev
 			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
+				if session != "" {
+					// The same unknown session gets the same answer as from
+					// status, replay and watch: a usage error.
+					if last, err := b.SessionLastSeq(ctx, session); err != nil {
+						return err
+					} else if last == 0 {
+						return fmt.Errorf("%w: %s", client.ErrNoSession, session)
+					}
+				}
 				return b.Read(ctx, bus.ReadOptions{Subjects: []string{subject}, Follow: follow}, func(e schemas.Event) error {
 					if asJSON {
 						line, err := client.EncodeLine(b, e)
@@ -444,8 +464,9 @@ func newServeCmd(g *globals) *cobra.Command {
 			}
 			defer c.bus.Close()
 			var group run.Group
-			if err := addServices(&group, ctx, c.bus, serviceSet{orchestrator: true, validator: true, projector: true, workers: workers,
-				worker: wcfg, secretEnv: secretEnv, validatorAckWait: ackWait}, log); err != nil {
+			set := serve.All(workers)
+			set.Worker, set.SecretEnv, set.ValidatorAckWait = wcfg, secretEnv, ackWait
+			if err := set.Add(&group, ctx, c.bus, log, time.Now); err != nil {
 				return err
 			}
 			addSignals(&group, ctx)
@@ -534,8 +555,8 @@ func newServiceCmd(g *globals, name string) *cobra.Command {
 		Short: "Run the " + name + " service",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			set := serviceSet{orchestrator: name == "orchestrator", validator: name == "validator", projector: name == "projector",
-				secretEnv: secretEnv, validatorAckWait: ackWait}
+			set := serve.Services{Orchestrator: name == "orchestrator", Validator: name == "validator", Projector: name == "projector",
+				SecretEnv: secretEnv, ValidatorAckWait: ackWait}
 			return g.runServices(cmd.Context(), name, set)
 		},
 	}
@@ -556,7 +577,7 @@ func newProjectorCmd(g *globals) *cobra.Command {
 		Short: "Run the projector: keep session manifests in the views bucket current",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return g.runServices(cmd.Context(), "projector", serviceSet{projector: true, rebuildViews: rebuild})
+			return g.runServices(cmd.Context(), "projector", serve.Services{Projector: true, RebuildViews: rebuild})
 		},
 	}
 	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "first recompute every view from the whole stream")
@@ -574,7 +595,7 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 			if cfg.Lanes, cfg.LaneTable, err = workerLaneSettings(cmd.Flags().Lookup("lanes")); err != nil {
 				return err
 			}
-			return g.runServices(cmd.Context(), "agentworker", serviceSet{workers: max(cfg.Concurrency, 1), worker: cfg})
+			return g.runServices(cmd.Context(), "agentworker", serve.Services{Workers: max(cfg.Concurrency, 1), Worker: cfg})
 		},
 	}
 	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 1, "jobs this worker runs at once")
@@ -588,7 +609,7 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func (g *globals) runServices(ctx context.Context, name string, set serviceSet) error {
+func (g *globals) runServices(ctx context.Context, name string, set serve.Services) error {
 	log := g.logger(zerolog.InfoLevel).With().Str("process", name).Logger()
 	c, err := g.connect(ctx, name, log, true)
 	if err != nil {
@@ -596,7 +617,7 @@ func (g *globals) runServices(ctx context.Context, name string, set serviceSet) 
 	}
 	defer c.close(g.stderr)
 	var group run.Group
-	if err := addServices(&group, ctx, c.bus, set, log); err != nil {
+	if err := set.Add(&group, ctx, c.bus, log, time.Now); err != nil {
 		return err
 	}
 	addSignals(&group, ctx)

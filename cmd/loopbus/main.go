@@ -14,12 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/loopbus/loopbus/agentworker"
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/orchestrator"
-	"github.com/loopbus/loopbus/projections/projector"
 	"github.com/loopbus/loopbus/schemas"
-	"github.com/loopbus/loopbus/validator"
+	"github.com/loopbus/loopbus/serve"
 	"github.com/mattn/go-isatty"
 	"github.com/oklog/run"
 	"github.com/rs/zerolog"
@@ -171,7 +168,7 @@ server another loopbus command already runs there).`,
 		newRunCmd(g), newWaitCmd(g), newStatusCmd(g), newEventsCmd(g), newReplayCmd(g), newExportCmd(g),
 		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
 		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g), newSignalCmd(g), newWatchCmd(g),
-		newHooksCmd(g), newTasksCmd(g),
+		newHooksCmd(g), newTasksCmd(g), newSessionsCmd(g),
 	)
 	return root
 }
@@ -264,7 +261,7 @@ func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger, 
 	if err != nil {
 		return nil, err
 	}
-	b, err := bus.Connect(ctx, cfg, sourceName(name), cat, log)
+	b, err := bus.Connect(ctx, cfg, serve.SourceName(name), cat, log)
 	if err != nil {
 		if c.srv != nil {
 			c.srv.Shutdown()
@@ -273,97 +270,6 @@ func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger, 
 	}
 	c.bus = b
 	return c, nil
-}
-
-func sourceName(service string) string {
-	host, _ := os.Hostname()
-	return fmt.Sprintf("loopbus/%s/%s-%d", service, host, os.Getpid())
-}
-
-// serviceSet is the services one process runs.
-type serviceSet struct {
-	orchestrator, validator, projector bool
-	// rebuildViews recomputes every view from the stream before projecting.
-	rebuildViews bool
-	workers      int
-	worker       agentworker.Config
-	// secretEnv is added to the worker's and the validator's SecretEnv.
-	secretEnv []string
-	// validatorAckWait: see validator.Config.AckWait.
-	validatorAckWait time.Duration
-}
-
-// addServices puts one actor per service into the run group.
-func addServices(g *run.Group, ctx context.Context, b *bus.Bus, set serviceSet, log zerolog.Logger) error {
-	type runner interface{ Run(context.Context) error }
-	var actors []struct {
-		name string
-		r    runner
-	}
-	add := func(name string, r runner) {
-		actors = append(actors, struct {
-			name string
-			r    runner
-		}{name, r})
-	}
-	if set.orchestrator {
-		o, err := orchestrator.New(orchestrator.Config{}, b.WithSource(sourceName("orchestrator")), log.With().Str("service", "orchestrator").Logger(), time.Now)
-		if err != nil {
-			return err
-		}
-		add("orchestrator", o)
-	}
-	if set.validator {
-		v, err := validator.New(validator.Config{SecretEnv: set.secretEnv, AckWait: set.validatorAckWait}, b.WithSource(sourceName("validator")), log.With().Str("service", "validator").Logger(), time.Now)
-		if err != nil {
-			return err
-		}
-		add("validator", v)
-	}
-	if set.projector {
-		p, err := projector.New(projector.Config{}, b.WithSource(sourceName("projector")), log.With().Str("service", "projector").Logger())
-		if err != nil {
-			return err
-		}
-		if set.rebuildViews {
-			add("projector", rebuildFirst{p})
-		} else {
-			add("projector", p)
-		}
-	}
-	if set.workers > 0 {
-		wc := set.worker
-		wc.Concurrency = set.workers
-		wc.SecretEnv = append(wc.SecretEnv, set.secretEnv...)
-		w, err := agentworker.New(wc, b.WithSource(sourceName("agentworker")), log.With().Str("service", "agentworker").Logger(), time.Now)
-		if err != nil {
-			return err
-		}
-		add("agentworker", w)
-	}
-	for _, a := range actors {
-		actx, cancel := context.WithCancel(ctx)
-		g.Add(func() error {
-			if err := a.r.Run(actx); err != nil {
-				return fmt.Errorf("%s: %w", a.name, err)
-			}
-			if actx.Err() == nil {
-				return fmt.Errorf("%s stopped", a.name)
-			}
-			return nil
-		}, func(error) { cancel() })
-	}
-	return nil
-}
-
-// rebuildFirst rebuilds every view, then keeps them current.
-type rebuildFirst struct{ p *projector.Service }
-
-func (r rebuildFirst) Run(ctx context.Context) error {
-	if err := r.p.Rebuild(ctx); err != nil {
-		return err
-	}
-	return r.p.Run(ctx)
 }
 
 // addSignals adds the signal handler actor.

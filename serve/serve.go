@@ -1,0 +1,234 @@
+// Package serve runs loopbus services in one process: any set of the
+// orchestrator, validator, projector and agent workers on one bus, and, with
+// Start, an embedded NATS server beside them.
+//
+// It is what `loopbus serve`, the single-service commands and an embedded
+// `loopbus run` are built from, and what a Go program uses to run the whole
+// of loopbus in-process (see the client package's example).
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/loopbus/loopbus/agentworker"
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/orchestrator"
+	"github.com/loopbus/loopbus/projections/projector"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/validator"
+	"github.com/oklog/run"
+	"github.com/rs/zerolog"
+)
+
+// Services is the set of services one process runs. The zero value runs
+// none; All returns every service with Workers job slots.
+type Services struct {
+	Orchestrator, Validator, Projector bool
+	// RebuildViews makes the projector recompute every view from the whole
+	// stream before it keeps them current.
+	RebuildViews bool
+	// Workers is the number of jobs the agent worker runs at once; 0 runs
+	// no agent worker.
+	Workers int
+	// Worker configures the agent worker; its Concurrency is Workers.
+	Worker agentworker.Config
+	// SecretEnv is added to the worker's and the validator's SecretEnv.
+	SecretEnv []string
+	// ValidatorAckWait: see validator.Config.AckWait.
+	ValidatorAckWait time.Duration
+}
+
+// All returns every service, with an agent worker of workers job slots.
+func All(workers int) Services {
+	return Services{Orchestrator: true, Validator: true, Projector: true, Workers: workers}
+}
+
+// Validate reports a set that cannot run.
+func (s Services) Validate() error {
+	if s.Workers < 0 {
+		return fmt.Errorf("serve: workers must be >= 0, got %d", s.Workers)
+	}
+	return nil
+}
+
+// SourceName is the CloudEvents source of a service in this process:
+// loopbus/<service>/<host>-<pid>.
+func SourceName(service string) string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("loopbus/%s/%s-%d", service, host, os.Getpid())
+}
+
+// Runner is one service: it runs until ctx ends.
+type Runner interface{ Run(ctx context.Context) error }
+
+// Named is a service with its name, as Build returns it.
+type Named struct {
+	Name string
+	Runner
+}
+
+// Build constructs the services of s on b, each publishing under its own
+// source name and logging with a "service" field.
+func (s Services) Build(b *bus.Bus, log zerolog.Logger, now func() time.Time) ([]Named, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	var out []Named
+	sub := func(name string) zerolog.Logger { return log.With().Str("service", name).Logger() }
+	if s.Orchestrator {
+		o, err := orchestrator.New(orchestrator.Config{}, b.WithSource(SourceName("orchestrator")), sub("orchestrator"), now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Named{"orchestrator", o})
+	}
+	if s.Validator {
+		v, err := validator.New(validator.Config{SecretEnv: s.SecretEnv, AckWait: s.ValidatorAckWait}, b.WithSource(SourceName("validator")), sub("validator"), now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Named{"validator", v})
+	}
+	if s.Projector {
+		p, err := projector.New(projector.Config{}, b.WithSource(SourceName("projector")), sub("projector"))
+		if err != nil {
+			return nil, err
+		}
+		var r Runner = p
+		if s.RebuildViews {
+			r = rebuildFirst{p}
+		}
+		out = append(out, Named{"projector", r})
+	}
+	if s.Workers > 0 {
+		wc := s.Worker
+		wc.Concurrency = s.Workers
+		wc.SecretEnv = append(append([]string(nil), wc.SecretEnv...), s.SecretEnv...)
+		w, err := agentworker.New(wc, b.WithSource(SourceName("agentworker")), sub("agentworker"), now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Named{"agentworker", w})
+	}
+	return out, nil
+}
+
+// Add builds the services of s and puts one actor per service into g. An
+// actor that returns before ctx ends (with or without an error) ends the
+// group.
+func (s Services) Add(g *run.Group, ctx context.Context, b *bus.Bus, log zerolog.Logger, now func() time.Time) error {
+	services, err := s.Build(b, log, now)
+	if err != nil {
+		return err
+	}
+	for _, sv := range services {
+		actx, cancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			if err := sv.Run(actx); err != nil {
+				return fmt.Errorf("%s: %w", sv.Name, err)
+			}
+			if actx.Err() == nil {
+				return fmt.Errorf("%s stopped", sv.Name)
+			}
+			return nil
+		}, func(error) { cancel() })
+	}
+	return nil
+}
+
+// rebuildFirst rebuilds every view, then keeps them current.
+type rebuildFirst struct{ p *projector.Service }
+
+func (r rebuildFirst) Run(ctx context.Context) error {
+	if err := r.p.Rebuild(ctx); err != nil {
+		return err
+	}
+	return r.p.Run(ctx)
+}
+
+// Config shapes Start: an embedded NATS server on DataDir and the services.
+type Config struct {
+	// Embedded is the embedded server; its DataDir is required.
+	Embedded bus.EmbeddedConfig
+	// Bus is the connection of the services; its URL is the embedded
+	// server's.
+	Bus bus.Config
+	// Services run beside the server; a set that runs no service at all
+	// means every service, with 4 job slots.
+	Services Services
+}
+
+// Node is an embedded NATS server with loopbus's services running on it,
+// as Start returns it.
+type Node struct {
+	srv    *bus.Embedded
+	bus    *bus.Bus
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+// Start starts an embedded NATS server and every service of cfg.Services
+// in this process, and returns once the server is ready; the services go
+// on until Close. Use URL to connect clients.
+func Start(ctx context.Context, cfg Config, log zerolog.Logger) (*Node, error) {
+	if s := cfg.Services; !s.Orchestrator && !s.Validator && !s.Projector && s.Workers == 0 {
+		w := cfg.Services.Worker
+		cfg.Services = All(4)
+		cfg.Services.Worker = w
+	}
+	srv, err := bus.StartEmbedded(cfg.Embedded, log)
+	if err != nil {
+		return nil, err
+	}
+	bc := cfg.Bus
+	bc.URL = srv.URL()
+	if bc.Name == "" {
+		bc.Name = "serve"
+	}
+	cat, err := schemas.NewCatalogue()
+	if err != nil {
+		srv.Shutdown()
+		return nil, err
+	}
+	b, err := bus.Connect(ctx, bc, SourceName("serve"), cat, log)
+	if err != nil {
+		srv.Shutdown()
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	n := &Node{srv: srv, bus: b, cancel: cancel, done: make(chan struct{})}
+	var g run.Group
+	if err := cfg.Services.Add(&g, rctx, b, log, time.Now); err != nil {
+		cancel()
+		b.Close()
+		srv.Shutdown()
+		return nil, err
+	}
+	g.Add(func() error { <-rctx.Done(); return nil }, func(error) { cancel() })
+	go func() {
+		defer close(n.done)
+		n.err = g.Run()
+	}()
+	return n, nil
+}
+
+// URL is the embedded server's client URL.
+func (n *Node) URL() string { return n.srv.URL() }
+
+// Close stops the services, then the server; it returns the first error
+// a service ended with. It may be called more than once.
+func (n *Node) Close() error {
+	n.cancel()
+	<-n.done
+	n.bus.Close()
+	n.srv.Shutdown()
+	if errors.Is(n.err, context.Canceled) {
+		return nil
+	}
+	return n.err
+}

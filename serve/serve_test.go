@@ -1,0 +1,93 @@
+package serve_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/testnats"
+	"github.com/loopbus/loopbus/serve"
+	"github.com/oklog/run"
+)
+
+func TestBuildNamesEveryService(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	for _, tt := range []struct {
+		name string
+		set  serve.Services
+		want []string
+	}{
+		{"none", serve.Services{}, nil},
+		{"all", serve.All(2), []string{"orchestrator", "validator", "projector", "agentworker"}},
+		{"projector rebuilding", serve.Services{Projector: true, RebuildViews: true}, []string{"projector"}},
+		{"worker only", serve.Services{Workers: 1}, []string{"agentworker"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.set.Build(b, testnats.Logger(t), time.Now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, s := range got {
+				names = append(names, s.Name)
+			}
+			if !slices.Equal(names, tt.want) {
+				t.Errorf("services %v, want %v", names, tt.want)
+			}
+		})
+	}
+	if _, err := (serve.Services{Workers: -1}).Build(b, testnats.Logger(t), time.Now); err == nil {
+		t.Error("negative workers accepted")
+	}
+}
+
+func TestAddStopsWithItsContext(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var g run.Group
+	if err := serve.All(1).Add(&g, ctx, b, testnats.Logger(t), time.Now); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	g.Add(func() error { cancel(); <-stopped; return nil }, func(error) { close(stopped) })
+	done := make(chan error, 1)
+	go func() { done <- g.Run() }()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("group: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("services did not stop with their context")
+	}
+}
+
+func TestStartAndClose(t *testing.T) {
+	ctx := context.Background()
+	if _, err := serve.Start(ctx, serve.Config{}, testnats.Logger(t)); err == nil || !strings.Contains(err.Error(), "data directory") {
+		t.Fatalf("no data directory: err %v", err)
+	}
+	n, err := serve.Start(ctx, serve.Config{Embedded: bus.EmbeddedConfig{DataDir: t.TempDir()}}, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(n.URL(), "nats://127.0.0.1:") {
+		t.Errorf("URL %q", n.URL())
+	}
+	b := testnats.Connect(t, n.URL(), "test")
+	if _, err := b.LastSeq(ctx); err != nil {
+		t.Fatalf("the node's stream: %v", err)
+	}
+	b.Close()
+	if err := n.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+}
