@@ -63,7 +63,9 @@ func SourceName(service string) string {
 }
 
 // Runner is one service: it runs until ctx ends.
-type Runner interface{ Run(ctx context.Context) error }
+type Runner interface {
+	Run(ctx context.Context) error
+}
 
 // Named is a service with its name, as Build returns it.
 type Named struct {
