@@ -1,6 +1,11 @@
-// Package client holds what the loopbus command line does against a bus:
-// submitting a session, following it, and reading manifests, events and
-// artifacts back out of the stream.
+// Package client is loopbus's public Go API: submit sessions, follow them to
+// their end, read their state, events and artifacts, send signals and work
+// task lists, all by publishing and reading events on the bus.
+//
+// Programs start with Dial (or New over a bus they opened) and use the
+// Client's methods; see Example for a whole session run in-process. The
+// package-level functions are the same operations over any value that
+// implements Bus; the loopbus command line is built on them.
 package client
 
 import (

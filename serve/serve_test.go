@@ -91,3 +91,44 @@ func TestStartAndClose(t *testing.T) {
 		t.Fatalf("second close: %v", err)
 	}
 }
+
+func TestOpenSharesTheDataDirectoryServer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	emb := bus.EmbeddedConfig{DataDir: t.TempDir()}
+	first, err := serve.Open(ctx, bus.Config{Name: "first"}, emb, "test/first", testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !first.OwnsServer() {
+		t.Fatal("the first Open on a data directory did not start its server")
+	}
+	second, err := serve.Open(ctx, bus.Config{Name: "second"}, emb, "test/second", testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.OwnsServer() {
+		t.Fatal("the second Open started another server on the same data directory")
+	}
+	// The owner waits for the other command before it stops the server.
+	waiting := make(chan struct{})
+	closed := make(chan struct{})
+	go func() {
+		first.Close(ctx, func() { close(waiting) })
+		close(closed)
+	}()
+	select {
+	case <-waiting:
+	case <-closed:
+		t.Fatal("the owner stopped its server while another command used it")
+	}
+	if _, err := second.Bus.LastSeq(ctx); err != nil {
+		t.Fatalf("the other command lost its server: %v", err)
+	}
+	second.Close(ctx, nil)
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("the owner kept serving after the other command left")
+	}
+}

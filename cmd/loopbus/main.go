@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
-	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/serve"
 	"github.com/mattn/go-isatty"
 	"github.com/oklog/run"
@@ -213,63 +212,33 @@ func (g *globals) embeddedConfig(listen string) bus.EmbeddedConfig {
 
 // conn is an open bus plus the embedded server this command started, if any.
 type conn struct {
+	*serve.Conn
 	bus *bus.Bus
-	srv *bus.Embedded
 }
 
 // ownsServer reports whether this process started the NATS server.
-func (c *conn) ownsServer() bool { return c.srv != nil }
+func (c *conn) ownsServer() bool { return c.OwnsServer() }
 
-// close closes the bus and, if this process started the embedded server,
-// keeps serving while other loopbus commands on the same data directory are
-// still connected (they would lose their server otherwise), then stops it.
+// close closes the bus; an embedded server this command started keeps
+// serving other commands on its data directory until they finish or a
+// signal comes.
 func (c *conn) close(stderr io.Writer) {
-	c.bus.Close()
-	if c.srv == nil {
-		return
-	}
 	ctx, stop := notifyContext()
 	defer stop()
-	told := false
-	for c.srv.Server().NumClients() > 0 && ctx.Err() == nil {
-		if !told {
-			fmt.Fprintf(stderr, "other loopbus commands still use this data directory's server; serving until they finish (Ctrl-C to stop now)\n")
-			told = true
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	c.srv.Shutdown()
+	c.Close(ctx, func() {
+		fmt.Fprintf(stderr, "other loopbus commands still use this data directory's server; serving until they finish (Ctrl-C to stop now)\n")
+	})
 }
 
 // connect opens the bus: to --nats if given, else to the server on the data
 // directory, starting one embedded if none runs. service selects the
 // connection behaviour of long-running services (see busConfig).
 func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger, service bool) (*conn, error) {
-	c := &conn{}
-	cfg := g.busConfig(name, service)
-	if cfg.URL == "" {
-		url, srv, err := bus.OpenDataDir(ctx, g.embeddedConfig(""), log)
-		if err != nil {
-			return nil, err
-		}
-		cfg.URL, c.srv = url, srv
-	}
-	cat, err := schemas.NewCatalogue()
+	c, err := serve.Open(ctx, g.busConfig(name, service), g.embeddedConfig(""), serve.SourceName(name), log)
 	if err != nil {
 		return nil, err
 	}
-	b, err := bus.Connect(ctx, cfg, serve.SourceName(name), cat, log)
-	if err != nil {
-		if c.srv != nil {
-			c.srv.Shutdown()
-		}
-		return nil, err
-	}
-	c.bus = b
-	return c, nil
+	return &conn{Conn: c, bus: c.Bus}, nil
 }
 
 // addSignals adds the signal handler actor.
