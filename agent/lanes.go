@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -55,25 +56,8 @@ func ParseLaneList(s string) ([]string, error) {
 	return lanes, nil
 }
 
-// DefaultLanes returns the built-in lane table entries: Claude Code's tools
-// (see ClaudeCategory), every MCP tool of Claude Code, and Codex's tools.
-func DefaultLanes() map[string]string {
-	return map[string]string{
-		// Claude Code
-		"Bash": LaneHeavy, "BashOutput": LaneHeavy, "KillShell": LaneHeavy, "KillBash": LaneHeavy,
-		"Task": LaneHeavy, "Agent": LaneHeavy,
-		"Read": LaneNoNet, "Glob": LaneNoNet, "Grep": LaneNoNet, "LS": LaneNoNet, "NotebookRead": LaneNoNet,
-		"Edit": LaneNoNet, "Write": LaneNoNet, "MultiEdit": LaneNoNet, "NotebookEdit": LaneNoNet,
-		"TodoWrite": LaneNoNet,
-		"WebFetch":  LaneNet, "WebSearch": LaneNet,
-		"mcp__*": LaneNet,
-		// Codex (see NewCodex); its MCP tools ("server/tool") go by category.
-		"shell": LaneHeavy, "file_change": LaneNoNet, "web_search": LaneNet,
-	}
-}
-
 // categoryLane is the lane of a tool that no table entry names, by its
-// category (Observation.Category).
+// category (Event.Category).
 func categoryLane(category string) string {
 	switch category {
 	case "shell", "agent":
@@ -85,7 +69,7 @@ func categoryLane(category string) string {
 }
 
 // LaneTable maps tool names to lanes. A key is a tool name as the agent
-// reports it (Bash, WebFetch, mcp__github__get_issue, Codex's shell), or a
+// reports it (Claude Code's Bash, mcp__github__get_issue, Codex's shell), or a
 // prefix ending in "*" (mcp__github__*, docs/*). An exact name wins over a
 // prefix, a longer prefix over a shorter one. A tool no key matches gets
 // the lane of its category: shell commands and subagents heavy, web and MCP
@@ -123,24 +107,23 @@ func CheckLaneKey(key string) error {
 	return nil
 }
 
-// NewLaneTable returns DefaultLanes overridden by entries (tool name or
-// prefix → lane). A bad key or an unknown lane is a *LaneKeyError naming
-// the key.
-func NewLaneTable(entries map[string]string) (*LaneTable, error) {
-	all := DefaultLanes()
-	keys := make([]string, 0, len(entries))
-	for k := range entries {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys) // the first error is the same every time
-	for _, k := range keys {
-		if err := CheckLaneKey(k); err != nil {
-			return nil, &LaneKeyError{Key: k, Err: err}
+// NewLaneTable returns the table of tables' entries (tool name or prefix
+// → lane), a later table's entry overriding an earlier one's: typically a
+// Registry's DefaultLanes, then the configured lanes. A bad key or an
+// unknown lane is a *LaneKeyError naming the key.
+func NewLaneTable(tables ...map[string]string) (*LaneTable, error) {
+	all := map[string]string{}
+	for _, entries := range tables {
+		// Sorted, so that the first error is the same every time.
+		for _, k := range slices.Sorted(maps.Keys(entries)) {
+			if err := CheckLaneKey(k); err != nil {
+				return nil, &LaneKeyError{Key: k, Err: err}
+			}
+			if err := CheckLane(entries[k]); err != nil {
+				return nil, &LaneKeyError{Key: k, Err: err}
+			}
+			all[k] = entries[k]
 		}
-		if err := CheckLane(entries[k]); err != nil {
-			return nil, &LaneKeyError{Key: k, Err: err}
-		}
-		all[k] = entries[k]
 	}
 	t := &LaneTable{exact: map[string]string{}}
 	for k, lane := range all {
@@ -160,7 +143,7 @@ func NewLaneTable(entries map[string]string) (*LaneTable, error) {
 	return t, nil
 }
 
-// Lane returns the lane of tool, whose category (Observation.Category) is
+// Lane returns the lane of tool, whose category (Event.Category) is
 // used when no key matches.
 func (t *LaneTable) Lane(tool, category string) string {
 	if l, ok := t.exact[tool]; ok {
@@ -174,36 +157,21 @@ func (t *LaneTable) Lane(tool, category string) string {
 	return categoryLane(category)
 }
 
-// ClaudeRules returns the Claude Code permission rules that name the
-// table's tools in lanes, sorted, for --disallowedTools: the names Claude
-// Code's tools can have (capitalised built-in names, mcp__ tools), and
-// "mcp__SERVER" for a key "mcp__SERVER__*" (Claude Code's rule for every
-// tool of a server). Other prefixes, such as mcp__*, have no rule Claude
-// Code honours; tools they match are only caught when used.
-func (t *LaneTable) ClaudeRules(lanes ...string) []string {
-	var rules []string
+// Keys returns the keys of the table's entries in lanes, sorted: tool names
+// and prefixes ending in "*", as given to NewLaneTable. Tools that only
+// their category puts in one of lanes are not among them.
+func (t *LaneTable) Keys(lanes ...string) []string {
+	var keys []string
 	for name, l := range t.exact {
-		claudeName := strings.HasPrefix(name, "mcp__") || (name[0] >= 'A' && name[0] <= 'Z')
-		if claudeName && slices.Contains(lanes, l) {
-			rules = append(rules, name)
+		if slices.Contains(lanes, l) {
+			keys = append(keys, name)
 		}
 	}
 	for _, p := range t.prefixes {
-		server, ok := strings.CutPrefix(p.prefix, "mcp__")
-		if !ok || !slices.Contains(lanes, p.lane) {
-			continue
-		}
-		if server, ok = strings.CutSuffix(server, "__"); ok && server != "" && !strings.Contains(server, "__") {
-			rules = append(rules, "mcp__"+server)
+		if slices.Contains(lanes, p.lane) {
+			keys = append(keys, p.prefix+"*")
 		}
 	}
-	sort.Strings(rules)
-	return slices.Compact(rules)
-}
-
-// RuleTool returns the tool a Claude Code permission rule names: "Bash"
-// for "Bash(git log:*)", the rule itself when it has no specifier.
-func RuleTool(rule string) string {
-	name, _, _ := strings.Cut(strings.TrimSpace(rule), "(")
-	return strings.TrimSpace(name)
+	sort.Strings(keys)
+	return keys
 }

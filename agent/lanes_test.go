@@ -14,7 +14,7 @@ func TestNewLaneTable(t *testing.T) {
 		wantErr string // substring; "" means no error
 		wantKey string // the key the error names
 	}{
-		{name: "defaults only", entries: nil},
+		{name: "empty", entries: nil},
 		{name: "overrides and additions", entries: map[string]string{"Bash": LaneNoNet, "mcp__github__*": LaneHeavy, "build.sh": LaneHeavy}},
 		{name: "unknown lane", entries: map[string]string{"Bash": "hevy"}, wantErr: `unknown lane "hevy" (lanes: no-net, net, heavy)`, wantKey: "Bash"},
 		{name: "empty lane", entries: map[string]string{"Read": ""}, wantErr: "unknown lane", wantKey: "Read"},
@@ -43,8 +43,14 @@ func TestNewLaneTable(t *testing.T) {
 	}
 }
 
+// testDefaults stand for backends' default lanes.
+var testDefaults = map[string]string{
+	"Bash": LaneHeavy, "BashOutput": LaneHeavy, "Task": LaneHeavy, "Read": LaneNoNet, "Edit": LaneNoNet,
+	"WebFetch": LaneNet, "mcp__*": LaneNet, "shell": LaneHeavy, "file_change": LaneNoNet, "web_search": LaneNet,
+}
+
 func TestLaneTableLane(t *testing.T) {
-	tab, err := NewLaneTable(map[string]string{
+	tab, err := NewLaneTable(testDefaults, map[string]string{
 		"Bash":                   LaneNoNet, // an override of a default
 		"mcp__github__*":         LaneHeavy, // a longer prefix than mcp__*
 		"mcp__github__get_issue": LaneNet,
@@ -81,26 +87,19 @@ func TestLaneTableLane(t *testing.T) {
 	}
 }
 
-func TestDefaultLanesCoverClaudeCategories(t *testing.T) {
-	tab, err := NewLaneTable(nil)
+func TestNewLaneTableLaterTableWins(t *testing.T) {
+	tab, err := NewLaneTable(map[string]string{"a": LaneHeavy, "b": LaneNet}, nil, map[string]string{"a": LaneNoNet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every default entry is a valid lane, and a Claude tool's default lane
-	// agrees with its category's.
-	for name, lane := range DefaultLanes() {
-		if err := CheckLane(lane); err != nil {
-			t.Errorf("default %s: %v", name, err)
-		}
-		if strings.HasSuffix(name, "*") || name[0] < 'A' || name[0] > 'Z' {
-			continue
-		}
-		if want := categoryLane(ClaudeCategory(name)); lane != want {
-			t.Errorf("default lane of %s = %s, its category %s gives %s", name, lane, ClaudeCategory(name), want)
-		}
-		if got := tab.Lane(name, "other"); got != lane {
-			t.Errorf("Lane(%s) = %s, want the default %s", name, got, lane)
-		}
+	if got := tab.Lane("a", "shell"); got != LaneNoNet {
+		t.Errorf("Lane(a) = %s, want the later table's no-net", got)
+	}
+	if got := tab.Lane("b", "other"); got != LaneNet {
+		t.Errorf("Lane(b) = %s, want net", got)
+	}
+	if _, err := NewLaneTable(map[string]string{"ok": LaneNet}, map[string]string{"bad key": LaneNet}); err == nil {
+		t.Error("a bad key of a later table was accepted")
 	}
 }
 
@@ -136,36 +135,22 @@ func TestParseLaneList(t *testing.T) {
 	}
 }
 
-func TestClaudeRules(t *testing.T) {
-	tab, err := NewLaneTable(map[string]string{"mcp__github__*": LaneHeavy, "mcp__jira__search": LaneHeavy, "docs/*": LaneHeavy, "mcp__a__b__*": LaneHeavy})
+func TestLaneTableKeys(t *testing.T) {
+	tab, err := NewLaneTable(map[string]string{"Bash": LaneHeavy, "mcp__github__*": LaneHeavy, "Read": LaneNoNet, "mcp__*": LaneNet, "shell": LaneHeavy})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
-		name  string
 		lanes []string
 		want  []string
 	}{
-		{name: "heavy", lanes: []string{LaneHeavy}, want: []string{"Agent", "Bash", "BashOutput", "KillBash", "KillShell", "Task", "mcp__github", "mcp__jira__search"}},
-		{name: "net: mcp__* has no rule", lanes: []string{LaneNet}, want: []string{"WebFetch", "WebSearch"}},
-		{name: "none", lanes: nil, want: nil},
+		{lanes: []string{LaneHeavy}, want: []string{"Bash", "mcp__github__*", "shell"}},
+		{lanes: []string{LaneNet, LaneNoNet}, want: []string{"Read", "mcp__*"}},
+		{lanes: nil, want: nil},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tab.ClaudeRules(tt.lanes...); !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("ClaudeRules(%q) = %q, want %q", tt.lanes, got, tt.want)
-			}
-		})
-	}
-}
-
-func TestRuleTool(t *testing.T) {
-	tests := []struct{ rule, want string }{
-		{"Bash", "Bash"}, {"Bash(git log:*)", "Bash"}, {" Read ", "Read"}, {"mcp__github", "mcp__github"}, {"WebFetch(domain:x.org)", "WebFetch"},
-	}
-	for _, tt := range tests {
-		if got := RuleTool(tt.rule); got != tt.want {
-			t.Errorf("RuleTool(%q) = %q, want %q", tt.rule, got, tt.want)
+		if got := tab.Keys(tt.lanes...); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("Keys(%q) = %q, want %q", tt.lanes, got, tt.want)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -195,32 +194,18 @@ func (s *Service) starts(ctx context.Context, req schemas.Event, jr *schemas.Job
 	return len(deliveries), err
 }
 
-// execCategory is the category (agent.Observation.Category) of an exec
-// backend's program: it has no lane of its own, so an unlisted program is
-// no-net.
-const execCategory = "exec"
-
-// missingLane returns a tool the job will use whose lane this worker does
-// not run: for claude, one of its allowed tools; for exec, its program.
-// Codex does not say in advance; its tools are checked as they are used.
-func (s *Service) missingLane(jr *schemas.JobRequested) (tool, lane string, missing bool) {
-	if len(s.lacks) == 0 {
+// missingLane returns a tool the job's agent will use whose lane this
+// worker does not run, among those its backend plans (agent.ToolPlanner:
+// claude's allowed tools, exec's program). Other backends (codex) do not
+// say in advance; their tools are checked as they are used.
+func (s *Service) missingLane(b agent.Backend, jr *schemas.JobRequested) (tool, lane string, missing bool) {
+	p, ok := b.(agent.ToolPlanner)
+	if len(s.lacks) == 0 || !ok {
 		return "", "", false
 	}
-	switch jr.Agent.Backend {
-	case schemas.BackendClaude:
-		for _, rule := range jr.Agent.AllowedTools {
-			name := agent.RuleTool(rule)
-			if l := s.lanes.Lane(name, agent.ClaudeCategory(name)); !s.has[l] {
-				return name, l, true
-			}
-		}
-	case schemas.BackendExec:
-		if len(jr.Agent.Command) > 0 {
-			name := filepath.Base(jr.Agent.Command[0])
-			if l := s.lanes.Lane(name, execCategory); !s.has[l] {
-				return name, l, true
-			}
+	for _, t := range p.PlannedTools(jr.Agent) {
+		if l := s.lanes.Lane(t.Name, t.Category); !s.has[l] {
+			return t.Name, l, true
 		}
 	}
 	return "", "", false

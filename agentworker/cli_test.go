@@ -12,10 +12,10 @@ import (
 )
 
 // fakeCLI is the path of a fake agent CLI that prints the real event
-// stream format (agent/testdata).
+// stream format ("fake-claude" is agent/claude/testdata/fake-claude).
 func fakeCLI(t *testing.T, name string) string {
 	t.Helper()
-	p, err := filepath.Abs(filepath.Join("..", "agent", "testdata", name))
+	p, err := filepath.Abs(filepath.Join("..", "agent", strings.TrimPrefix(name, "fake-"), "testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}

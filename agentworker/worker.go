@@ -1,7 +1,8 @@
 // Package agentworker runs agent jobs: it pulls job.requested events from a
-// durable consumer shared by every replica, runs the agent backend in a
-// fresh workspace, stores the declared outputs in the object store and
-// publishes the job's tool jobs, artifacts and result.
+// durable consumer shared by every replica, runs the job's agent.Backend
+// (looked up by name) in a fresh workspace, stores the declared outputs in
+// the object store and publishes what the agent did (tool calls, messages)
+// and the job's artifacts and result.
 //
 // Secret environment values (see workspace.NewSecrets: the variables named
 // in Config.SecretEnv and the job's agent.secretEnv, and those whose names
@@ -29,15 +30,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/loopbus/loopbus/agent"
+	"github.com/loopbus/loopbus/agent/claude"
+	"github.com/loopbus/loopbus/agent/codex"
+	agentexec "github.com/loopbus/loopbus/agent/exec"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/workspace"
-	"github.com/loopbus/loopbus/workspace/procrun"
 	"github.com/rs/zerolog"
 )
 
@@ -79,13 +81,26 @@ type Config struct {
 	// least workspace.MinSecretLen bytes long.
 	SecretEnv []string
 	// Lanes are the tool lanes (agent.AllLanes) this worker runs; empty
-	// means all. A job whose allowed tools (claude) or program (exec) need
-	// another lane is left to other workers; an agent that uses a tool of
-	// another lane anyway is stopped and its job failed.
+	// means all. A job whose planned tools (agent.ToolPlanner: claude's
+	// allowed tools, exec's program) need another lane is left to other
+	// workers; an agent that uses a tool of another lane anyway is stopped
+	// and its job failed.
 	Lanes []string
-	// LaneTable maps tool names to lanes, over agent.DefaultLanes (see
-	// agent.LaneTable).
+	// LaneTable maps tool names to lanes, over the backends' default lanes
+	// (see agent.LaneTable, agent.Registry.DefaultLanes).
 	LaneTable map[string]string
+	// Backends are the agent backends this worker runs, by name; nil means
+	// the built-in ones (see Builtin).
+	Backends agent.Registry
+}
+
+// Builtin returns the built-in agent backends: exec, claude and codex.
+func Builtin() agent.Registry {
+	return agent.Registry{
+		schemas.BackendExec:   agentexec.Backend{},
+		schemas.BackendClaude: claude.Backend{},
+		schemas.BackendCodex:  codex.Backend{},
+	}
 }
 
 // ErrInvalidConfig: a Config value is out of range.
@@ -138,6 +153,9 @@ func (c Config) withDefaults() Config {
 	if len(c.Lanes) == 0 {
 		c.Lanes = agent.AllLanes()
 	}
+	if c.Backends == nil {
+		c.Backends = Builtin()
+	}
 	return c
 }
 
@@ -177,7 +195,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	}
 	log = log.With().Str("worker", cfg.ID).Logger()
 	log.Debug().Int("secret_values", sec.Len()).Strs("secret_env", cfg.SecretEnv).Msg("secret environment values are masked")
-	table, err := agent.NewLaneTable(cfg.LaneTable)
+	table, err := agent.NewLaneTable(cfg.Backends.DefaultLanes(), cfg.LaneTable)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -273,17 +291,17 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	// sec masks the agent's secrets in everything published or logged; it
 	// is nil (masking nothing) until the agent's environment is known.
 	var sec *workspace.Secrets
-	// cli is what a claude or codex run reported; nil for exec.
-	var cli *cliOutcome
+	// out is what the agent reported; nil until it ran.
+	var out *outcome
 	result := func(jf *schemas.JobFailed) error {
 		jf.JobID, jf.Step, jf.Iteration, jf.Worker = jr.JobID, jr.Step, jr.Iteration, s.cfg.ID
 		jf.Error = sec.Mask(jf.Error)
-		if cli != nil {
-			jf.Usage, jf.IgnoredLines = cli.usageRef(), cli.ignored
-			if cli.rateLimit != "" {
+		if out != nil {
+			jf.Usage, jf.IgnoredLines = out.usageRef(), out.ignored
+			if out.rateLimit != "" {
 				jf.RateLimited = true
-				if !cli.resetAt.IsZero() {
-					t := cli.resetAt.UTC()
+				if !out.resetAt.IsZero() {
+					t := out.resetAt.UTC()
 					jf.ResetAt = &t
 				}
 			}
@@ -304,7 +322,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	}
 	// stopped publishes the result of a job whose jctx was ended by a
 	// cancellation or a lane violation; it reports false for any other.
-	stopped := func(res procrun.Result) (bool, error) {
+	stopped := func(res agent.Result) (bool, error) {
 		var ce *cancelledError
 		var le *laneError
 		switch cause := context.Cause(jctx); {
@@ -327,7 +345,9 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		log.Info().Str("reason", reason).Msg("the job was cancelled before it started; not running it")
 		return result(&schemas.JobFailed{ExitCode: -1, Error: (&cancelledError{reason: reason}).Error(), Cancelled: true})
 	}
-	if tool, lane, ok := s.missingLane(jr); ok {
+	// A backend this worker lacks fails the job once it started, below.
+	backend, lookupErr := s.cfg.Backends.Lookup(jr.Agent.Backend)
+	if tool, lane, ok := s.missingLane(backend, jr); ok {
 		if s.firstRefusal(req.Session, jr.JobID) {
 			log.Info().Str("tool", tool).Str("lane", lane).Strs("lanes", s.cfg.Lanes).
 				Msg("leaving the job to another worker: it needs a tool of a lane this worker does not run")
@@ -367,7 +387,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return fail(err.Error(), -1, 0, "")
 	}
 	if err := ws.Fetch(jctx, s.bus, jr.Inputs, ws.In); err != nil {
-		if ok, err := stopped(procrun.Result{ExitCode: -1}); ok {
+		if ok, err := stopped(agent.Result{ExitCode: -1}); ok {
 			return err
 		}
 		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) {
@@ -382,13 +402,10 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return err
 	}
 
-	var res procrun.Result
-	var runErr error
-	if jr.Agent.Backend == schemas.BackendClaude || jr.Agent.Backend == schemas.BackendCodex {
-		res, cli, runErr = s.runCLI(ctx, jctx, stop, req, jr, ws, env, sec, d.NumDelivered)
-	} else {
-		res, runErr = s.runAgent(ctx, jctx, req, jr, ws, env, sec, d.NumDelivered)
+	if lookupErr != nil {
+		return fail(lookupErr.Error(), -1, 0, "")
 	}
+	res, out, runErr := s.runAgent(ctx, jctx, stop, backend, req, jr, ws, env, sec, d.NumDelivered)
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: hand the job back
 	}
@@ -396,29 +413,29 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		return err
 	}
 	switch {
-	case cli != nil && cli.publishErr != nil:
-		return cli.publishErr // its events are incomplete: run it again
+	case out.publishErr != nil:
+		return out.publishErr // its events are incomplete: run it again
 	case runErr != nil:
 		return fail(runErr.Error(), -1, res.Duration, "")
 	case res.TimedOut:
 		return fail(fmt.Sprintf("agent timed out after %s and was killed", time.Duration(jr.TimeoutMs)*time.Millisecond), res.ExitCode, res.Duration, res.Tail)
-	case cli != nil && cli.rateLimit != "":
+	case out.rateLimit != "":
 		// Not a success, whatever the exit code: the work was cut short.
-		msg := "the agent hit a usage or rate limit: " + cli.rateLimit
-		if !cli.resetAt.IsZero() {
-			msg += fmt.Sprintf(" (resets at %s)", cli.resetAt.UTC().Format(time.RFC3339))
+		msg := "the agent hit a usage or rate limit: " + out.rateLimit
+		if !out.resetAt.IsZero() {
+			msg += fmt.Sprintf(" (resets at %s)", out.resetAt.UTC().Format(time.RFC3339))
 		}
 		return fail(msg, res.ExitCode, res.Duration, res.Tail)
-	case cli != nil && cli.failure != "":
-		return fail("the agent reported a failure: "+cli.failure, res.ExitCode, res.Duration, res.Tail)
+	case out.failure != "":
+		return fail("the agent reported a failure: "+out.failure, res.ExitCode, res.Duration, res.Tail)
 	case res.ExitCode != 0:
 		return fail(fmt.Sprintf("agent exited with code %d", res.ExitCode), res.ExitCode, res.Duration, res.Tail)
 	}
 
 	// Check every output before storing any: a job with one bad output
 	// leaves nothing in the object store.
-	for _, out := range jr.Outputs {
-		if err := s.checkOutput(ws, out.Name, sec); err != nil {
+	for _, o := range jr.Outputs {
+		if err := s.checkOutput(ws, o.Name, sec); err != nil {
 			if outputFault(err) {
 				return fail(err.Error(), res.ExitCode, res.Duration, res.Tail)
 			}
@@ -426,8 +443,8 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		}
 	}
 	arts := make([]schemas.ArtifactRef, 0, len(jr.Outputs))
-	for _, out := range jr.Outputs {
-		ref, err := s.storeOutput(ctx, req, jr, ws, out.Name, sec, d.NumDelivered)
+	for _, o := range jr.Outputs {
+		ref, err := s.storeOutput(ctx, req, jr, ws, o.Name, sec, d.NumDelivered)
 		if err != nil {
 			if outputFault(err) {
 				return fail(err.Error(), res.ExitCode, res.Duration, res.Tail)
@@ -439,7 +456,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	_, err = s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobCompleted{
 		JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, RequestSeq: req.Seq, Worker: s.cfg.ID,
 		ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Artifacts: arts, OutputTail: res.Tail,
-		Usage: cli.usageRef(), IgnoredLines: cli.ignoredLines(),
+		Usage: out.usageRef(), IgnoredLines: out.ignoredLines(),
 	}))
 	if err == nil {
 		log.Info().Dur("took", res.Duration).Int("artifacts", len(arts)).Msg("job completed")
@@ -472,57 +489,6 @@ func checkRequest(jr *schemas.JobRequested) error {
 // fails) rather than the worker's (the job is handed back).
 func outputFault(err error) bool {
 	return errors.Is(err, workspace.ErrUnsafeOutput) || errors.Is(err, schemas.ErrBadName) || errors.Is(err, workspace.ErrSecretInOutput)
-}
-
-// runAgent runs the exec backend under run; events are published with ctx.
-func (s *Service) runAgent(ctx, run context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (procrun.Result, error) {
-	if jr.Agent.Backend != schemas.BackendExec {
-		return procrun.Result{}, fmt.Errorf("agent backend %q is not supported by this worker (supported: exec, claude, codex)", jr.Agent.Backend)
-	}
-	if len(jr.Agent.Command) == 0 {
-		return procrun.Result{}, errors.New("agent command is empty")
-	}
-	toolID := schemas.DeterministicID(jr.JobID, strconv.FormatUint(delivery, 10), "exec")
-	name := filepath.Base(jr.Agent.Command[0])
-	lane := s.lanes.Lane(name, execCategory)
-	argv := strings.Join(jr.Agent.Command, " ")
-	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeToolStarted, &schemas.ToolStarted{
-		JobID: jr.JobID, ToolID: toolID, Name: sec.Mask(name), Lane: lane, Input: truncate(sec.Mask(argv), 500),
-	}, toolID, "started")); err != nil {
-		return procrun.Result{}, err
-	}
-	res, err := procrun.Run(run, procrun.Spec{
-		Argv:    jr.Agent.Command,
-		Dir:     ws.Root,
-		Env:     env,
-		Stdin:   []byte(jr.Prompt),
-		Timeout: time.Duration(jr.TimeoutMs) * time.Millisecond,
-		// Room for a secret cut by the tail's start: mask first, then cut.
-		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
-	})
-	res.Tail = sec.MaskTail(res.Tail, procrun.DefaultTailBytes)
-	if err != nil {
-		err = errors.New(sec.Mask(err.Error()))
-	}
-	tc := &schemas.ToolCompleted{JobID: jr.JobID, ToolID: toolID, Name: sec.Mask(name), Lane: lane,
-		Status: "ok", ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Output: res.Tail}
-	switch {
-	case err != nil:
-		tc.Status, tc.Error = "error", err.Error()
-	case res.TimedOut:
-		tc.Status, tc.Error = "timeout", "timed out"
-	case res.Canceled:
-		tc.Status, tc.Error = "error", "killed: "+sec.Mask(context.Cause(run).Error())
-	case res.ExitCode != 0:
-		tc.Status = "error"
-	}
-	if tc.ExitCode < 0 {
-		tc.ExitCode = -1
-	}
-	if _, perr := s.bus.Publish(context.WithoutCancel(ctx), s.event(req, schemas.TypeToolCompleted, tc, toolID, "completed")); perr != nil {
-		s.log.Warn().Err(perr).Msg("could not publish tool.completed")
-	}
-	return res, err
 }
 
 // checkOutput makes sure output name can be stored: a safe regular file
@@ -564,11 +530,4 @@ func (s *Service) storeOutput(ctx context.Context, req schemas.Event, jr *schema
 		return schemas.ArtifactRef{}, err
 	}
 	return ref, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

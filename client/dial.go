@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
@@ -108,13 +109,16 @@ func (c *Client) Follow(ctx context.Context, session string, onEvent func(schema
 	return Watch(ctx, c.b, session, onEvent)
 }
 
-// exists fails with ErrBadInput for an unsafe id and ErrNoSession for a
-// session with no events.
-func (c *Client) exists(ctx context.Context, session string) error {
+func (c *Client) exists(ctx context.Context, session string) error { return Exists(ctx, c.b, session) }
+
+// Exists fails with ErrBadInput for an unsafe session id and ErrNoSession
+// for a session with no events: every command answers an unknown session
+// the same way.
+func Exists(ctx context.Context, b Bus, session string) error {
 	if err := schemas.ValidateSessionID(session); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
-	last, err := c.b.SessionLastSeq(ctx, session)
+	last, err := b.SessionLastSeq(ctx, session)
 	if err != nil {
 		return err
 	}
@@ -122,6 +126,29 @@ func (c *Client) exists(ctx context.Context, session string) error {
 		return fmt.Errorf("%w: %s", ErrNoSession, session)
 	}
 	return nil
+}
+
+// EventSubject is the subject filter of the events of session ("" for
+// every session) of type typ ("" for every type; "step.completed" or
+// "loopbus.step.completed"). Errors wrap ErrBadInput.
+func EventSubject(session, typ string) (string, error) {
+	sess, ev := "*", "*.*"
+	if session != "" {
+		if err := schemas.ValidateSessionID(session); err != nil {
+			return "", fmt.Errorf("%w: %v", ErrBadInput, err)
+		}
+		sess = session
+	}
+	if typ != "" {
+		if !strings.HasPrefix(typ, "loopbus.") {
+			typ = "loopbus." + typ
+		}
+		var err error
+		if ev, err = schemas.EntityVerb(typ); err != nil {
+			return "", fmt.Errorf("%w: %v", ErrBadInput, err)
+		}
+	}
+	return schemas.SubjectPrefix + "." + sess + "." + ev, nil
 }
 
 // Status returns a session's current manifest (see the Status function).

@@ -159,3 +159,44 @@ func TestClientUnknownSessionAndFinal(t *testing.T) {
 		t.Errorf("final of a failed session: err %v, want ErrBadInput", err)
 	}
 }
+
+func TestClientSignalExportTasks(t *testing.T) {
+	ctx, c := rig(t)
+	m := runSession(t, ctx, c, "../examples/writing-kit/pipeline.yaml", "../examples/writing-kit/article.md", "kit-sig")
+	if m.Status != projections.StatusCompleted {
+		t.Fatalf("session %s", m.Status)
+	}
+	target, err := client.ParseSignalTarget("kit-sig/summary")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The orchestrator answers; a finished session ignores the pause.
+	sent, acks, err := c.Signal(ctx, client.SignalRequest{Verb: "pause", Target: target, Reason: "look"}, time.Minute)
+	if err != nil || len(sent) != 1 {
+		t.Fatalf("signal: %v, %d sent", err, len(sent))
+	}
+	a := acks[sent[0].Event.ID]
+	if a == nil || a.Result != "ignored" {
+		t.Fatalf("acknowledgement %+v, want ignored", a)
+	}
+	if r := client.ResultOf(sent[0], "pause", a, ""); r.Session != "kit-sig" || r.Step != "summary" || r.Result != "ignored" {
+		t.Errorf("result %+v", r)
+	}
+	if _, _, err := c.Signal(ctx, client.SignalRequest{Verb: "pause", Target: client.SignalTarget{Session: "nope"}}, 0); !errors.Is(err, client.ErrNoSession) {
+		t.Errorf("signal to an unknown session: %v", err)
+	}
+
+	dir := t.TempDir()
+	if _, err := c.Export(ctx, "kit-sig", dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "artifacts", "writing-kit.json")); err != nil {
+		t.Errorf("export: %v", err)
+	}
+	if _, err := c.Tasks(ctx, "kit-sig"); !errors.Is(err, client.ErrNotBacklog) {
+		t.Errorf("tasks of a pipeline session: %v, want ErrNotBacklog", err)
+	}
+	if c.Bus() == nil {
+		t.Error("no bus")
+	}
+}

@@ -291,3 +291,109 @@ func AwaitSignalAcks(ctx context.Context, b Bus, sent []SentSignal, onAck func(S
 	}
 	return acks, err
 }
+
+// SignalResult is what became of a signal sent to one session, as
+// `loopbus signal` reports it.
+type SignalResult struct {
+	Signal  string `json:"signal"`
+	Target  string `json:"target"`
+	Session string `json:"session"`
+	Step    string `json:"step,omitempty"`
+	ID      string `json:"id"`
+	Seq     uint64 `json:"seq"`
+	// Result is applied or ignored (the orchestrator's acknowledgement), or
+	// ResultRecorded (no acknowledgement yet: the orchestrator acts on the
+	// signal when it runs).
+	Result string `json:"result"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// ResultRecorded is the result of a signal not acknowledged (yet).
+const ResultRecorded = "recorded"
+
+// ResultOf is the result of the signal s (of verb): the acknowledgement a,
+// or, when a is nil, ResultRecorded with why it has no answer.
+func ResultOf(s SentSignal, verb string, a *schemas.SignalAcknowledged, why string) SignalResult {
+	sig, _ := s.Event.Data.(*schemas.Signal)
+	r := SignalResult{Signal: verb, Session: s.Event.Session, ID: s.Event.ID, Seq: s.Seq}
+	if sig != nil {
+		r.Target, r.Step = sig.Target, sig.Step
+	}
+	if a != nil {
+		r.Result, r.Detail = a.Result, a.Detail
+		return r
+	}
+	r.Result, r.Detail = ResultRecorded, "takes effect when the orchestrator runs ("+why+")"
+	return r
+}
+
+// SignalReport shapes Report.
+type SignalReport struct {
+	// Wait bounds the wait for the orchestrator's acknowledgements; 0 does
+	// not wait.
+	Wait time.Duration
+	// NoAnswer, when set, says why no orchestrator can answer the signals
+	// sent to dests (none runs): Report does not wait and gives it as the
+	// reason.
+	NoAnswer func(dests []SignalDest) string
+	// Interrupt, when it ends, stops the wait early (Ctrl-C).
+	Interrupt context.Context
+	Now       time.Time
+}
+
+// ErrNoneRunning: a signal to all found no running session.
+var ErrNoneRunning = errors.New("no running session (none started and not yet completed or failed)")
+
+// Report sends r to the sessions its target selects, then emits one
+// SignalResult per session: each acknowledgement as it arrives within
+// opts.Wait, then "recorded" (with the reason) for the rest. It returns
+// ErrNoneRunning when "all" selects no session, ErrNoSession or
+// ErrBadInput for a bad target, a send error after emitting what was sent,
+// and opts.Interrupt's error when the wait was interrupted.
+func Report(ctx context.Context, b Bus, r SignalRequest, opts SignalReport, emit func(SignalResult)) error {
+	dests, err := ResolveSignalTarget(ctx, b, r.Target)
+	if err != nil {
+		return err
+	}
+	if len(dests) == 0 {
+		return fmt.Errorf("%w: nothing to %s", ErrNoneRunning, r.Verb)
+	}
+	sent, sendErr := SendSignal(ctx, b, r, dests, opts.Now)
+	var acks map[string]*schemas.SignalAcknowledged
+	var interrupted error
+	why := ""
+	switch {
+	case sendErr != nil:
+		why = "the other signals were not sent"
+	case opts.NoAnswer != nil:
+		why = opts.NoAnswer(dests)
+	case opts.Wait <= 0:
+		why = "not waiting for an acknowledgement: --wait 0"
+	default:
+		why = fmt.Sprintf("the orchestrator did not answer within %s", opts.Wait)
+		stop := opts.Interrupt
+		if stop == nil {
+			stop = ctx
+		}
+		wctx, cancel := context.WithTimeout(stop, opts.Wait)
+		acks, err = AwaitSignalAcks(wctx, b, sent, func(s SentSignal, a *schemas.SignalAcknowledged) {
+			emit(ResultOf(s, r.Verb, a, ""))
+		})
+		cancel()
+		if err != nil {
+			return err
+		}
+		if interrupted = stop.Err(); interrupted != nil {
+			why = "interrupted while waiting for the orchestrator"
+		}
+	}
+	for _, s := range sent {
+		if acks[s.Event.ID] == nil {
+			emit(ResultOf(s, r.Verb, nil, why))
+		}
+	}
+	if sendErr != nil {
+		return sendErr
+	}
+	return interrupted
+}

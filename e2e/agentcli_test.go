@@ -9,9 +9,10 @@ import (
 // (fake CLIs printing the real event stream formats) completes; their tool
 // calls and messages are events of the session.
 func TestAgentCLIsEndToEnd(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
-	fake := func(name string) string {
-		p, err := filepath.Abs(filepath.Join("..", "agent", "testdata", name))
+	fake := func(backend string) string {
+		p, err := filepath.Abs(filepath.Join("..", "agent", backend, "testdata", "fake-"+backend))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -24,14 +25,14 @@ func TestAgentCLIsEndToEnd(t *testing.T) {
 		"claude.yaml": `name: with-claude
 steps:
   plan:
-    agent: {backend: claude, command: [` + fake("fake-claude") + `], model: sonnet, allowed_tools: [Bash, Edit]}
+    agent: {backend: claude, command: [` + fake("claude") + `], model: sonnet, allowed_tools: [Bash, Edit]}
     prompt: "Plan from in/{{.Input.Name}} into out/out.txt."
     outputs: [{name: out.txt}]
 `,
 		"codex.yaml": `name: with-codex
 steps:
   build:
-    agent: {backend: codex, command: [` + fake("fake-codex") + `], model: gpt-5-codex}
+    agent: {backend: codex, command: [` + fake("codex") + `], model: gpt-5-codex}
     prompt: "Build from in/{{.Input.Name}} into out/out.txt."
     outputs: [{name: out.txt}]
 `,

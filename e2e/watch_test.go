@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 )
 
 // watchLine is one line of `watch` without a terminal: local time, then
@@ -18,14 +22,17 @@ var watchLine = regexp.MustCompile(`^\d\d:\d\d:\d\d \S.*$`)
 // TestWatch drives `loopbus watch` against a `loopbus serve` process: it
 // follows a running session live, one plain line per event, to its end
 // (exit 0), reports a failed session (exit 1, the reason on stderr), and
-// refuses an unknown session (exit 2).
+// refuses an unknown session (exit 2). On a terminal its live screen sends
+// the signals of its keys and leaves the session running on q (exit 130),
+// and it ends by itself when the session does.
 func TestWatch(t *testing.T) {
 	dir := t.TempDir()
-	fakeClaude, err := filepath.Abs(filepath.Join("..", "agent", "testdata", "fake-claude"))
+	fakeClaude, err := filepath.Abs(filepath.Join("..", "agent", "claude", "testdata", "fake-claude"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	gate := filepath.Join(dir, "gate")
+	ttyGate := filepath.Join(dir, "tty-gate")
 	writeFiles(t, dir, map[string]string{
 		"input.txt": "x\n",
 		// build waits for the test to open the gate, so watch is seen
@@ -41,6 +48,19 @@ steps:
     outputs: [{name: out.txt}]
   build:
     agent: {backend: exec, command: [sh, build.sh], env: {GATE: ` + gate + `}}
+    prompt: build
+    requires: [plan]
+    outputs: [{name: built.txt}]
+    timeout: 90s
+`,
+		"tty.yaml": `name: keyed
+steps:
+  plan:
+    agent: {backend: exec, command: [sh, -c, "echo planned > $LOOPBUS_OUTPUT_DIR/plan.txt"]}
+    prompt: plan
+    outputs: [{name: plan.txt}]
+  build:
+    agent: {backend: exec, command: [sh, build.sh], env: {GATE: ` + ttyGate + `}}
     prompt: build
     requires: [plan]
     outputs: [{name: built.txt}]
@@ -158,10 +178,148 @@ steps:
 		}
 	})
 
+	t.Run("on a terminal the keys signal the session", func(t *testing.T) {
+		submit(t, "tty.yaml", "watch-tty")
+		// watch in a pseudo-terminal until build runs, then: select build
+		// (the second step), pause and resume it, send a hint, quit.
+		tty := startInTerminal(t, append([]string{"watch", "watch-tty"}, global...)...)
+		tty.waitFor(t, "build#1 tool sh started")
+		tty.press(t, "j", "j", "p")
+		tty.waitFor(t, "pause watch-tty/build: applied")
+		tty.press(t, "r")
+		tty.waitFor(t, "resume watch-tty/build: applied")
+		tty.press(t, "h")
+		tty.waitFor(t, "hint for watch-tty/build: ")
+		tty.press(t, "be brief", "\r")
+		tty.waitFor(t, "info watch-tty/build: ")
+		tty.press(t, "s")
+		tty.waitFor(t, "stop watch-tty/build? press s or y")
+		tty.press(t, "n", "?")
+		tty.waitFor(t, "keys (they act on the selected session or step")
+		tty.press(t, "q")
+		if code := tty.wait(t); code != 130 {
+			t.Fatalf("watch quit with q: exit %d, want 130\n%s", code, tty.out.String())
+		}
+		var pause, resume, info, stop int
+		for _, ev := range events(t, global, "watch-tty") {
+			switch {
+			case ev.Type == "loopbus.signal.pause" && ev.Step == "build":
+				pause++
+			case ev.Type == "loopbus.signal.resume" && ev.Step == "build":
+				resume++
+			case ev.Type == "loopbus.signal.info" && ev.Step == "build" && strings.Contains(string(ev.Data), `"be brief"`):
+				info++
+			case ev.Type == "loopbus.signal.stop":
+				stop++
+			}
+		}
+		if pause != 1 || resume != 1 || info != 1 || stop != 0 {
+			t.Errorf("signals in the stream: %d pause, %d resume, %d info, %d stop; want 1, 1, 1, 0", pause, resume, info, stop)
+		}
+
+		// The session went on: watched again, the screen ends with it.
+		tty = startInTerminal(t, append([]string{"watch", "watch-tty"}, global...)...)
+		tty.waitFor(t, "build#1 tool sh started")
+		if err := os.WriteFile(ttyGate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if code := tty.wait(t); code != 0 {
+			t.Fatalf("watch to the end: exit %d, want 0\n%s", code, tty.out.String())
+		}
+		if out := tty.out.String(); !strings.Contains(out, "session watch-tty completed in ") || !strings.Contains(out, "session over") {
+			t.Errorf("the last screen does not show the end:\n%s", out)
+		}
+	})
+
 	t.Run("an unknown session is a usage error", func(t *testing.T) {
 		r := loopbus(t, append([]string{"watch", "no-such-session"}, global...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, "no such session: no-such-session") || r.stdout != "" {
 			t.Errorf("watch: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 		}
 	})
+}
+
+// ptyCommand is a loopbus command running in a pseudo-terminal of 120×40.
+type ptyCommand struct {
+	cmd  *exec.Cmd
+	pty  *os.File
+	out  *syncBuffer
+	read chan struct{}
+}
+
+// startInTerminal runs loopbus with args in a new pseudo-terminal.
+func startInTerminal(t *testing.T, args ...string) *ptyCommand {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(testEnv(t), "TERM=xterm-256color")
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tt := &ptyCommand{cmd: cmd, pty: f, out: &syncBuffer{}, read: make(chan struct{})}
+	go func() {
+		defer close(tt.read)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := f.Read(buf)
+			_, _ = tt.out.Write(buf[:n])
+			if bytes.Contains(buf[:n], []byte("\x1b[6n")) {
+				// Answer the cursor position query as a terminal does
+				// (the program asks while it starts).
+				_, _ = f.WriteString("\x1b[1;1R")
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = f.Close()
+	})
+	return tt
+}
+
+// waitFor waits until the terminal showed s.
+func (tt *ptyCommand) waitFor(t *testing.T, s string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(tt.out.String(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal does not show %q; it shows:\n%q", s, tt.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// press types keys, each as one write.
+func (tt *ptyCommand) press(t *testing.T, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, err := tt.pty.WriteString(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// wait waits for the command to exit and returns its exit code.
+func (tt *ptyCommand) wait(t *testing.T) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- tt.cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			return 0
+		case errors.As(err, &ee):
+			return ee.ExitCode()
+		}
+		t.Fatal(err)
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("still running:\n%s", tt.out.String())
+	}
+	return -1
 }

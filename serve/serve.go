@@ -121,7 +121,7 @@ func (s Services) Build(b *bus.Bus, log zerolog.Logger, now func() time.Time) ([
 
 // Add builds the services of s and puts one actor per service into g. An
 // actor that returns before ctx ends (with or without an error) ends the
-// group.
+// group; errors of services stopped with the group are dropped.
 func (s Services) Add(g *run.Group, ctx context.Context, b *bus.Bus, log zerolog.Logger, now func() time.Time) error {
 	services, err := s.Build(b, log, now)
 	if err != nil {
@@ -130,7 +130,8 @@ func (s Services) Add(g *run.Group, ctx context.Context, b *bus.Bus, log zerolog
 	for _, sv := range services {
 		actx, cancel := context.WithCancel(ctx)
 		g.Add(func() error {
-			if err := sv.Run(actx); err != nil {
+			// An error once the group stops is the stop, not a failure.
+			if err := sv.Run(actx); err != nil && actx.Err() == nil {
 				return fmt.Errorf("%s: %w", sv.Name, err)
 			}
 			if actx.Err() == nil {
@@ -140,6 +141,22 @@ func (s Services) Add(g *run.Group, ctx context.Context, b *bus.Bus, log zerolog
 		}, func(error) { cancel() })
 	}
 	return nil
+}
+
+// Run runs the services of s on b until ctx ends or one of them stops;
+// with fn, until fn returns, fn's error being Run's. Services stop when Run
+// returns. A service that fails or stops before ctx ends is an error.
+func (s Services) Run(ctx context.Context, b *bus.Bus, log zerolog.Logger, fn func(ctx context.Context) error) error {
+	var g run.Group
+	if err := s.Add(&g, ctx, b, log, time.Now); err != nil {
+		return err
+	}
+	if fn == nil {
+		fn = func(ctx context.Context) error { <-ctx.Done(); return nil }
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	g.Add(func() error { return fn(fctx) }, func(error) { cancel() })
+	return g.Run()
 }
 
 // rebuildFirst rebuilds every view, then keeps them current.

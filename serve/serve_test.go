@@ -132,3 +132,28 @@ func TestOpenSharesTheDataDirectoryServer(t *testing.T) {
 		t.Fatal("the owner kept serving after the other command left")
 	}
 }
+
+func TestRunEndsWithItsFunction(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errDone := errors.New("done")
+	ran := false
+	err := serve.All(1).Run(ctx, b, testnats.Logger(t), func(ctx context.Context) error {
+		ran = true
+		_, err := b.LastSeq(ctx)
+		if err != nil {
+			return err
+		}
+		return errDone
+	})
+	if !ran || !errors.Is(err, errDone) {
+		t.Fatalf("Run = %v (fn ran %v), want fn's error", err, ran)
+	}
+	// Without fn it runs until ctx ends.
+	short, stop := context.WithCancel(ctx)
+	stop()
+	if err := (serve.Services{Projector: true}).Run(short, b, testnats.Logger(t), nil); err != nil {
+		t.Fatalf("Run after ctx ended: %v", err)
+	}
+}

@@ -6,18 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/loopbus/loopbus/agentworker"
-	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/config"
 	"github.com/loopbus/loopbus/definition"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/serve"
-	"github.com/oklog/run"
+	"github.com/loopbus/loopbus/tui"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
@@ -53,7 +54,7 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 				if input != "" {
 					return usageErr(fmt.Errorf("run: %s is a backlog: give its task file with --tasks FILE (or nothing, to bootstrap one), not --input", args[0]))
 				}
-				return g.submitAndFollow(cmd.Context(), g.backlogSubmitter(p, tasks, session, sb), session, detach, asJSON, workers, out)
+				return g.submitAndFollow(cmd.Context(), submitter(p, tasks, session, sb), session, detach, asJSON, workers, out)
 			}
 			if tasks != "" {
 				return usageErr(fmt.Errorf("run: --tasks is for backlogs (kind: backlog); %s is a pipeline", args[0]))
@@ -67,7 +68,7 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			if detach && out != "" {
 				return usageErr(errors.New("run: --out needs the session followed to its end; it cannot go with --detach (use 'loopbus export SESSION --dir DIR' later)"))
 			}
-			return g.submitAndFollow(cmd.Context(), g.pipelineSubmitter(p, input, session, sb), session, detach, asJSON, workers, out)
+			return g.submitAndFollow(cmd.Context(), submitter(p, input, session, sb), session, detach, asJSON, workers, out)
 		},
 	}
 	cmd.Flags().StringVar(&input, "input", "", "input file (required for pipelines)")
@@ -109,36 +110,21 @@ func sessionBudget(cmd *cobra.Command, b schemas.Budget) (*schemas.Budget, error
 }
 
 // submitter starts a session on a connected bus and says what it started.
-type submitter func(ctx context.Context, b *bus.Bus) (string, error)
+type submit func(ctx context.Context, b *bus.Bus) (string, error)
 
-func (g *globals) pipelineSubmitter(p schemas.Pipeline, input, session string, budget *schemas.Budget) submitter {
+// submitter submits p over input (a backlog's task file) as session.
+func submitter(p schemas.Pipeline, input, session string, budget *schemas.Budget) submit {
 	return func(ctx context.Context, b *bus.Bus) (string, error) {
-		if _, err := client.SubmitWithBudget(ctx, b, p, input, session, time.Now(), budget); err != nil {
-			return "", err
+		if p.Kind == schemas.KindBacklog {
+			sub, err := client.SubmitBacklog(ctx, b, p, input, session, time.Now(), budget)
+			return tui.Started(p, session, input, &sub), err
 		}
-		return fmt.Sprintf("session %s: pipeline %s, %d steps", session, p.Name, len(p.Steps)), nil
+		_, err := client.SubmitWithBudget(ctx, b, p, input, session, time.Now(), budget)
+		return tui.Started(p, session, input, nil), err
 	}
 }
 
-func (g *globals) backlogSubmitter(p schemas.Pipeline, tasks, session string, budget *schemas.Budget) submitter {
-	return func(ctx context.Context, b *bus.Bus) (string, error) {
-		sub, err := client.SubmitBacklog(ctx, b, p, tasks, session, time.Now(), budget)
-		if err != nil {
-			return "", err
-		}
-		head := fmt.Sprintf("session %s: backlog %s", session, p.Name)
-		switch sub.Phase {
-		case schemas.PhaseIterate:
-			return fmt.Sprintf("%s, %d tasks imported from %s", head, sub.Tasks, tasks), nil
-		case schemas.PhaseRepair:
-			return fmt.Sprintf("%s: %s is invalid, a repair run fixes it first:\n  %s", head, tasks,
-				strings.ReplaceAll(backlog.FormatErrors(sub.Problems), "\n", "\n  ")), nil
-		}
-		return head + ": no tasks yet, a bootstrap run proposes them", nil
-	}
-}
-
-func (g *globals) submitAndFollow(ctx context.Context, submit submitter, session string, detach, asJSON bool, workers int, out string) error {
+func (g *globals) submitAndFollow(ctx context.Context, submit submit, session string, detach, asJSON bool, workers int, out string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -175,33 +161,28 @@ func (g *globals) submitAndFollow(ctx context.Context, submit submitter, session
 // runs every service in-process, so the session progresses whoever started
 // the server; extra replicas are safe (shared consumers, guarded decisions).
 func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bool, workers int, out string, log zerolog.Logger) error {
-	var group run.Group
+	var set serve.Services // none: with --nats, services run elsewhere
 	if g.natsURL == "" {
 		// The in-process worker runs every lane (nothing else would run the
 		// rest) and labels tools with the configured lane table.
-		_, table, err := workerLaneSettings(nil)
+		_, table, err := config.WorkerLanes(nil)
 		if err != nil {
 			return err
 		}
-		set := serve.All(workers)
+		set = serve.All(workers)
 		set.Worker.LaneTable = table
-		if err := set.Add(&group, ctx, c.bus, log, time.Now); err != nil {
-			return err
-		}
 	}
-	addSignals(&group, ctx)
+	sctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	var final *projections.Manifest
-	wctx, wcancel := context.WithCancel(ctx)
-	view, stopView := followView(g.stderr)
-	group.Add(func() error {
-		m, err := client.Watch(wctx, c.bus, session, view)
-		final = m
+	view, stopView := followView(g.stderr, c)
+	err := set.Run(sctx, c.bus, log, func(ctx context.Context) (err error) {
+		final, err = client.Watch(ctx, c.bus, session, view)
 		return err
-	}, func(error) { wcancel() })
-	err := group.Run()
+	})
 	stopView()
 	switch {
-	case isSignal(err):
+	case sctx.Err() != nil && ctx.Err() == nil:
 		fmt.Fprintf(g.stderr, "interrupted; session %s is not lost: 'loopbus wait %s' resumes following it (and, in embedded mode, running it)\n", session, session)
 		return errInterrupted
 	case err != nil:
@@ -216,9 +197,13 @@ func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bo
 			return err
 		}
 	}
-	if err := g.finalArtifacts(ctx, c, final, out); err != nil {
-		return err
+	var written []string
+	if out != "" && final.Status == projections.StatusCompleted {
+		if written, err = client.WriteFinal(ctx, c.bus, final, out); err != nil {
+			return fmt.Errorf("--out %s: %w", out, err)
+		}
 	}
+	tui.WriteFinal(g.stderr, final, written, g.where())
 	return sessionEnd(g.stderr, final)
 }
 
@@ -282,7 +267,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printManifest(g.stdout, m, asJSON, time.Now())
+				return tui.WriteStatus(g.stdout, m, asJSON, time.Now())
 			})
 		},
 	}
@@ -318,7 +303,7 @@ task list (as 'loopbus tasks' does); --json prints the manifest, or with
 					if err != nil {
 						return err
 					}
-					return printTasks(g.stdout, v, tasksListing{asJSON: asJSON})
+					return tui.WriteTasks(g.stdout, v, tui.TaskListing{JSON: asJSON})
 				})
 			}
 			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
@@ -326,7 +311,7 @@ task list (as 'loopbus tasks' does); --json prints the manifest, or with
 				if err != nil {
 					return err
 				}
-				if err := printManifest(g.stdout, m, asJSON, time.Now()); err != nil || asJSON {
+				if err := tui.WriteStatus(g.stdout, m, asJSON, time.Now()); err != nil || asJSON {
 					return err
 				}
 				return replayTasks(ctx, g.stdout, b, m)
@@ -378,33 +363,14 @@ func newEventsCmd(g *globals) *cobra.Command {
 		Short: "Print events from the stream (all, or filtered by session and type)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sess := "*"
-			if session != "" {
-				if err := schemas.ValidateSessionID(session); err != nil {
-					return usageErr(err)
-				}
-				sess = session
+			subject, err := client.EventSubject(session, typ)
+			if err != nil {
+				return usageErr(err)
 			}
-			ev := "*.*"
-			if typ != "" {
-				full := typ
-				if !strings.HasPrefix(full, "loopbus.") {
-					full = "loopbus." + full
-				}
-				var err error
-				if ev, err = schemas.EntityVerb(full); err != nil {
-					return usageErr(err)
-				}
-			}
-			subject := schemas.SubjectPrefix + "." + sess + "." + ev
 			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
 				if session != "" {
-					// The same unknown session gets the same answer as from
-					// status, replay and watch: a usage error.
-					if last, err := b.SessionLastSeq(ctx, session); err != nil {
+					if err := client.Exists(ctx, b, session); err != nil {
 						return err
-					} else if last == 0 {
-						return fmt.Errorf("%w: %s", client.ErrNoSession, session)
 					}
 				}
 				return b.Read(ctx, bus.ReadOptions{Subjects: []string{subject}, Follow: follow}, func(e schemas.Event) error {
@@ -416,7 +382,7 @@ func newEventsCmd(g *globals) *cobra.Command {
 						_, err = g.stdout.Write(line)
 						return err
 					}
-					_, err := fmt.Fprintf(g.stdout, "%6d  %s  %-26s %-32s %s\n", e.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), strings.TrimPrefix(e.Type, "loopbus."), e.Subject(), client.Summarize(e))
+					_, err := fmt.Fprintln(g.stdout, tui.EventRow(e))
 					return err
 				})
 			})
@@ -445,12 +411,11 @@ func newServeCmd(g *globals) *cobra.Command {
 			log := g.logger(zerolog.InfoLevel)
 			wcfg := agentworker.Config{KeepWorkspaces: keep, AckWait: ackWait, MaxOutputBytes: maxOutput}
 			var err error
-			if wcfg.Lanes, wcfg.LaneTable, err = workerLaneSettings(cmd.Flags().Lookup("lanes")); err != nil {
+			if wcfg.Lanes, wcfg.LaneTable, err = config.WorkerLanes(cmd.Flags().Lookup("lanes")); err != nil {
 				return err
 			}
-			var srv *bus.Embedded
 			if g.natsURL == "" {
-				srv, err = bus.StartEmbedded(g.embeddedConfig(listen), log)
+				srv, err := bus.StartEmbedded(g.embeddedConfig(listen), log)
 				if err != nil {
 					return err
 				}
@@ -458,22 +423,9 @@ func newServeCmd(g *globals) *cobra.Command {
 				g.natsURL = srv.URL()
 				log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
 			}
-			c, err := g.connect(ctx, "serve", log, true)
-			if err != nil {
-				return err
-			}
-			defer c.bus.Close()
-			var group run.Group
 			set := serve.All(workers)
 			set.Worker, set.SecretEnv, set.ValidatorAckWait = wcfg, secretEnv, ackWait
-			if err := set.Add(&group, ctx, c.bus, log, time.Now); err != nil {
-				return err
-			}
-			addSignals(&group, ctx)
-			if err := group.Run(); err != nil && !isSignal(err) {
-				return err
-			}
-			return nil
+			return g.runServices(ctx, "serve", set)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", defaultPort, "address of the embedded NATS server")
@@ -482,7 +434,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job (or job completion) whose worker (or validator) sends no heartbeat this long goes to another one")
 	cmd.Flags().Int64Var(&maxOutput, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
 	cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
-	cmd.Flags().String("lanes", "", "tool lanes the worker runs, comma-separated: no-net, net, heavy (default all; also worker-lanes in config files, "+workerLanesEnv+")")
+	cmd.Flags().String("lanes", "", "tool lanes the worker runs, comma-separated: no-net, net, heavy (default all; also worker-lanes in config files, "+config.WorkerLanesEnv+")")
 	return cmd
 }
 
@@ -529,11 +481,9 @@ own --data and --listen, and use --replicas 3 with the services, e.g.
 				ready = ready.Str("cluster", srv.Server().ClusterName()).Str("cluster_listen", cl.String())
 			}
 			ready.Msg("NATS ready")
-			var group run.Group
-			addSignals(&group, cmd.Context())
-			if err := group.Run(); err != nil && !isSignal(err) {
-				return err
-			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			<-ctx.Done()
 			return nil
 		},
 	}
@@ -592,7 +542,7 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if cfg.Lanes, cfg.LaneTable, err = workerLaneSettings(cmd.Flags().Lookup("lanes")); err != nil {
+			if cfg.Lanes, cfg.LaneTable, err = config.WorkerLanes(cmd.Flags().Lookup("lanes")); err != nil {
 				return err
 			}
 			return g.runServices(cmd.Context(), "agentworker", serve.Services{Workers: max(cfg.Concurrency, 1), Worker: cfg})
@@ -605,23 +555,28 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")
 	cmd.Flags().Int64Var(&cfg.MaxOutputBytes, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
 	cmd.Flags().StringArrayVar(&cfg.SecretEnv, "secret-env", nil, secretEnvUsage)
-	cmd.Flags().String("lanes", "", "tool lanes this worker runs, comma-separated: no-net, net, heavy (default all; also worker-lanes in config files, "+workerLanesEnv+"); jobs needing others are left to other workers")
+	cmd.Flags().String("lanes", "", "tool lanes this worker runs, comma-separated: no-net, net, heavy (default all; also worker-lanes in config files, "+config.WorkerLanesEnv+"); jobs needing others are left to other workers")
 	return cmd
 }
 
 func (g *globals) runServices(ctx context.Context, name string, set serve.Services) error {
+	return g.runService(ctx, name, func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error {
+		return set.Run(ctx, b, log, nil)
+	})
+}
+
+// runService connects as name and runs fn until a signal ends it; fn's
+// error after the signal is no error.
+func (g *globals) runService(ctx context.Context, name string, fn func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error) error {
 	log := g.logger(zerolog.InfoLevel).With().Str("process", name).Logger()
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	c, err := g.connect(ctx, name, log, true)
 	if err != nil {
 		return err
 	}
 	defer c.close(g.stderr)
-	var group run.Group
-	if err := set.Add(&group, ctx, c.bus, log, time.Now); err != nil {
-		return err
-	}
-	addSignals(&group, ctx)
-	if err := group.Run(); err != nil && !isSignal(err) {
+	if err := fn(ctx, c.bus, log); err != nil && ctx.Err() == nil {
 		return err
 	}
 	return nil

@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"maps"
-	"slices"
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/tui"
 	"github.com/spf13/cobra"
 )
 
@@ -26,36 +23,19 @@ func newDLQCmd(g *globals) *cobra.Command {
 				}
 			}
 			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
-				byConsumer := map[string]int{}
-				total := 0
+				list := tui.NewDeadLetters(g.stdout, asJSON)
 				err := b.DeadLetters(ctx, func(dl bus.DeadLetter) error {
 					if s, ok := schemas.SessionOfSubject(dl.Subject); session != "" && (!ok || s != session) {
 						return nil
 					}
-					total++
-					byConsumer[dl.Consumer]++
-					if asJSON {
-						line, err := json.Marshal(dl)
-						if err != nil {
-							return err
-						}
-						_, err = g.stdout.Write(append(line, '\n'))
-						return err
-					}
-					_, err := fmt.Fprintf(g.stdout, "%6d  %s  event seq %-6d %-40s by %-12s %s\n", dl.Seq,
-						dl.Stored.Format("2006-01-02T15:04:05.000Z"), dl.SourceSeq, dl.Subject, dl.Consumer, dl.Reason)
-					return err
+					return list.Add(dl)
 				})
 				if err != nil {
 					return err
 				}
 				if !asJSON {
 					// The count goes to stderr so that stdout stays one line per letter.
-					fmt.Fprintf(g.stderr, "%d dead letter(s)", total)
-					for _, c := range slices.Sorted(maps.Keys(byConsumer)) {
-						fmt.Fprintf(g.stderr, ", %d by %s", byConsumer[c], c)
-					}
-					fmt.Fprintln(g.stderr)
+					list.Total(g.stderr)
 				}
 				return nil
 			})

@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/hooks"
-	"github.com/loopbus/loopbus/schemas"
-	"github.com/oklog/run"
+	"github.com/loopbus/loopbus/tui"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
@@ -61,7 +60,7 @@ func (g *globals) runHooks(cmd *cobra.Command, cfg hooks.Config) error {
 	cfg.OnRun = func(r hooks.Run) {
 		mu.Lock()
 		defer mu.Unlock()
-		printHookRun(g.stderr, time.Now(), r)
+		tui.WriteHookRun(g.stderr, time.Now(), r)
 	}
 	// Say when the consumer exists: with start new, events stored before
 	// that do not run hooks.
@@ -72,58 +71,17 @@ func (g *globals) runHooks(cmd *cobra.Command, cfg hooks.Config) error {
 		fmt.Fprintf(g.stderr, "hooks: waiting for events (consumer %s, %d hook(s), subjects %s)\n",
 			cfg.Durable(), len(cfg.Hooks), strings.Join(s.Subjects(), " "))
 	}
-	ctx := cmd.Context()
-	c, err := g.connect(ctx, "hooks", log, true)
-	if err != nil {
-		return err
-	}
-	defer c.close(g.stderr)
-	s, err = hooks.New(cfg, c.bus, log.With().Str("service", "hooks").Logger(), time.Now)
-	if err != nil {
-		return usageErr(err)
-	}
-	var group run.Group
-	actx, cancel := context.WithCancel(ctx)
-	group.Add(func() error {
-		if err := s.Run(actx); err != nil {
+	return g.runService(cmd.Context(), "hooks", func(ctx context.Context, b *bus.Bus, _ zerolog.Logger) error {
+		var err error
+		if s, err = hooks.New(cfg, b, log.With().Str("service", "hooks").Logger(), time.Now); err != nil {
+			return usageErr(err)
+		}
+		if err := s.Run(ctx); err != nil {
 			return fmt.Errorf("hooks: %w", err)
 		}
-		if actx.Err() == nil {
+		if ctx.Err() == nil {
 			return errors.New("hooks stopped")
 		}
 		return nil
-	}, func(error) { cancel() })
-	addSignals(&group, ctx)
-	err = group.Run()
-	cancel()
-	if err != nil && !isSignal(err) {
-		return err
-	}
-	return nil
-}
-
-// printHookRun prints one run as a line: when, which hook for which event,
-// and how it ended.
-func printHookRun(w io.Writer, at time.Time, r hooks.Run) {
-	res := r.Result
-	what := fmt.Sprintf("%s hook %s for %s #%d (session %s)", at.Format("15:04:05"), res.Hook, res.EventType, res.EventSeq, r.Event.Session)
-	dur := (time.Duration(res.DurationMs) * time.Millisecond).String()
-	switch {
-	case r.Skipped:
-		fmt.Fprintf(w, "%s: already ran before a restart, skipped\n", what)
-	case r.Type == schemas.TypeHookCompleted:
-		fmt.Fprintf(w, "%s: exit 0 in %s\n", what, dur)
-	default:
-		line := fmt.Sprintf("%s: FAILED in %s: %s", what, dur, res.Error)
-		if tail := hookTailLine(res.OutputTail); tail != "" {
-			line += ": " + tail
-		}
-		fmt.Fprintln(w, line)
-	}
-}
-
-// hookTailLine returns the last non-empty line of text, trimmed.
-func hookTailLine(text string) string {
-	lines := strings.Split(strings.TrimSpace(text), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
+	})
 }

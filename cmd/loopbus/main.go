@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/config"
 	"github.com/loopbus/loopbus/serve"
 	"github.com/mattn/go-isatty"
-	"github.com/oklog/run"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
@@ -72,9 +72,9 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		return exitStopped
 	case errors.Is(err, errInterrupted):
 		return exitInterrupted
-	case errors.As(err, &ue) || !g.started:
+	case errors.As(err, &ue) || !g.started || errors.Is(err, config.ErrInvalid):
 		// Errors before a command started (unknown command, wrong
-		// arguments) are cobra's: usage errors too.
+		// arguments) are cobra's: usage errors too; so are bad settings.
 		fmt.Fprintf(stderr, "loopbus: %v\n", err)
 		return exitUsage
 	default:
@@ -127,8 +127,8 @@ server another loopbus command already runs there).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := applyLayers(cmd); err != nil {
-				return err
+			if err := config.Apply(cmd.Root().PersistentFlags(), cmd.Flags()); err != nil {
+				return usageErr(err)
 			}
 			if g.logLevel != "" {
 				if _, err := zerolog.ParseLevel(g.logLevel); err != nil || g.logLevel == "" {
@@ -239,17 +239,6 @@ func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger, 
 		return nil, err
 	}
 	return &conn{Conn: c, bus: c.Bus}, nil
-}
-
-// addSignals adds the signal handler actor.
-func addSignals(g *run.Group, ctx context.Context) {
-	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
-}
-
-// isSignal reports whether the run group ended because of a signal.
-func isSignal(err error) bool {
-	var se run.SignalError
-	return errors.As(err, &se)
 }
 
 func notifyContext() (context.Context, context.CancelFunc) {

@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/client"
-	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/tui"
 	"github.com/spf13/cobra"
 )
@@ -44,32 +41,14 @@ func newSessionsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// finalArtifacts tells, once a session completed, where its results are:
-// with out, it writes the final artifacts there and lists them; else it
-// names them and the command that fetches them.
-func (g *globals) finalArtifacts(ctx context.Context, c *conn, m *projections.Manifest, out string) error {
-	if m.Status != projections.StatusCompleted || len(m.Final) == 0 {
-		return nil
-	}
-	if out != "" {
-		paths, err := client.New(c.bus).WriteFinal(ctx, m, out)
-		if err != nil {
-			return fmt.Errorf("--out %s: %w", out, err)
-		}
-		fmt.Fprintf(g.stderr, "final artifacts written: %s\n", strings.Join(paths, ", "))
-		return nil
-	}
-	names := make([]string, len(m.Final))
-	for i, a := range m.Final {
-		names[i] = fmt.Sprintf("%s (%d bytes)", a.Name, a.Size)
-	}
-	where := ""
+// where is the connection flags a later command needs to reach this
+// command's bus: --nats, or --data when not the default.
+func (g *globals) where() string {
 	switch {
 	case g.natsURL != "":
-		where = " --nats " + g.natsURL
+		return " --nats " + g.natsURL
 	case g.dataDir != defaultDataDir():
-		where = " --data " + g.dataDir
+		return " --data " + g.dataDir
 	}
-	fmt.Fprintf(g.stderr, "final artifacts: %s\nget them with: loopbus export %s --dir DIR%s   (or next time: run --out DIR)\n", strings.Join(names, ", "), m.ContentID, where)
-	return nil
+	return ""
 }

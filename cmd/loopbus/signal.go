@@ -2,35 +2,15 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/loopbus/loopbus/client"
-	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/tui"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
-
-// signalResult is one line of `signal` output: what became of the signal
-// sent to one session.
-type signalResult struct {
-	Signal  string `json:"signal"`
-	Target  string `json:"target"`
-	Session string `json:"session"`
-	Step    string `json:"step,omitempty"`
-	ID      string `json:"id"`
-	Seq     uint64 `json:"seq"`
-	// Result is applied or ignored (the orchestrator's acknowledgement), or
-	// recorded (no acknowledgement yet: the orchestrator acts on the signal
-	// when it runs).
-	Result string `json:"result"`
-	Detail string `json:"detail,omitempty"`
-}
-
-// resultRecorded is the result of a signal not acknowledged (yet).
-const resultRecorded = "recorded"
 
 func newSignalCmd(g *globals) *cobra.Command {
 	var reason, message string
@@ -96,91 +76,30 @@ func (g *globals) signal(ctx context.Context, req client.SignalRequest, wait tim
 		return err
 	}
 	defer c.close(g.stderr)
-	dests, err := client.ResolveSignalTarget(ctx, c.bus, req.Target)
-	if errors.Is(err, client.ErrNoSession) || errors.Is(err, client.ErrBadInput) {
-		return usageErr(err)
-	} else if err != nil {
-		return err
-	}
-	if len(dests) == 0 {
-		fmt.Fprintf(g.stderr, "no running session (none started and not yet completed or failed): nothing to %s\n", req.Verb)
-		return nil
-	}
-	sent, sendErr := client.SendSignal(ctx, c.bus, req, dests, time.Now())
-
-	emit := func(r signalResult) {
-		if asJSON {
-			_ = json.NewEncoder(g.stdout).Encode(r)
-			return
-		}
-		who := r.Session
-		if r.Step != "" {
-			who += "/" + r.Step
-		}
-		if r.Result == resultRecorded {
-			fmt.Fprintf(g.stdout, "%s %s: recorded at stream sequence %d — %s\n", r.Signal, who, r.Seq, r.Detail)
-			return
-		}
-		if r.Detail == "" {
-			fmt.Fprintf(g.stdout, "%s %s: %s\n", r.Signal, who, r.Result)
-			return
-		}
-		fmt.Fprintf(g.stdout, "%s %s: %s — %s\n", r.Signal, who, r.Result, r.Detail)
-	}
-	result := func(s client.SentSignal) signalResult {
-		sig := s.Event.Data.(*schemas.Signal)
-		return signalResult{Signal: req.Verb, Target: sig.Target, Session: s.Event.Session, Step: sig.Step, ID: s.Event.ID, Seq: s.Seq}
-	}
-
-	var acks map[string]*schemas.SignalAcknowledged
-	why := ""
-	interrupted := false
-	switch {
-	case sendErr != nil:
-		why = "the other signals were not sent"
-	case c.ownsServer():
+	opts := client.SignalReport{Wait: wait, Now: time.Now()}
+	if c.ownsServer() {
 		// This command started the server, so no orchestrator is
 		// connected to it: nothing could answer.
-		session := "SESSION"
-		if len(dests) == 1 {
-			session = dests[0].Session
-		}
-		why = fmt.Sprintf("no orchestrator runs on this data directory; 'loopbus serve' or 'loopbus wait %s' runs one", session)
-	case wait == 0:
-		why = "not waiting for an acknowledgement: --wait 0"
-	default:
-		why = fmt.Sprintf("the orchestrator did not answer within %s", wait)
-		sigCtx, stop := notifyContext()
-		wctx, cancel := context.WithTimeout(sigCtx, wait)
-		acks, err = client.AwaitSignalAcks(wctx, c.bus, sent, func(s client.SentSignal, a *schemas.SignalAcknowledged) {
-			r := result(s)
-			r.Result, r.Detail = a.Result, a.Detail
-			emit(r)
-		})
-		interrupted = sigCtx.Err() != nil
-		cancel()
-		stop()
-		if err != nil {
-			return err
-		}
-		if interrupted {
-			why = "interrupted while waiting for the orchestrator"
+		opts.NoAnswer = func(dests []client.SignalDest) string {
+			session := "SESSION"
+			if len(dests) == 1 {
+				session = dests[0].Session
+			}
+			return fmt.Sprintf("no orchestrator runs on this data directory; 'loopbus serve' or 'loopbus wait %s' runs one", session)
 		}
 	}
-	for _, s := range sent {
-		if acks[s.Event.ID] != nil {
-			continue
-		}
-		r := result(s)
-		r.Result = resultRecorded
-		r.Detail = "takes effect when the orchestrator runs (" + why + ")"
-		emit(r)
-	}
+	sigCtx, stop := notifyContext()
+	defer stop()
+	opts.Interrupt = sigCtx
+	err = client.Report(ctx, c.bus, req, opts, func(r client.SignalResult) { _ = tui.WriteSignalResult(g.stdout, r, asJSON) })
 	switch {
-	case sendErr != nil:
-		return sendErr
-	case interrupted:
+	case errors.Is(err, client.ErrNoneRunning):
+		fmt.Fprintln(g.stderr, err)
+		return nil
+	case errors.Is(err, client.ErrNoSession) || errors.Is(err, client.ErrBadInput):
+		return usageErr(err)
+	case sigCtx.Err() != nil && errors.Is(err, sigCtx.Err()):
 		return errInterrupted
 	}
-	return nil
+	return err
 }

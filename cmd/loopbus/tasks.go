@@ -2,51 +2,33 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/client"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/tui"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
 
-// tasksListing is the listing's flags, shared by tasks, tasks list and
-// replay --tasks.
-type tasksListing struct {
-	status []string
-	asJSON bool
-}
-
-func (l *tasksListing) flags(cmd *cobra.Command) {
-	cmd.Flags().StringSliceVar(&l.status, "status", nil, "only tasks of these statuses (todo, doing, done, blocked; comma-separated or repeated)")
-	cmd.Flags().BoolVar(&l.asJSON, "json", false, "print the task list view as JSON")
-}
-
-// check refuses unknown statuses.
-func (l *tasksListing) check() error {
-	for _, s := range l.status {
-		if !slices.Contains(schemas.TaskStatuses(), s) {
-			return fmt.Errorf("--status %q: want one of %s", s, strings.Join(schemas.TaskStatuses(), ", "))
-		}
-	}
-	return nil
+// listingFlags adds the flags of a task listing (tasks, tasks list and
+// replay --tasks).
+func listingFlags(cmd *cobra.Command, l *tui.TaskListing) {
+	cmd.Flags().StringSliceVar(&l.Status, "status", nil, "only tasks of these statuses (todo, doing, done, blocked; comma-separated or repeated)")
+	cmd.Flags().BoolVar(&l.JSON, "json", false, "print the task list view as JSON")
 }
 
 func newTasksCmd(g *globals) *cobra.Command {
-	list := func(listing *tasksListing) func(*cobra.Command, []string) error {
+	list := func(listing *tui.TaskListing) func(*cobra.Command, []string) error {
 		return func(cmd *cobra.Command, args []string) error {
-			if err := listing.check(); err != nil {
+			if err := listing.Validate(); err != nil {
 				return usageErr(err)
 			}
 			return g.withTasks(cmd, func(ctx context.Context, b *bus.Bus) error {
@@ -54,11 +36,11 @@ func newTasksCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printTasks(g.stdout, v, *listing)
+				return tui.WriteTasks(g.stdout, v, *listing)
 			})
 		}
 	}
-	var listing, listListing tasksListing
+	var listing, listListing tui.TaskListing
 	cmd := &cobra.Command{
 		Use:   "tasks SESSION | tasks COMMAND",
 		Short: "Show, add to and change a backlog session's tasks; check and format task files",
@@ -88,7 +70,7 @@ into account in its next decision. validate and fmt work on task files
 		},
 		RunE: list(&listing),
 	}
-	listing.flags(cmd)
+	listingFlags(cmd, &listing)
 
 	listCmd := &cobra.Command{
 		Use:     "list SESSION",
@@ -97,7 +79,7 @@ into account in its next decision. validate and fmt work on task files
 		Args:    cobra.ExactArgs(1),
 		RunE:    list(&listListing),
 	}
-	listListing.flags(listCmd)
+	listingFlags(listCmd, &listListing)
 
 	cmd.AddCommand(listCmd, newTasksAddCmd(g), newTasksSetStatusCmd(g), newTasksValidateCmd(g), newTasksFmtCmd(g), newTasksExportCmd(g))
 	return cmd
@@ -122,23 +104,6 @@ func (g *globals) withTasks(cmd *cobra.Command, fn func(ctx context.Context, b *
 	return err
 }
 
-// taskChangeResult is the --json output of tasks add and set-status.
-type taskChangeResult struct {
-	Session string       `json:"session"`
-	Event   string       `json:"event"`
-	ID      string       `json:"id"`
-	Seq     uint64       `json:"seq"`
-	Task    schemas.Task `json:"task"`
-}
-
-func (g *globals) printTaskChange(c client.TaskChange, asJSON bool, verb string) error {
-	if asJSON {
-		return json.NewEncoder(g.stdout).Encode(taskChangeResult{Session: c.Event.Session, Event: c.Event.ID, ID: c.Task.ID, Seq: c.Seq, Task: c.Task})
-	}
-	fmt.Fprintf(g.stdout, "%s %s %s (%s) in %s at stream sequence %d\n", verb, c.Task.ID, oneLine(c.Task.Title, 60), c.Task.Status, c.Event.Session, c.Seq)
-	return nil
-}
-
 func newTasksAddCmd(g *globals) *cobra.Command {
 	var task schemas.Task
 	var reason string
@@ -159,7 +124,7 @@ func newTasksAddCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return g.printTaskChange(c, asJSON, "added")
+				return tui.WriteTaskChange(g.stdout, c, asJSON, "added")
 			})
 		},
 	}
@@ -204,7 +169,7 @@ another task is done or added; todo makes it selectable at once.`,
 				if err != nil {
 					return err
 				}
-				return g.printTaskChange(c, asJSON, "set")
+				return tui.WriteTaskChange(g.stdout, c, asJSON, "set")
 			})
 		},
 	}
@@ -242,11 +207,11 @@ path). Every problem is printed with its JSON pointer.`,
 			}
 			f, errs := backlog.ParseFile(args[0], data)
 			if len(errs) > 0 {
-				fmt.Fprintf(g.stdout, "%s: %s\n", args[0], plural(len(errs), "problem"))
-				printProblems(g.stdout, errs)
+				fmt.Fprintf(g.stdout, "%s: %s\n", args[0], tui.Plural(len(errs), "problem"))
+				tui.WriteProblems(g.stdout, errs)
 				return errFailed
 			}
-			fmt.Fprintf(g.stdout, "%s: %s, valid\n", args[0], plural(len(f.Tasks), "task"))
+			fmt.Fprintf(g.stdout, "%s: %s, valid\n", args[0], tui.Plural(len(f.Tasks), "task"))
 			return nil
 		},
 	}
@@ -275,8 +240,8 @@ lose them. Other problems are left to 'tasks validate'.`,
 			}
 			out, formatted, problems := client.FormatTaskFile(path, data)
 			if len(problems) > 0 {
-				fmt.Fprintf(g.stderr, "%s: not formatted: it would lose content (%s; see loopbus tasks validate)\n", path, plural(len(problems), "problem"))
-				printProblems(g.stderr, problems)
+				fmt.Fprintf(g.stderr, "%s: not formatted: it would lose content (%s; see loopbus tasks validate)\n", path, tui.Plural(len(problems), "problem"))
+				tui.WriteProblems(g.stderr, problems)
 				return errFailed
 			}
 			switch {
@@ -321,101 +286,13 @@ func newTasksExportCmd(g *globals) *cobra.Command {
 				if err := client.WriteFileAtomic(out, data, 0o644); err != nil {
 					return err
 				}
-				fmt.Fprintf(g.stderr, "wrote %s: %s of session %s (stream seq %d)\n", out, plural(len(v.Tasks), "task"), v.Session, v.LastSeq)
+				fmt.Fprintf(g.stderr, "wrote %s: %s of session %s (stream seq %d)\n", out, tui.Plural(len(v.Tasks), "task"), v.Session, v.LastSeq)
 				return nil
 			})
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "file to write (replaced atomically); default stdout")
 	return cmd
-}
-
-// printProblems writes one problem of a task file per line, with its JSON
-// pointer.
-func printProblems(w io.Writer, errs []schemas.ValidationError) {
-	for _, e := range errs {
-		fmt.Fprintf(w, "  %s: %s\n", schemas.DisplayPointer(e.Pointer), e.Message)
-	}
-}
-
-// statusOrder is the order tasks are listed in: as they are worked.
-var statusOrder = []string{schemas.TaskDoing, schemas.TaskTodo, schemas.TaskBlocked, schemas.TaskDone}
-
-// printTasks writes a task list as indented JSON (the view, its tasks
-// filtered by status), or for people: a header with the phase and counts,
-// then one line per task (see newTasksCmd).
-func printTasks(w io.Writer, v *projections.TaskList, l tasksListing) error {
-	shown := v.Tasks
-	if len(l.status) > 0 {
-		shown = slices.DeleteFunc(slices.Clone(v.Tasks), func(t schemas.Task) bool { return !slices.Contains(l.status, t.Status) })
-	}
-	if l.asJSON {
-		c := *v
-		c.Tasks = shown
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(&c)
-	}
-	phase := orDash(v.Phase)
-	if v.PhaseReason != "" {
-		phase += ": " + oneLine(v.PhaseReason, 100)
-	}
-	var counts []string
-	for _, s := range schemas.TaskStatuses() {
-		counts = append(counts, fmt.Sprintf("%d %s", v.Counts[s], s))
-	}
-	fmt.Fprintf(w, "session   %s\nproject   %s (backlog %s)\nstatus    %s\nphase     %s\ntasks     %d: %s\nupdated   %s (stream seq %d)\n\n",
-		v.Session, v.Project, v.Pipeline, v.Status, phase, len(v.Tasks), strings.Join(counts, ", "), v.UpdatedAt.UTC().Format(time.RFC3339), v.LastSeq)
-	if len(shown) == 0 {
-		if len(v.Tasks) == 0 {
-			fmt.Fprintln(w, "(no tasks yet)")
-		} else {
-			fmt.Fprintf(w, "(no %s tasks)\n", strings.Join(l.status, " or "))
-		}
-		return nil
-	}
-	rank := func(t schemas.Task) int {
-		if i := slices.Index(statusOrder, t.Status); i >= 0 {
-			return i
-		}
-		return len(statusOrder)
-	}
-	prio := func(t schemas.Task) int {
-		if t.Priority <= 0 || t.Status == schemas.TaskDoing || t.Status == schemas.TaskDone {
-			return int(^uint(0) >> 1)
-		}
-		return t.Priority
-	}
-	shown = slices.Clone(shown)
-	slices.SortStableFunc(shown, func(a, b schemas.Task) int {
-		if c := rank(a) - rank(b); c != 0 {
-			return c
-		}
-		if pa, pb := prio(a), prio(b); pa != pb {
-			if pa < pb {
-				return -1
-			}
-			return 1
-		}
-		return backlog.Compare(a.ID, b.ID)
-	})
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATUS\tPRI\tTITLE\tWAITS FOR\tBLOCKERS")
-	for _, t := range shown {
-		var waits []string
-		for _, dep := range t.DependsOn {
-			if d := v.Task(dep); d == nil || d.Status != schemas.TaskDone {
-				waits = append(waits, dep)
-			}
-		}
-		pri := "-"
-		if t.Priority > 0 {
-			pri = fmt.Sprint(t.Priority)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Status, pri, oneLine(t.Title, 60),
-			orDash(strings.Join(waits, ",")), orDash(oneLine(strings.Join(t.Blockers, "; "), 80)))
-	}
-	return tw.Flush()
 }
 
 // replayTasks prints, after a replayed manifest, the task list of a
@@ -430,5 +307,5 @@ func replayTasks(ctx context.Context, w io.Writer, b *bus.Bus, m *projections.Ma
 		return err
 	}
 	fmt.Fprintln(w)
-	return printTasks(w, v, tasksListing{})
+	return tui.WriteTasks(w, v, tui.TaskListing{})
 }

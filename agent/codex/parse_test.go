@@ -1,4 +1,4 @@
-package agent
+package codex
 
 import (
 	"bufio"
@@ -11,7 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
+
+	"github.com/loopbus/loopbus/agent"
 )
 
 // codexStepClock is a clock that advances by step on every reading, so that
@@ -30,11 +31,11 @@ var codexT0 = time.Date(2030, 3, 10, 10, 0, 0, 0, time.UTC)
 
 // codexParse feeds lines to a fresh parser whose clock starts at codexT0
 // and ticks one second per reading.
-func codexParse(t *testing.T, lines ...string) []Observation {
+func codexParse(t *testing.T, lines ...string) []agent.Event {
 	t.Helper()
 	clock := &codexStepClock{t: codexT0, step: time.Second}
-	p := NewCodex(WithCodexClock(clock.now))
-	var got []Observation
+	p := NewParser(clock.now)
+	var got []agent.Event
 	for _, l := range lines {
 		got = append(got, p.Line([]byte(l))...)
 	}
@@ -42,7 +43,7 @@ func codexParse(t *testing.T, lines ...string) []Observation {
 }
 
 // codexSameObs compares observations, times with Equal.
-func codexSameObs(t *testing.T, got, want []Observation) {
+func codexSameObs(t *testing.T, got, want []agent.Event) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("got %d observations, want %d:\ngot  %+v\nwant %+v", len(got), len(want), got, want)
@@ -61,11 +62,11 @@ func codexSameObs(t *testing.T, got, want []Observation) {
 
 func TestCodexLine(t *testing.T) {
 	const limitAt = `You've hit your usage limit. Visit https://chatgpt.com/codex/settings/usage to purchase more credits or try again at 3:28 PM.`
-	long := strings.Repeat("x", MaxSummary+500)
+	long := strings.Repeat("x", agent.MaxSummary+500)
 	tests := []struct {
 		name  string
 		lines []string
-		want  []Observation
+		want  []agent.Event
 	}{
 		{name: "blank", lines: []string{"", "   "}, want: nil},
 		{name: "thread and turn start", lines: []string{
@@ -75,70 +76,70 @@ func TestCodexLine(t *testing.T) {
 		{name: "command ok", lines: []string{
 			`{"type":"item.started","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"","exit_code":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"README.md\n","exit_code":0,"status":"completed"}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_1", Name: "shell", Category: "shell", Input: "bash -lc ls", Raw: "item.started/command_execution"},
-			{Kind: KindToolEnd, ToolID: "item_1", Name: "shell", Category: "shell", Output: "README.md\n", Duration: time.Second, Raw: "item.completed/command_execution"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_1", Name: "shell", Category: "shell", Input: "bash -lc ls", Raw: "item.started/command_execution"},
+			{Kind: agent.KindToolEnd, ToolID: "item_1", Name: "shell", Category: "shell", Output: "README.md\n", Duration: time.Second, Raw: "item.completed/command_execution"},
 		}},
 		{name: "command non-zero exit", lines: []string{
 			`{"type":"item.started","item":{"id":"item_2","type":"command_execution","command":"make test","aggregated_output":"","exit_code":null,"status":"in_progress"}}`,
 			`{"type":"item.updated","item":{"id":"item_2","type":"command_execution","command":"make test","aggregated_output":"make: ","exit_code":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_2","type":"command_execution","command":"make test","aggregated_output":"make: no rule","exit_code":2,"status":"failed"}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_2", Name: "shell", Category: "shell", Input: "make test", Raw: "item.started/command_execution"},
-			{Kind: KindToolEnd, ToolID: "item_2", Name: "shell", Category: "shell", Output: "make: no rule", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_2", Name: "shell", Category: "shell", Input: "make test", Raw: "item.started/command_execution"},
+			{Kind: agent.KindToolEnd, ToolID: "item_2", Name: "shell", Category: "shell", Output: "make: no rule", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
 		}},
 		{name: "command declined without exit code", lines: []string{
 			`{"type":"item.started","item":{"id":"item_3","type":"command_execution","command":"rm -rf /","aggregated_output":"","exit_code":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_3","type":"command_execution","command":"rm -rf /","aggregated_output":"","exit_code":null,"status":"declined"}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_3", Name: "shell", Category: "shell", Input: "rm -rf /", Raw: "item.started/command_execution"},
-			{Kind: KindToolEnd, ToolID: "item_3", Name: "shell", Category: "shell", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_3", Name: "shell", Category: "shell", Input: "rm -rf /", Raw: "item.started/command_execution"},
+			{Kind: agent.KindToolEnd, ToolID: "item_3", Name: "shell", Category: "shell", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
 		}},
 		{name: "command output truncated, odd field type tolerated", lines: []string{
 			`{"type":"item.completed","item":{"id":"item_4","type":"command_execution","command":"yes","aggregated_output":"` + long + `","exit_code":"0","status":"completed"}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_4", Name: "shell", Category: "shell", Input: "yes", Raw: "item.completed/command_execution"},
-			{Kind: KindToolEnd, ToolID: "item_4", Name: "shell", Category: "shell", Output: long[:MaxSummary], Raw: "item.completed/command_execution"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_4", Name: "shell", Category: "shell", Input: "yes", Raw: "item.completed/command_execution"},
+			{Kind: agent.KindToolEnd, ToolID: "item_4", Name: "shell", Category: "shell", Output: long[:agent.MaxSummary], Raw: "item.completed/command_execution"},
 		}},
 		{name: "file change seen only completed", lines: []string{
 			`{"type":"item.completed","item":{"id":"item_5","type":"file_change","changes":[{"path":"out.txt","kind":"add"},{"path":"main.go","kind":"update"}],"status":"completed"}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_5", Name: "file_change", Category: "edit", Input: "add out.txt\nupdate main.go", Raw: "item.completed/file_change"},
-			{Kind: KindToolEnd, ToolID: "item_5", Name: "file_change", Category: "edit", Output: "completed", Raw: "item.completed/file_change"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_5", Name: "file_change", Category: "edit", Input: "add out.txt\nupdate main.go", Raw: "item.completed/file_change"},
+			{Kind: agent.KindToolEnd, ToolID: "item_5", Name: "file_change", Category: "edit", Output: "completed", Raw: "item.completed/file_change"},
 		}},
 		{name: "file change first seen as update, failed", lines: []string{
 			`{"type":"item.updated","item":{"id":"item_6","type":"file_change","changes":[{"path":"a.go","kind":"delete"}],"status":"in_progress"}}`,
 			`{"type":"item.updated","item":{"id":"item_6","type":"file_change","changes":[{"path":"a.go","kind":"delete"}],"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_6","type":"file_change","changes":[{"path":"a.go","kind":"delete"}],"status":"failed"}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_6", Name: "file_change", Category: "edit", Input: "delete a.go", Raw: "item.updated/file_change"},
-			{Kind: KindToolEnd, ToolID: "item_6", Name: "file_change", Category: "edit", Output: "failed", IsError: true, Duration: time.Second, Raw: "item.completed/file_change"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_6", Name: "file_change", Category: "edit", Input: "delete a.go", Raw: "item.updated/file_change"},
+			{Kind: agent.KindToolEnd, ToolID: "item_6", Name: "file_change", Category: "edit", Output: "failed", IsError: true, Duration: time.Second, Raw: "item.completed/file_change"},
 		}},
 		{name: "mcp tool ok", lines: []string{
 			`{"type":"item.started","item":{"id":"item_7","type":"mcp_tool_call","server":"docs","tool":"search","arguments":{"q": "nats"},"result":null,"error":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_7","type":"mcp_tool_call","server":"docs","tool":"search","arguments":{"q":"nats"},"result":{"content":[{"type":"text","text":"hit 1"},{"type":"image","data":"AA=="}],"structured_content":null},"error":null,"status":"completed"}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_7", Name: "docs/search", Category: "mcp", Input: `{"q":"nats"}`, Raw: "item.started/mcp_tool_call"},
-			{Kind: KindToolEnd, ToolID: "item_7", Name: "docs/search", Category: "mcp", Output: "hit 1\n{\"type\":\"image\",\"data\":\"AA==\"}", Duration: time.Second, Raw: "item.completed/mcp_tool_call"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_7", Name: "docs/search", Category: "mcp", Input: `{"q":"nats"}`, Raw: "item.started/mcp_tool_call"},
+			{Kind: agent.KindToolEnd, ToolID: "item_7", Name: "docs/search", Category: "mcp", Output: "hit 1\n{\"type\":\"image\",\"data\":\"AA==\"}", Duration: time.Second, Raw: "item.completed/mcp_tool_call"},
 		}},
 		{name: "mcp tool failed", lines: []string{
 			`{"type":"item.started","item":{"id":"item_8","type":"mcp_tool_call","server":"db","tool":"query","arguments":null,"result":null,"error":null,"status":"in_progress"}}`,
 			`{"type":"item.completed","item":{"id":"item_8","type":"mcp_tool_call","server":"db","tool":"query","arguments":null,"result":null,"error":{"message":"connection refused"},"status":"failed"}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_8", Name: "db/query", Category: "mcp", Raw: "item.started/mcp_tool_call"},
-			{Kind: KindToolEnd, ToolID: "item_8", Name: "db/query", Category: "mcp", Output: "connection refused", IsError: true, Duration: time.Second, Raw: "item.completed/mcp_tool_call"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_8", Name: "db/query", Category: "mcp", Raw: "item.started/mcp_tool_call"},
+			{Kind: agent.KindToolEnd, ToolID: "item_8", Name: "db/query", Category: "mcp", Output: "connection refused", IsError: true, Duration: time.Second, Raw: "item.completed/mcp_tool_call"},
 		}},
 		{name: "web search", lines: []string{
 			`{"type":"item.started","item":{"id":"item_9","type":"web_search","query":"nats jetstream kv","action":{"type":"search","query":"nats jetstream kv"}}}`,
 			`{"type":"item.completed","item":{"id":"item_9","type":"web_search","query":"nats jetstream kv","action":{"type":"search","query":"nats jetstream kv"}}}`,
-		}, want: []Observation{
-			{Kind: KindToolStart, ToolID: "item_9", Name: "web_search", Category: "web", Input: "nats jetstream kv", Raw: "item.started/web_search"},
-			{Kind: KindToolEnd, ToolID: "item_9", Name: "web_search", Category: "web", Duration: time.Second, Raw: "item.completed/web_search"},
+		}, want: []agent.Event{
+			{Kind: agent.KindToolStart, ToolID: "item_9", Name: "web_search", Category: "web", Input: "nats jetstream kv", Raw: "item.started/web_search"},
+			{Kind: agent.KindToolEnd, ToolID: "item_9", Name: "web_search", Category: "web", Duration: time.Second, Raw: "item.completed/web_search"},
 		}},
 		{name: "agent message", lines: []string{
 			`{"type":"item.completed","item":{"id":"item_10","type":"agent_message","text":"Wrote out.txt."}}`,
-		}, want: []Observation{
-			{Kind: KindMessage, Text: "Wrote out.txt.", Raw: "item.completed/agent_message"},
+		}, want: []agent.Event{
+			{Kind: agent.KindMessage, Text: "Wrote out.txt.", Raw: "item.completed/agent_message"},
 		}},
 		{name: "reasoning, todo list and warning items are ignored", lines: []string{
 			`{"type":"item.completed","item":{"id":"item_11","type":"reasoning","text":"**Thinking**"}}`,
@@ -147,66 +148,66 @@ func TestCodexLine(t *testing.T) {
 		}, want: nil},
 		{name: "usage", lines: []string{
 			`{"type":"turn.completed","usage":{"input_tokens":24763,"cached_input_tokens":24448,"output_tokens":122}}`,
-		}, want: []Observation{
-			{Kind: KindUsage, Usage: Usage{InputTokens: 315, CacheReadTokens: 24448, OutputTokens: 122}, Raw: "turn.completed"},
+		}, want: []agent.Event{
+			{Kind: agent.KindUsage, Usage: agent.Usage{InputTokens: 315, CacheReadTokens: 24448, OutputTokens: 122}, Raw: "turn.completed"},
 		}},
 		{name: "turn failed", lines: []string{
 			`{"type":"turn.failed","error":{"message":"stream disconnected before completion"}}`,
-		}, want: []Observation{
-			{Kind: KindFailure, Text: "stream disconnected before completion", Raw: "turn.failed"},
+		}, want: []agent.Event{
+			{Kind: agent.KindFailure, Text: "stream disconnected before completion", Raw: "turn.failed"},
 		}},
-		{name: "turn failed without error", lines: []string{`{"type":"turn.failed"}`}, want: []Observation{
-			{Kind: KindFailure, Text: "turn failed", Raw: "turn.failed"},
+		{name: "turn failed without error", lines: []string{`{"type":"turn.failed"}`}, want: []agent.Event{
+			{Kind: agent.KindFailure, Text: "turn failed", Raw: "turn.failed"},
 		}},
 		{name: "error then the same turn failure reported once", lines: []string{
 			`{"type":"error","message":"Reconnecting... 1/5 (stream disconnected before completion)"}`,
 			`{"type":"error","message":"unexpected status 400 Bad Request: bad model"}`,
 			`{"type":"turn.failed","error":{"message":"unexpected status 400 Bad Request: bad model"}}`,
-		}, want: []Observation{
-			{Kind: KindFailure, Text: "unexpected status 400 Bad Request: bad model", Raw: "error"},
+		}, want: []agent.Event{
+			{Kind: agent.KindFailure, Text: "unexpected status 400 Bad Request: bad model", Raw: "error"},
 		}},
 		{name: "usage limit today", lines: []string{
 			`{"type":"error","message":"` + limitAt + `"}`,
 			`{"type":"turn.failed","error":{"message":"` + limitAt + `"}}`,
-		}, want: []Observation{
-			{Kind: KindFailure, Text: limitAt, Raw: "error"},
-			{Kind: KindRateLimit, Text: limitAt, ResetAt: time.Date(2030, 3, 10, 15, 28, 0, 0, time.UTC), Raw: "error"},
+		}, want: []agent.Event{
+			{Kind: agent.KindFailure, Text: limitAt, Raw: "error"},
+			{Kind: agent.KindRateLimit, Text: limitAt, ResetAt: time.Date(2030, 3, 10, 15, 28, 0, 0, time.UTC), Raw: "error"},
 		}},
 		{name: "usage limit with date in turn.failed only", lines: []string{
 			`{"type":"turn.failed","error":{"message":"You've hit your usage limit. Try again at Aug 8th, 2031 12:30 PM."}}`,
-		}, want: []Observation{
-			{Kind: KindFailure, Text: "You've hit your usage limit. Try again at Aug 8th, 2031 12:30 PM.", Raw: "turn.failed"},
-			{Kind: KindRateLimit, Text: "You've hit your usage limit. Try again at Aug 8th, 2031 12:30 PM.", ResetAt: time.Date(2031, 8, 8, 12, 30, 0, 0, time.UTC), Raw: "turn.failed"},
+		}, want: []agent.Event{
+			{Kind: agent.KindFailure, Text: "You've hit your usage limit. Try again at Aug 8th, 2031 12:30 PM.", Raw: "turn.failed"},
+			{Kind: agent.KindRateLimit, Text: "You've hit your usage limit. Try again at Aug 8th, 2031 12:30 PM.", ResetAt: time.Date(2031, 8, 8, 12, 30, 0, 0, time.UTC), Raw: "turn.failed"},
 		}},
 		{name: "usage limit later", lines: []string{
 			`{"type":"error","message":"You've hit your usage limit. Try again later."}`,
-		}, want: []Observation{
-			{Kind: KindFailure, Text: "You've hit your usage limit. Try again later.", Raw: "error"},
-			{Kind: KindRateLimit, Text: "You've hit your usage limit. Try again later.", Raw: "error"},
+		}, want: []agent.Event{
+			{Kind: agent.KindFailure, Text: "You've hit your usage limit. Try again later.", Raw: "error"},
+			{Kind: agent.KindRateLimit, Text: "You've hit your usage limit. Try again later.", Raw: "error"},
 		}},
 		{name: "retry limit on 429", lines: []string{
 			`{"type":"error","message":"exceeded retry limit, last status: 429 Too Many Requests"}`,
-		}, want: []Observation{
-			{Kind: KindFailure, Text: "exceeded retry limit, last status: 429 Too Many Requests", Raw: "error"},
-			{Kind: KindRateLimit, Text: "exceeded retry limit, last status: 429 Too Many Requests", Raw: "error"},
+		}, want: []agent.Event{
+			{Kind: agent.KindFailure, Text: "exceeded retry limit, last status: 429 Too Many Requests", Raw: "error"},
+			{Kind: agent.KindRateLimit, Text: "exceeded retry limit, last status: 429 Too Many Requests", Raw: "error"},
 		}},
-		{name: "unknown top-level type", lines: []string{`{"type":"session.compacted"}`}, want: []Observation{
-			{Kind: KindUnknown, Raw: "session.compacted"},
+		{name: "unknown top-level type", lines: []string{`{"type":"session.compacted"}`}, want: []agent.Event{
+			{Kind: agent.KindUnknown, Raw: "session.compacted"},
 		}},
-		{name: "unknown item type", lines: []string{`{"type":"item.started","item":{"id":"item_0","type":"image_generation"}}`}, want: []Observation{
-			{Kind: KindUnknown, Raw: "item.started/image_generation"},
+		{name: "unknown item type", lines: []string{`{"type":"item.started","item":{"id":"item_0","type":"image_generation"}}`}, want: []agent.Event{
+			{Kind: agent.KindUnknown, Raw: "item.started/image_generation"},
 		}},
-		{name: "item that is not an object", lines: []string{`{"type":"item.completed","item":"x"}`}, want: []Observation{
-			{Kind: KindUnknown, Raw: "item.completed"},
+		{name: "item that is not an object", lines: []string{`{"type":"item.completed","item":"x"}`}, want: []agent.Event{
+			{Kind: agent.KindUnknown, Raw: "item.completed"},
 		}},
-		{name: "malformed JSON", lines: []string{`{"type":"item.completed","item":{`}, want: []Observation{
-			{Kind: KindUnknown, Raw: "invalid", Text: `{"type":"item.completed","item":{`},
+		{name: "malformed JSON", lines: []string{`{"type":"item.completed","item":{`}, want: []agent.Event{
+			{Kind: agent.KindUnknown, Raw: "invalid", Text: `{"type":"item.completed","item":{`},
 		}},
-		{name: "JSON without a type", lines: []string{`[1,2]`}, want: []Observation{
-			{Kind: KindUnknown, Raw: "invalid", Text: `[1,2]`},
+		{name: "JSON without a type", lines: []string{`[1,2]`}, want: []agent.Event{
+			{Kind: agent.KindUnknown, Raw: "invalid", Text: `[1,2]`},
 		}},
-		{name: "legacy event envelope", lines: []string{`{"id":"0","msg":{"type":"agent_message","message":"hi"}}`}, want: []Observation{
-			{Kind: KindUnknown, Raw: "invalid", Text: `{"id":"0","msg":{"type":"agent_message","message":"hi"}}`},
+		{name: "legacy event envelope", lines: []string{`{"id":"0","msg":{"type":"agent_message","message":"hi"}}`}, want: []agent.Event{
+			{Kind: agent.KindUnknown, Raw: "invalid", Text: `{"id":"0","msg":{"type":"agent_message","message":"hi"}}`},
 		}},
 	}
 	for _, tt := range tests {
@@ -261,18 +262,7 @@ func TestCodexIsLimit(t *testing.T) {
 	}
 }
 
-func TestCodexTruncate(t *testing.T) {
-	s := strings.Repeat("é", MaxSummary) // 2 bytes a rune
-	got := truncate("a" + s)
-	if len(got) > MaxSummary || !utf8.ValidString(got) || len(got) < MaxSummary-1 {
-		t.Fatalf("len %d, valid %v", len(got), utf8.ValidString(got))
-	}
-	if got := truncate("short"); got != "short" {
-		t.Fatalf("got %q", got)
-	}
-}
-
-func TestCodexArgv(t *testing.T) {
+func TestArgv(t *testing.T) {
 	tests := []struct {
 		name  string
 		model string
@@ -286,15 +276,15 @@ func TestCodexArgv(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := CodexArgv(tt.model, tt.extra); !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("CodexArgv = %q, want %q", got, tt.want)
+			if got := Argv(tt.model, tt.extra); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Argv = %q, want %q", got, tt.want)
 			}
 		})
 	}
 }
 
 // TestCodexFakeExecutable runs testdata/fake-codex with the argv of
-// CodexArgv and the prompt on stdin, and parses its stdout line by line.
+// Argv and the prompt on stdin, and parses its stdout line by line.
 func TestCodexFakeExecutable(t *testing.T) {
 	fake, err := filepath.Abs("testdata/fake-codex")
 	if err != nil {
@@ -304,12 +294,12 @@ func TestCodexFakeExecutable(t *testing.T) {
 	tests := []struct {
 		scenario  string
 		wantExit  int
-		wantKinds []Kind
-		check     func(t *testing.T, obs []Observation, outDir string)
+		wantKinds []agent.Kind
+		check     func(t *testing.T, obs []agent.Event, outDir string)
 	}{
 		{scenario: "success", wantExit: 0,
-			wantKinds: []Kind{KindToolStart, KindToolEnd, KindToolStart, KindToolEnd, KindMessage, KindUsage},
-			check: func(t *testing.T, obs []Observation, outDir string) {
+			wantKinds: []agent.Kind{agent.KindToolStart, agent.KindToolEnd, agent.KindToolStart, agent.KindToolEnd, agent.KindMessage, agent.KindUsage},
+			check: func(t *testing.T, obs []agent.Event, outDir string) {
 				if obs[1].IsError || obs[1].Output != "README.md\nsrc\n" || obs[1].Duration != time.Second {
 					t.Errorf("command end = %+v", obs[1])
 				}
@@ -319,7 +309,7 @@ func TestCodexFakeExecutable(t *testing.T) {
 				if obs[4].Text != "Wrote out.txt." {
 					t.Errorf("message = %q", obs[4].Text)
 				}
-				if want := (Usage{InputTokens: 315, CacheReadTokens: 24448, OutputTokens: 122}); obs[5].Usage != want {
+				if want := (agent.Usage{InputTokens: 315, CacheReadTokens: 24448, OutputTokens: 122}); obs[5].Usage != want {
 					t.Errorf("usage = %+v, want %+v", obs[5].Usage, want)
 				}
 				b, err := os.ReadFile(filepath.Join(outDir, "out.txt"))
@@ -328,8 +318,8 @@ func TestCodexFakeExecutable(t *testing.T) {
 				}
 			}},
 		{scenario: "failed", wantExit: 1,
-			wantKinds: []Kind{KindToolStart, KindToolEnd, KindFailure},
-			check: func(t *testing.T, obs []Observation, _ string) {
+			wantKinds: []agent.Kind{agent.KindToolStart, agent.KindToolEnd, agent.KindFailure},
+			check: func(t *testing.T, obs []agent.Event, _ string) {
 				if !obs[1].IsError {
 					t.Errorf("command end not an error: %+v", obs[1])
 				}
@@ -338,15 +328,15 @@ func TestCodexFakeExecutable(t *testing.T) {
 				}
 			}},
 		{scenario: "rate_limit", wantExit: 1,
-			wantKinds: []Kind{KindFailure, KindRateLimit},
-			check: func(t *testing.T, obs []Observation, _ string) {
+			wantKinds: []agent.Kind{agent.KindFailure, agent.KindRateLimit},
+			check: func(t *testing.T, obs []agent.Event, _ string) {
 				if want := time.Date(2031, 8, 8, 12, 30, 0, 0, time.UTC); !obs[1].ResetAt.Equal(want) {
 					t.Errorf("ResetAt = %v, want %v", obs[1].ResetAt, want)
 				}
 			}},
 		{scenario: "unknown", wantExit: 0,
-			wantKinds: []Kind{KindUnknown, KindUnknown, KindUnknown, KindMessage, KindUsage},
-			check: func(t *testing.T, obs []Observation, _ string) {
+			wantKinds: []agent.Kind{agent.KindUnknown, agent.KindUnknown, agent.KindUnknown, agent.KindMessage, agent.KindUsage},
+			check: func(t *testing.T, obs []agent.Event, _ string) {
 				raws := []string{obs[0].Raw, obs[1].Raw, obs[2].Raw}
 				if want := []string{"item.started/image_generation", "session.compacted", "invalid"}; !reflect.DeepEqual(raws, want) {
 					t.Errorf("unknown raws = %q, want %q", raws, want)
@@ -356,7 +346,7 @@ func TestCodexFakeExecutable(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.scenario, func(t *testing.T) {
 			outDir := t.TempDir()
-			argv := CodexArgv("gpt-5-codex", []string{"--skip-git-repo-check"})
+			argv := Argv("gpt-5-codex", []string{"--skip-git-repo-check"})
 			cmd := exec.Command(fake, argv[1:]...)
 			cmd.Env = append(os.Environ(), "FAKE_CODEX_SCENARIO="+tt.scenario, "LOOPBUS_OUTPUT_DIR="+outDir)
 			cmd.Stdin = strings.NewReader(prompt)
@@ -375,8 +365,8 @@ func TestCodexFakeExecutable(t *testing.T) {
 			}
 
 			clock := &codexStepClock{t: codexT0, step: time.Second}
-			p := NewCodex(WithCodexClock(clock.now))
-			var obs []Observation
+			p := NewParser(clock.now)
+			var obs []agent.Event
 			sc := bufio.NewScanner(bytes.NewReader(stdout))
 			sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
 			for sc.Scan() {
@@ -385,7 +375,7 @@ func TestCodexFakeExecutable(t *testing.T) {
 			if err := sc.Err(); err != nil {
 				t.Fatal(err)
 			}
-			var kinds []Kind
+			var kinds []agent.Kind
 			for _, o := range obs {
 				kinds = append(kinds, o.Kind)
 			}

@@ -1,6 +1,6 @@
-package agent
+package codex
 
-// The Codex backend reads the JSONL stream of `codex exec --json` (the
+// The Codex parser reads the JSONL stream of `codex exec --json` (the
 // "experimental JSON" format of the Rust CLI). Format sources:
 //
 //   - github.com/openai/codex, codex-rs/exec/src/exec_events.rs: ThreadEvent
@@ -34,41 +34,23 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/loopbus/loopbus/agent"
 )
 
-// CodexArgv returns the command line that runs Codex non-interactively with
-// a JSONL event stream on stdout, the prompt read from stdin ("-"), model
-// (when not empty) and extraArgs before the prompt argument.
-func CodexArgv(model string, extraArgs []string) []string {
-	argv := []string{"codex", "exec", "--json"}
-	if model != "" {
-		argv = append(argv, "--model", model)
-	}
-	argv = append(argv, extraArgs...)
-	return append(argv, "-")
-}
-
-// CodexOption configures the parser returned by NewCodex.
-type CodexOption func(*codexParser)
-
-// WithCodexClock sets the clock used to time tool calls (from an item's
-// first line to its item.completed) and to resolve the local wall-clock reset
-// times of usage-limit messages. The default is time.Now.
-func WithCodexClock(now func() time.Time) CodexOption {
-	return func(p *codexParser) { p.now = now }
-}
-
-// NewCodex returns a Parser for the lines of one `codex exec --json` run.
+// NewParser returns a Parser for the lines of one `codex exec --json` run.
 // Tool items are matched by item id; an item seen only as completed (file
 // changes) gives a start and an end; turn.completed gives a KindUsage; a
 // fatal error gives a KindFailure (plus a KindRateLimit for usage, quota and
 // rate limits) once, although Codex prints it in "error" and "turn.failed".
-func NewCodex(opts ...CodexOption) Parser {
-	p := &codexParser{now: time.Now, started: map[string]time.Time{}}
-	for _, o := range opts {
-		o(p)
+// now times tool calls (from an item's first line to its item.completed)
+// and resolves the local wall-clock reset times of usage-limit messages;
+// nil means time.Now.
+func NewParser(now func() time.Time) agent.Parser {
+	if now == nil {
+		now = time.Now
 	}
-	return p
+	return &codexParser{now: now, started: map[string]time.Time{}}
 }
 
 // codexParser keeps the start time of open tool items (for durations and to
@@ -124,14 +106,14 @@ type codexItem struct {
 	Prompt string      `json:"prompt"`
 }
 
-// Line implements Parser.
-func (p *codexParser) Line(line []byte) []Observation {
+// Line implements agent.Parser.
+func (p *codexParser) Line(line []byte) []agent.Event {
 	if len(strings.TrimSpace(string(line))) == 0 {
 		return nil
 	}
 	var ev codexEvent
 	if err := codexUnmarshal(line, &ev); err != nil || ev.Type == "" {
-		return []Observation{{Kind: KindUnknown, Raw: "invalid", Text: truncate(string(line))}}
+		return []agent.Event{{Kind: agent.KindUnknown, Raw: "invalid", Text: agent.Truncate(string(line))}}
 	}
 	switch ev.Type {
 	case "thread.started", "turn.started", "item.plan.delta", "request_user_input":
@@ -142,7 +124,7 @@ func (p *codexParser) Line(line []byte) []Observation {
 		if ev.Usage != nil {
 			u = *ev.Usage
 		}
-		return []Observation{{Kind: KindUsage, Raw: ev.Type, Usage: Usage{
+		return []agent.Event{{Kind: agent.KindUsage, Raw: ev.Type, Usage: agent.Usage{
 			// Codex counts cached tokens inside input_tokens; loopbus keeps
 			// them apart so that Input+CacheRead is the whole prompt.
 			InputTokens:     max(u.InputTokens-u.CachedInputTokens, 0),
@@ -169,11 +151,11 @@ func (p *codexParser) Line(line []byte) []Observation {
 	case "item.started", "item.updated", "item.completed":
 		var it codexItem
 		if err := codexUnmarshal(ev.Item, &it); err != nil || it.Type == "" {
-			return []Observation{{Kind: KindUnknown, Raw: ev.Type}}
+			return []agent.Event{{Kind: agent.KindUnknown, Raw: ev.Type}}
 		}
 		return p.item(ev.Type, it)
 	default:
-		return []Observation{{Kind: KindUnknown, Raw: ev.Type}}
+		return []agent.Event{{Kind: agent.KindUnknown, Raw: ev.Type}}
 	}
 }
 
@@ -189,33 +171,33 @@ func codexUnmarshal(data []byte, v any) error {
 }
 
 // failure reports a fatal error, and a rate limit too when it is one.
-func (p *codexParser) failure(raw, msg string) []Observation {
-	obs := []Observation{{Kind: KindFailure, Raw: raw, Text: truncate(msg)}}
+func (p *codexParser) failure(raw, msg string) []agent.Event {
+	obs := []agent.Event{{Kind: agent.KindFailure, Raw: raw, Text: agent.Truncate(msg)}}
 	if codexIsLimit(msg) {
-		obs = append(obs, Observation{Kind: KindRateLimit, Raw: raw, Text: truncate(msg), ResetAt: codexResetAt(msg, p.now())})
+		obs = append(obs, agent.Event{Kind: agent.KindRateLimit, Raw: raw, Text: agent.Truncate(msg), ResetAt: codexResetAt(msg, p.now())})
 	}
 	return obs
 }
 
 // item maps one item event.
-func (p *codexParser) item(evType string, it codexItem) []Observation {
+func (p *codexParser) item(evType string, it codexItem) []agent.Event {
 	raw := evType + "/" + it.Type
 	switch it.Type {
 	case "agent_message", "plan":
 		if evType != "item.completed" {
 			return nil
 		}
-		return []Observation{{Kind: KindMessage, Raw: raw, Text: truncate(it.Text)}}
+		return []agent.Event{{Kind: agent.KindMessage, Raw: raw, Text: agent.Truncate(it.Text)}}
 	case "reasoning", "todo_list", "error":
 		// Known: reasoning summaries, the to-do list and non-fatal warnings
 		// are not recorded.
 		return nil
 	case "command_execution", "file_change", "mcp_tool_call", "web_search", "collab_tool_call":
 	default:
-		return []Observation{{Kind: KindUnknown, Raw: raw}}
+		return []agent.Event{{Kind: agent.KindUnknown, Raw: raw}}
 	}
 
-	start := Observation{Kind: KindToolStart, Raw: raw, ToolID: it.ID}
+	start := agent.Event{Kind: agent.KindToolStart, Raw: raw, ToolID: it.ID}
 	switch it.Type {
 	case "command_execution":
 		start.Category, start.Name, start.Input = "shell", "shell", it.Command
@@ -235,7 +217,7 @@ func (p *codexParser) item(evType string, it codexItem) []Observation {
 	case "collab_tool_call":
 		start.Category, start.Name, start.Input = "agent", it.Tool, it.Prompt
 	}
-	start.Input = truncate(start.Input)
+	start.Input = agent.Truncate(start.Input)
 
 	begun, seen := p.started[it.ID]
 	if evType != "item.completed" {
@@ -244,12 +226,12 @@ func (p *codexParser) item(evType string, it codexItem) []Observation {
 			return nil
 		}
 		p.started[it.ID] = p.now()
-		return []Observation{start}
+		return []agent.Event{start}
 	}
 
 	delete(p.started, it.ID)
 	end := start
-	end.Kind, end.Input = KindToolEnd, ""
+	end.Kind, end.Input = agent.KindToolEnd, ""
 	if seen {
 		end.Duration = p.now().Sub(begun)
 	}
@@ -264,13 +246,13 @@ func (p *codexParser) item(evType string, it codexItem) []Observation {
 		end.Output = it.Status
 		end.IsError = codexFailedStatus(it.Status)
 	}
-	end.Output = truncate(end.Output)
+	end.Output = agent.Truncate(end.Output)
 	if seen {
-		return []Observation{end}
+		return []agent.Event{end}
 	}
 	// Codex may emit an item only once it completed (file changes do):
 	// report its start too so every end has a start.
-	return []Observation{start, end}
+	return []agent.Event{start, end}
 }
 
 func codexFailedStatus(s string) bool {

@@ -1,4 +1,4 @@
-package main
+package tui
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"github.com/loopbus/loopbus/schemas"
 )
 
-func TestPrintHookRun(t *testing.T) {
+func TestWriteHookRun(t *testing.T) {
 	at := time.Date(2026, 11, 22, 11, 32, 59, 0, time.UTC)
 	ev := schemas.Event{Session: "demo-1"}
 	res := schemas.HookRun{Hook: "chat", EventType: schemas.TypeSessionCompleted, EventSeq: 28, DurationMs: 120}
@@ -30,7 +30,7 @@ func TestPrintHookRun(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var b bytes.Buffer
-			printHookRun(&b, at, tt.run)
+			WriteHookRun(&b, at, tt.run)
 			if b.String() != tt.want {
 				t.Errorf("got  %q\nwant %q", b.String(), tt.want)
 			}

@@ -1,4 +1,7 @@
-package main
+// Package config layers loopbus's settings: flag defaults, then the user's
+// and the project's config files, then LOOPBUS_* environment variables,
+// then the command line, with every bad setting named by file and key.
+package config
 
 import (
 	"errors"
@@ -10,13 +13,18 @@ import (
 
 	"github.com/goccy/go-yaml"
 	"github.com/loopbus/loopbus/agent"
-	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
-// envName maps a flag to its environment variable: LOOPBUS_<FLAG>, with
-// the documented exceptions.
-func envName(flag string) string {
+// ErrInvalid wraps every error about a setting: an unreadable or
+// malformed file, an unknown key, a bad value.
+var ErrInvalid = errors.New("invalid setting")
+
+func invalid(err error) error { return fmt.Errorf("%w: %w", ErrInvalid, err) }
+
+// EnvName maps a flag to its environment variable: LOOPBUS_<FLAG>, with
+// the documented exceptions (nats: LOOPBUS_NATS_URL).
+func EnvName(flag string) string {
 	switch flag {
 	case "nats":
 		return "LOOPBUS_NATS_URL"
@@ -24,8 +32,10 @@ func envName(flag string) string {
 	return "LOOPBUS_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
-// configFiles are read lowest precedence first.
-func configFiles() []string {
+// Files are the config files, lowest precedence first: the user's
+// (<user config dir>/loopbus/config.yaml) and the project's (.loopbus.yaml
+// in the working directory).
+func Files() []string {
 	var files []string
 	if dir, err := os.UserConfigDir(); err == nil {
 		files = append(files, filepath.Join(dir, "loopbus", "config.yaml"))
@@ -40,8 +50,8 @@ const (
 	lanesKey = "lanes"
 	// workerLanesKey is the agentworker's --lanes.
 	workerLanesKey = "worker-lanes"
-	// workerLanesEnv is the agentworker's --lanes in the environment.
-	workerLanesEnv = "LOOPBUS_WORKER_LANES"
+	// WorkerLanesEnv is the agentworker's --lanes in the environment.
+	WorkerLanesEnv = "LOOPBUS_WORKER_LANES"
 )
 
 // fileSettings are the settings of the config files that are not global
@@ -59,27 +69,27 @@ type fileSettings struct {
 // global flags (lanes, worker-lanes): an error names the file and the key.
 func readConfigFiles() (files []string, settings []map[string]any, fs fileSettings, err error) {
 	fs.lanes = map[string]string{}
-	for _, f := range configFiles() {
+	for _, f := range Files() {
 		raw, err := os.ReadFile(f)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return nil, nil, fs, usageErr(fmt.Errorf("config %s: %w", f, err))
+			return nil, nil, fs, invalid(fmt.Errorf("config %s: %w", f, err))
 		}
 		var m map[string]any
 		if err := yaml.Unmarshal(raw, &m); err != nil {
-			return nil, nil, fs, usageErr(fmt.Errorf("config %s: %v", f, err))
+			return nil, nil, fs, invalid(fmt.Errorf("config %s: %v", f, err))
 		}
 		if v, ok := m[lanesKey]; ok {
 			if err := mergeLanes(fs.lanes, v); err != nil {
-				return nil, nil, fs, usageErr(fmt.Errorf("config %s: %w", f, err))
+				return nil, nil, fs, invalid(fmt.Errorf("config %s: %w", f, err))
 			}
 		}
 		if v, ok := m[workerLanesKey]; ok {
 			list, err := laneList(v)
 			if err != nil {
-				return nil, nil, fs, usageErr(fmt.Errorf("config %s: %s: %w", f, workerLanesKey, err))
+				return nil, nil, fs, invalid(fmt.Errorf("config %s: %s: %w", f, workerLanesKey, err))
 			}
 			fs.workerLanes, fs.workerLanesFile = list, f
 		}
@@ -142,34 +152,35 @@ func laneList(v any) (string, error) {
 	return list, nil
 }
 
-// workerLaneSettings returns the lanes an agent worker runs (nil: all) and
+// WorkerLanes returns the lanes an agent worker runs (nil: all) and
 // its lane table: the lanes from, in rising precedence, worker-lanes in the
 // config files, LOOPBUS_WORKER_LANES and the --lanes flag (lanesFlag, when
 // set on the command line); the table from the files' lanes.
-func workerLaneSettings(lanesFlag *pflag.Flag) ([]string, map[string]string, error) {
+func WorkerLanes(lanesFlag *pflag.Flag) ([]string, map[string]string, error) {
 	_, _, fs, err := readConfigFiles()
 	if err != nil {
 		return nil, nil, err
 	}
 	val, src := fs.workerLanes, "config "+fs.workerLanesFile+": "+workerLanesKey
-	if v, ok := os.LookupEnv(workerLanesEnv); ok {
-		val, src = v, workerLanesEnv
+	if v, ok := os.LookupEnv(WorkerLanesEnv); ok {
+		val, src = v, WorkerLanesEnv
 	}
 	if lanesFlag != nil && lanesFlag.Changed {
 		val, src = lanesFlag.Value.String(), "--"+lanesFlag.Name
 	}
 	lanes, err := agent.ParseLaneList(val)
 	if err != nil {
-		return nil, nil, usageErr(fmt.Errorf("%s: %w", src, err))
+		return nil, nil, invalid(fmt.Errorf("%s: %w", src, err))
 	}
 	return lanes, fs.lanes, nil
 }
 
-// applyLayers fills every flag the user did not set on the command line
-// from, in rising precedence, the user config file, the project config file
-// and LOOPBUS_* environment variables. Unknown keys in a file are errors;
-// so are bad lanes and worker-lanes settings (see workerLaneSettings).
-func applyLayers(cmd *cobra.Command) error {
+// Apply fills every global flag (one of globals) that the user did not set
+// on the command line (flags, the command's whole flag set) from, in rising
+// precedence, the user config file, the project config file and LOOPBUS_*
+// environment variables. Unknown keys in a file are errors; so are bad
+// lanes and worker-lanes settings (see WorkerLanes).
+func Apply(globals, flags *pflag.FlagSet) error {
 	fromFiles := map[string]string{}
 	where := map[string]string{}
 	files, settings, _, err := readConfigFiles()
@@ -181,8 +192,8 @@ func applyLayers(cmd *cobra.Command) error {
 			if k == lanesKey || k == workerLanesKey {
 				continue
 			}
-			if cmd.Root().PersistentFlags().Lookup(k) == nil {
-				return usageErr(fmt.Errorf("config %s: unknown setting %q (settings are global flag names, e.g. nats, data, log-level, and lanes, worker-lanes)", f, k))
+			if globals.Lookup(k) == nil {
+				return invalid(fmt.Errorf("config %s: unknown setting %q (settings are global flag names, e.g. nats, data, log-level, and lanes, worker-lanes)", f, k))
 			}
 			fromFiles[k] = fmt.Sprint(v)
 			where[k] = f
@@ -192,8 +203,8 @@ func applyLayers(cmd *cobra.Command) error {
 	// --json, …) must not pick up, say, the LOOPBUS_SESSION every agent
 	// has in its environment.
 	var firstErr error
-	cmd.Root().PersistentFlags().VisitAll(func(global *pflag.Flag) {
-		fl := cmd.Flags().Lookup(global.Name)
+	globals.VisitAll(func(global *pflag.Flag) {
+		fl := flags.Lookup(global.Name)
 		if fl == nil || fl.Changed || firstErr != nil {
 			return
 		}
@@ -201,12 +212,12 @@ func applyLayers(cmd *cobra.Command) error {
 		if v, has := fromFiles[fl.Name]; has {
 			val, src, ok = v, where[fl.Name], true
 		}
-		if v, has := os.LookupEnv(envName(fl.Name)); has {
-			val, src, ok = v, envName(fl.Name), true
+		if v, has := os.LookupEnv(EnvName(fl.Name)); has {
+			val, src, ok = v, EnvName(fl.Name), true
 		}
 		if ok {
-			if err := cmd.Flags().Set(fl.Name, val); err != nil { // marks it Changed
-				firstErr = usageErr(fmt.Errorf("%s: %s=%q: %v", src, fl.Name, val, err))
+			if err := flags.Set(fl.Name, val); err != nil { // marks it Changed
+				firstErr = invalid(fmt.Errorf("%s: %s=%q: %v", src, fl.Name, val, err))
 			}
 		}
 	})

@@ -1,6 +1,7 @@
-package main
+package config
 
 import (
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -8,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // configDirs points the user config file at a fresh directory and makes a
@@ -37,19 +38,22 @@ func configDirs(t *testing.T, user, project string) (userFile, projectFile strin
 	return userFile, projectFile
 }
 
-// agentworkerCommand returns the agentworker command of a fresh root, its
-// flags parsed from args.
-func agentworkerCommand(t *testing.T, args ...string) *cobra.Command {
+// workerFlags are the flag sets of an agentworker-like command: the global
+// flags (log-level, nats) and the whole set with its own --lanes, parsed
+// from args.
+func workerFlags(t *testing.T, args ...string) (globals, flags *pflag.FlagSet) {
 	t.Helper()
-	root := newRoot(&globals{stdout: io.Discard, stderr: io.Discard})
-	cmd, _, err := root.Find([]string{"agentworker"})
-	if err != nil {
+	globals = pflag.NewFlagSet("global", pflag.ContinueOnError)
+	globals.String("log-level", "", "")
+	globals.String("nats", "", "")
+	flags = pflag.NewFlagSet("agentworker", pflag.ContinueOnError)
+	flags.SetOutput(io.Discard)
+	flags.AddFlagSet(globals)
+	flags.String("lanes", "", "")
+	if err := flags.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.ParseFlags(args); err != nil {
-		t.Fatal(err)
-	}
-	return cmd
+	return globals, flags
 }
 
 func TestWorkerLaneSettings(t *testing.T) {
@@ -85,13 +89,13 @@ func TestWorkerLaneSettings(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			userFile, projectFile := configDirs(t, tt.user, tt.project)
 			if tt.env == "-" {
-				t.Setenv(workerLanesEnv, "")
-				os.Unsetenv(workerLanesEnv)
+				t.Setenv(WorkerLanesEnv, "")
+				os.Unsetenv(WorkerLanesEnv)
 			} else {
-				t.Setenv(workerLanesEnv, tt.env)
+				t.Setenv(WorkerLanesEnv, tt.env)
 			}
-			c := agentworkerCommand(t, tt.args...)
-			lanes, table, err := workerLaneSettings(c.Flags().Lookup("lanes"))
+			_, flags := workerFlags(t, tt.args...)
+			lanes, table, err := WorkerLanes(flags.Lookup("lanes"))
 			if tt.wantErr != "" {
 				want := strings.NewReplacer("PROJECT", projectFile, "USER", userFile).Replace(tt.wantErr)
 				if err == nil || !strings.Contains(err.Error(), want) {
@@ -124,20 +128,38 @@ func TestApplyLayersLaneSettings(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			configDirs(t, "", tt.project)
-			c := agentworkerCommand(t)
-			err := applyLayers(c)
+			globals, flags := workerFlags(t)
+			err := Apply(globals, flags)
 			if tt.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if got := c.Flags().Lookup("log-level").Value.String(); got != "debug" {
+				if got := flags.Lookup("log-level").Value.String(); got != "debug" {
 					t.Errorf("log-level %q from the file, want debug", got)
 				}
 				return
 			}
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("error %v, want it to contain %q", err, tt.wantErr)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v, want an ErrInvalid containing %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+func TestApplyLayersPrecedence(t *testing.T) {
+	configDirs(t, "log-level: warn\nnats: nats://user:4222\n", "log-level: debug\n")
+	t.Setenv("LOOPBUS_NATS_URL", "nats://env:4222")
+	globals, flags := workerFlags(t, "--log-level", "error")
+	if err := Apply(globals, flags); err != nil {
+		t.Fatal(err)
+	}
+	if got := flags.Lookup("log-level").Value.String(); got != "error" {
+		t.Errorf("log-level %q: the command line must win", got)
+	}
+	if got := flags.Lookup("nats").Value.String(); got != "nats://env:4222" {
+		t.Errorf("nats %q: the environment must beat the files", got)
+	}
+	if EnvName("nats") != "LOOPBUS_NATS_URL" || EnvName("log-level") != "LOOPBUS_LOG_LEVEL" {
+		t.Errorf("EnvName: %s, %s", EnvName("nats"), EnvName("log-level"))
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package claude
 
 // Parser for Claude Code's `claude -p --output-format stream-json --verbose`.
 //
@@ -34,53 +34,22 @@ import (
 	"strings"
 	"time"
 	_ "time/tzdata" // reset texts name IANA zones; hosts may lack a zoneinfo database
+
+	"github.com/loopbus/loopbus/agent"
 )
 
-// ClaudeOption configures the parser returned by NewClaude.
-type ClaudeOption func(*claudeParser)
-
-// WithClaudeClock sets the clock used to time tool calls (from the tool_use
-// line to its tool_result line) and to resolve "resets 3pm (Zone)" texts. The
-// default is time.Now.
-func WithClaudeClock(now func() time.Time) ClaudeOption {
-	return func(p *claudeParser) { p.now = now }
-}
-
-// NewClaude returns a Parser for the lines of one `claude -p --output-format
+// NewParser returns a Parser for the lines of one `claude -p --output-format
 // stream-json --verbose` run. Tool results are matched to their tool_use by
-// id; a result's token usage and total_cost_usd become a KindUsage; a usage
-// limit may be reported twice (by a rejected rate_limit_event and by the
-// error result that follows it).
-func NewClaude(opts ...ClaudeOption) Parser {
-	p := &claudeParser{now: time.Now, tools: map[string]claudeTool{}}
-	for _, o := range opts {
-		o(p)
+// id; a result's token usage and total_cost_usd become a KindUsage, an
+// error result a KindFailure; a usage limit may be reported twice (by a
+// rejected rate_limit_event and by the error result that follows it). now
+// times tool calls (from the tool_use line to its tool_result line) and
+// resolves "resets 3pm (Zone)" texts; nil means time.Now.
+func NewParser(now func() time.Time) agent.Parser {
+	if now == nil {
+		now = time.Now
 	}
-	return p
-}
-
-// ClaudeArgv returns the command line for a headless Claude Code run whose
-// prompt is written to stdin: claude -p --output-format stream-json --verbose
-// [--model M] [--permission-mode P] [--allowedTools a,b]
-// [--disallowedTools c,d] extra...
-// The tool lists are passed as one comma-separated value each because the
-// flags are variadic and would otherwise swallow following positional
-// arguments.
-func ClaudeArgv(model, permissionMode string, allowedTools, disallowedTools, extraArgs []string) []string {
-	argv := []string{"claude", "-p", "--output-format", "stream-json", "--verbose"}
-	if model != "" {
-		argv = append(argv, "--model", model)
-	}
-	if permissionMode != "" {
-		argv = append(argv, "--permission-mode", permissionMode)
-	}
-	if len(allowedTools) > 0 {
-		argv = append(argv, "--allowedTools", strings.Join(allowedTools, ","))
-	}
-	if len(disallowedTools) > 0 {
-		argv = append(argv, "--disallowedTools", strings.Join(disallowedTools, ","))
-	}
-	return append(argv, extraArgs...)
+	return &claudeParser{now: now, tools: map[string]claudeTool{}}
 }
 
 type claudeTool struct {
@@ -136,8 +105,8 @@ type claudeBlock struct {
 	IsError   bool            `json:"is_error"`
 }
 
-// Line implements Parser.
-func (p *claudeParser) Line(line []byte) []Observation {
+// Line implements agent.Parser.
+func (p *claudeParser) Line(line []byte) []agent.Event {
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 {
 		return nil
@@ -150,7 +119,7 @@ func (p *claudeParser) Line(line []byte) []Observation {
 		err = nil
 	}
 	if err != nil || l.Type == "" {
-		return []Observation{{Kind: KindUnknown, Raw: "invalid", Text: truncate(string(line))}}
+		return []agent.Event{{Kind: agent.KindUnknown, Raw: "invalid", Text: agent.Truncate(string(line))}}
 	}
 	raw := l.Type
 	if l.Subtype != "" {
@@ -169,7 +138,7 @@ func (p *claudeParser) Line(line []byte) []Observation {
 		// init, hooks, compaction, partial-message deltas: informational only.
 		return nil
 	}
-	return []Observation{{Kind: KindUnknown, Raw: raw}}
+	return []agent.Event{{Kind: agent.KindUnknown, Raw: raw}}
 }
 
 // blocks returns the content blocks of a message, or nil if the content is a
@@ -189,28 +158,28 @@ func claudeBlocks(msg json.RawMessage) ([]claudeBlock, bool) {
 	return bs, true
 }
 
-func (p *claudeParser) assistant(l claudeLine, raw string) []Observation {
+func (p *claudeParser) assistant(l claudeLine, raw string) []agent.Event {
 	bs, ok := claudeBlocks(l.Message)
 	if !ok {
-		return []Observation{{Kind: KindUnknown, Raw: raw}}
+		return []agent.Event{{Kind: agent.KindUnknown, Raw: raw}}
 	}
-	var obs []Observation
+	var obs []agent.Event
 	var now time.Time
 	for _, b := range bs {
 		switch b.Type {
 		case "text":
 			if strings.TrimSpace(b.Text) != "" {
-				obs = append(obs, Observation{Kind: KindMessage, Text: truncate(b.Text), Raw: raw})
+				obs = append(obs, agent.Event{Kind: agent.KindMessage, Text: agent.Truncate(b.Text), Raw: raw})
 			}
 		case "tool_use":
 			if now.IsZero() {
 				now = p.now()
 			}
-			category := ClaudeCategory(b.Name)
+			category := category(b.Name)
 			p.tools[b.ID] = claudeTool{name: b.Name, category: category, started: now}
-			obs = append(obs, Observation{
-				Kind: KindToolStart, ToolID: b.ID, Name: b.Name, Category: category,
-				Input: truncate(claudeCompact(b.Input)), Raw: raw,
+			obs = append(obs, agent.Event{
+				Kind: agent.KindToolStart, ToolID: b.ID, Name: b.Name, Category: category,
+				Input: agent.Truncate(claudeCompact(b.Input)), Raw: raw,
 			})
 		}
 		// thinking and other block kinds carry nothing loopbus records.
@@ -218,12 +187,12 @@ func (p *claudeParser) assistant(l claudeLine, raw string) []Observation {
 	return obs
 }
 
-func (p *claudeParser) user(l claudeLine, raw string) []Observation {
+func (p *claudeParser) user(l claudeLine, raw string) []agent.Event {
 	bs, ok := claudeBlocks(l.Message)
 	if !ok {
-		return []Observation{{Kind: KindUnknown, Raw: raw}}
+		return []agent.Event{{Kind: agent.KindUnknown, Raw: raw}}
 	}
-	var obs []Observation
+	var obs []agent.Event
 	var now time.Time
 	for _, b := range bs {
 		if b.Type != "tool_result" {
@@ -232,9 +201,9 @@ func (p *claudeParser) user(l claudeLine, raw string) []Observation {
 		if now.IsZero() {
 			now = p.now()
 		}
-		o := Observation{
-			Kind: KindToolEnd, ToolID: b.ToolUseID, IsError: b.IsError,
-			Output: truncate(claudeResultText(b.Content)), Raw: raw,
+		o := agent.Event{
+			Kind: agent.KindToolEnd, ToolID: b.ToolUseID, IsError: b.IsError,
+			Output: agent.Truncate(claudeResultText(b.Content)), Raw: raw,
 		}
 		if t, ok := p.tools[b.ToolUseID]; ok {
 			o.Name, o.Category = t.name, t.category
@@ -248,8 +217,8 @@ func (p *claudeParser) user(l claudeLine, raw string) []Observation {
 	return obs
 }
 
-func (p *claudeParser) result(l claudeLine, raw string) []Observation {
-	u := Usage{
+func (p *claudeParser) result(l claudeLine, raw string) []agent.Event {
+	u := agent.Usage{
 		InputTokens:      l.Usage.InputTokens,
 		OutputTokens:     l.Usage.OutputTokens,
 		CacheReadTokens:  l.Usage.CacheReadInputTokens,
@@ -261,9 +230,9 @@ func (p *claudeParser) result(l claudeLine, raw string) []Observation {
 	if text == "" && len(l.Errors) > 0 {
 		text = strings.Join(l.Errors, "; ")
 	}
-	var obs []Observation
-	if u != (Usage{}) {
-		obs = append(obs, Observation{Kind: KindUsage, Usage: u, Raw: raw})
+	var obs []agent.Event
+	if u != (agent.Usage{}) {
+		obs = append(obs, agent.Event{Kind: agent.KindUsage, Usage: u, Raw: raw})
 	}
 	// Only an error result counts as a limit: a successful answer may well
 	// talk about usage limits.
@@ -277,18 +246,22 @@ func (p *claudeParser) result(l claudeLine, raw string) []Observation {
 		if reset.IsZero() {
 			reset = claudeParseReset(text, p.now())
 		}
-		obs = append(obs, Observation{Kind: KindRateLimit, Text: truncate(text), ResetAt: reset, Raw: raw})
+		obs = append(obs, agent.Event{Kind: agent.KindRateLimit, Text: agent.Truncate(text), ResetAt: reset, Raw: raw})
 	}
-	return append(obs, Observation{Kind: KindResult, Text: truncate(text), IsError: isErr, Usage: u, Raw: raw})
+	if isErr {
+		// The result text of a success is the last message again.
+		obs = append(obs, agent.Event{Kind: agent.KindFailure, Text: agent.Truncate(text), Raw: raw})
+	}
+	return obs
 }
 
-func (p *claudeParser) rateLimit(l claudeLine, raw string) []Observation {
+func (p *claudeParser) rateLimit(l claudeLine, raw string) []agent.Event {
 	info := l.RateLimitInfo
 	if info == nil || info.Status != "rejected" {
 		// "allowed" and "allowed_warning" are status reports, not hits.
 		return nil
 	}
-	o := Observation{Kind: KindRateLimit, Text: "rate limit rejected", Raw: raw}
+	o := agent.Event{Kind: agent.KindRateLimit, Text: "rate limit rejected", Raw: raw}
 	if info.RateLimitType != "" {
 		o.Text = info.RateLimitType + " limit rejected"
 	}
@@ -296,12 +269,12 @@ func (p *claudeParser) rateLimit(l claudeLine, raw string) []Observation {
 		o.ResetAt = time.Unix(info.ResetsAt, 0).UTC()
 		p.rejectedReset = o.ResetAt
 	}
-	return []Observation{o}
+	return []agent.Event{o}
 }
 
-// ClaudeCategory maps a Claude Code tool name to its category (see
-// Observation.Category).
-func ClaudeCategory(name string) string {
+// category maps a Claude Code tool name to its category (see
+// agent.Event.Category).
+func category(name string) string {
 	switch name {
 	case "Bash", "BashOutput", "KillShell", "KillBash":
 		return "shell"

@@ -1,0 +1,153 @@
+package agentworker
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/loopbus/loopbus/agent"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
+	"github.com/loopbus/loopbus/workspace/procrun"
+)
+
+// outcome is what an agent's events said about its run.
+type outcome struct {
+	usage    schemas.Usage
+	hasUsage bool
+	// failure is the agent's own error report (codex turn.failed, a claude
+	// error result), empty when it reported none.
+	failure string
+	// rateLimit is the agent's usage- or rate-limit message, empty when
+	// none was hit; resetAt is when it lifts, if it said.
+	rateLimit string
+	resetAt   time.Time
+	// ignored counts lines of types loopbus does not know.
+	ignored int
+	// publishErr is the first event that could not be published.
+	publishErr error
+}
+
+// runAgent runs jr's agent with backend b under run, in ws with env. Each
+// event it reports is published as it comes (with ctx): tool calls →
+// tool.started/tool.completed with the lane from the lane table, text →
+// agent.message; usage, failures and limits go into the outcome. Every
+// text is masked with sec. The first publish that fails is kept in the
+// outcome (the caller hands the job back). A tool of a lane this worker
+// lacks ends run through stop with a *laneError; backends that can are told
+// not to use those tools in the first place. The error is the backend's:
+// the agent could not be started.
+func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFunc, b agent.Backend, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (agent.Result, *outcome, error) {
+	out := &outcome{}
+	d := strconv.FormatUint(delivery, 10)
+	publish := func(ctx context.Context, typ string, data any, idParts ...string) {
+		if out.publishErr != nil {
+			return
+		}
+		if _, err := s.bus.Publish(ctx, s.event(req, typ, data, append([]string{jr.JobID, d}, idParts...)...)); err != nil {
+			out.publishErr = err
+		}
+	}
+	names := map[string]string{} // tool id → masked name, for the end
+	messages := 0
+	stopped := false
+	emit := func(o agent.Event) {
+		switch o.Kind {
+		case agent.KindToolStart:
+			name := nonEmpty(sec.Mask(o.Name), "tool")
+			names[o.ToolID] = name
+			lane := s.lanes.Lane(o.Name, o.Category)
+			publish(ctx, schemas.TypeToolStarted, &schemas.ToolStarted{
+				JobID: jr.JobID, ToolID: toolID(jr.JobID, d, o.ToolID), Name: name, Lane: lane, Input: sec.Mask(o.Input),
+			}, "tool", o.ToolID, "started")
+			if !s.has[lane] && !stopped {
+				stopped = true
+				s.log.Warn().Str("session", req.Session).Str("job", jr.JobID).Str("tool", name).Str("lane", lane).
+					Msg("the agent used a tool of a lane this worker does not run: killing it")
+				stop(&laneError{tool: name, lane: lane, has: s.cfg.Lanes})
+			}
+		case agent.KindToolEnd:
+			name := nonEmpty(names[o.ToolID], nonEmpty(sec.Mask(o.Name), "tool"))
+			status := "ok"
+			switch {
+			case o.TimedOut:
+				status = "timeout"
+			case o.IsError:
+				status = "error"
+			}
+			// Published even while the worker shuts down, so that the
+			// tool.started has its end.
+			publish(context.WithoutCancel(ctx), schemas.TypeToolCompleted, &schemas.ToolCompleted{
+				JobID: jr.JobID, ToolID: toolID(jr.JobID, d, o.ToolID), Name: name, Lane: s.lanes.Lane(o.Name, o.Category), Status: status,
+				ExitCode: o.ExitCode, DurationMs: o.Duration.Milliseconds(), Error: sec.Mask(o.Error),
+				// An output may be the end of the agent's output (exec's):
+				// masked as a tail, cut by a secret or not.
+				Output: sec.MaskTail(o.Output, procrun.DefaultTailBytes),
+			}, "tool", o.ToolID, "completed")
+		case agent.KindMessage:
+			messages++
+			publish(ctx, schemas.TypeAgentMessage, &schemas.AgentMessage{JobID: jr.JobID, Text: sec.Mask(o.Text)}, "message", strconv.Itoa(messages))
+		case agent.KindUsage:
+			out.hasUsage = true
+			out.usage.InputTokens += o.Usage.InputTokens + o.Usage.CacheReadTokens + o.Usage.CacheWriteTokens
+			out.usage.OutputTokens += o.Usage.OutputTokens
+			out.usage.CostUSD += o.Usage.CostUSD
+		case agent.KindRateLimit:
+			out.rateLimit = nonEmpty(sec.Mask(o.Text), "usage or rate limit reached")
+			if !o.ResetAt.IsZero() {
+				out.resetAt = o.ResetAt
+			}
+		case agent.KindFailure:
+			out.failure = nonEmpty(sec.Mask(o.Text), "the agent reported an error")
+		case agent.KindUnknown:
+			out.ignored++
+		}
+	}
+	var forbidden []string
+	if len(s.lacks) > 0 {
+		forbidden = s.lanes.Keys(s.lacks...)
+	}
+	res, err := b.Run(run, agent.Job{
+		Spec:    jr.Agent,
+		Dir:     ws.Root,
+		Env:     env,
+		Prompt:  jr.Prompt,
+		Timeout: time.Duration(jr.TimeoutMs) * time.Millisecond,
+		// Room for a secret cut by the tail's start: mask first, then cut.
+		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
+		Forbidden: forbidden,
+	}, emit)
+	res.Tail = sec.MaskTail(res.Tail, procrun.DefaultTailBytes)
+	if out.ignored > 0 {
+		s.log.Debug().Str("job", jr.JobID).Int("lines", out.ignored).Msg("ignored agent event lines of unknown types")
+	}
+	return res, out, err
+}
+
+// toolID names a tool call of one delivery of a job.
+func toolID(job, delivery, id string) string {
+	return schemas.DeterministicID(job, delivery, "tool", id)
+}
+
+func nonEmpty(s, otherwise string) string {
+	if s == "" {
+		return otherwise
+	}
+	return s
+}
+
+// usageRef is the reported usage, nil when none was (or o is nil).
+func (o *outcome) usageRef() *schemas.Usage {
+	if o == nil || !o.hasUsage {
+		return nil
+	}
+	u := o.usage
+	return &u
+}
+
+func (o *outcome) ignoredLines() int {
+	if o == nil {
+		return 0
+	}
+	return o.ignored
+}

@@ -1,0 +1,90 @@
+package tui
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/loopbus/loopbus/backlog"
+	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// Started says in one line (two or more for a backlog whose task file
+// needs repair) what a submission started: the session of pipeline p over
+// input, or, when sub is not nil, the session of backlog p over its task
+// file input and how it begins.
+func Started(p schemas.Pipeline, session, input string, sub *client.BacklogSubmission) string {
+	if sub == nil {
+		return fmt.Sprintf("session %s: pipeline %s, %d steps", session, p.Name, len(p.Steps))
+	}
+	head := fmt.Sprintf("session %s: backlog %s", session, p.Name)
+	switch sub.Phase {
+	case schemas.PhaseIterate:
+		return fmt.Sprintf("%s, %d tasks imported from %s", head, sub.Tasks, input)
+	case schemas.PhaseRepair:
+		return fmt.Sprintf("%s: %s is invalid, a repair run fixes it first:\n  %s", head, input,
+			strings.ReplaceAll(backlog.FormatErrors(sub.Problems), "\n", "\n  "))
+	}
+	return head + ": no tasks yet, a bootstrap run proposes them"
+}
+
+// End is how a followed session ended.
+type End int
+
+const (
+	// Completed: the session completed.
+	Completed End = iota
+	// Failed: the session failed.
+	Failed
+	// StoppedByBudget: the session's budget stopped it.
+	StoppedByBudget
+)
+
+// WriteEnd writes why a followed session did not complete (nothing when
+// it did) and says how it ended.
+func WriteEnd(w io.Writer, m *projections.Manifest) End {
+	switch {
+	case m.Status == projections.StatusFailed:
+		fmt.Fprintf(w, "session %s failed: %s\n", m.ContentID, m.Error)
+		return Failed
+	case m.StoppedByBudget():
+		fmt.Fprintf(w, "session %s stopped: %s\n", m.ContentID, m.Hold.Reason)
+		return StoppedByBudget
+	}
+	return Completed
+}
+
+// WriteFinal tells where a completed session's results are: the paths
+// written when its final artifacts went to a directory (written), else
+// their names and sizes and the export command that fetches them (global
+// are the connection flags that command needs, e.g. " --data DIR").
+// Nothing for a session that did not complete or has no final artifacts.
+func WriteFinal(w io.Writer, m *projections.Manifest, written []string, global string) {
+	switch {
+	case m.Status != projections.StatusCompleted || len(m.Final) == 0:
+	case written != nil:
+		fmt.Fprintf(w, "final artifacts written: %s\n", strings.Join(written, ", "))
+	default:
+		names := make([]string, len(m.Final))
+		for i, a := range m.Final {
+			names[i] = fmt.Sprintf("%s (%d bytes)", a.Name, a.Size)
+		}
+		fmt.Fprintf(w, "final artifacts: %s\nget them with: loopbus export %s --dir DIR%s   (or next time: run --out DIR)\n", strings.Join(names, ", "), m.ContentID, global)
+	}
+}
+
+// WriteChecks writes doctor's checks, one line each ("ok  " or "FAIL",
+// the name, the detail), and reports whether all passed.
+func WriteChecks(w io.Writer, checks []client.Check) bool {
+	ok := true
+	for _, c := range checks {
+		status := "ok  "
+		if !c.OK {
+			status, ok = "FAIL", false
+		}
+		fmt.Fprintf(w, "%s  %-22s %s\n", status, c.Name, c.Detail)
+	}
+	return ok
+}
