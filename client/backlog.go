@@ -49,7 +49,7 @@ func SubmitBacklog(ctx context.Context, b Bus, p schemas.Pipeline, tasksPath, se
 			return sub, fmt.Errorf("%w: task file name: %v (rename the file)", ErrBadInput, err)
 		}
 		var err error
-		if data, err = readRegular(tasksPath); err != nil {
+		if data, err = ReadRegular(tasksPath); err != nil {
 			return sub, err
 		}
 	} else {
@@ -85,7 +85,7 @@ func SubmitBacklog(ctx context.Context, b Bus, p schemas.Pipeline, tasksPath, se
 			return sub, fmt.Errorf("%w: source file %s has the name of %s; agents see both in in/ (rename one)", ErrBadInput, src, other)
 		}
 		seen[base] = "source file " + src
-		data, err := readRegular(path)
+		data, err := ReadRegular(path)
 		if err != nil {
 			return sub, err
 		}
@@ -115,8 +115,9 @@ func SubmitBacklog(ctx context.Context, b Bus, p schemas.Pipeline, tasksPath, se
 	return sub, err
 }
 
-// readRegular reads a regular file, refusing anything else.
-func readRegular(path string) ([]byte, error) {
+// ReadRegular reads a regular file named by a user, refusing anything
+// else (a directory, a device, a pipe); errors wrap ErrBadInput.
+func ReadRegular(path string) ([]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadInput, err)
@@ -136,4 +137,27 @@ func orElse(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// RunInput checks the files a run of p names: a pipeline's input file
+// (required, and it must exist), or a backlog's task file (tasks; "" lets
+// the bootstrap agent propose tasks). It returns the file to submit.
+// Errors wrap ErrBadInput and name the run flags (--input, --tasks).
+func RunInput(p schemas.Pipeline, input, tasks string) (string, error) {
+	if p.Kind == schemas.KindBacklog {
+		if input != "" {
+			return "", fmt.Errorf("%w: run: %s is a backlog: give its task file with --tasks FILE (or nothing, to bootstrap one), not --input", ErrBadInput, p.Source)
+		}
+		return tasks, nil
+	}
+	switch {
+	case tasks != "":
+		return "", fmt.Errorf("%w: run: --tasks is for backlogs (kind: backlog); %s is a pipeline", ErrBadInput, p.Source)
+	case input == "":
+		return "", fmt.Errorf("%w: run: --input FILE is required", ErrBadInput)
+	}
+	if _, err := os.Stat(input); err != nil {
+		return "", fmt.Errorf("%w: run: input: %w", ErrBadInput, err)
+	}
+	return input, nil
 }

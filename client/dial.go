@@ -179,12 +179,18 @@ func (c *Client) Replay(ctx context.Context, session string, until Until) (*proj
 }
 
 // Export writes a session's manifest, events and artifacts into dir (see
-// the Export function).
+// the Export function) and, for a backlog session, its task list as it was
+// at the manifest's last event (to-do.json, see ExportTasks).
 func (c *Client) Export(ctx context.Context, session, dir string) (*projections.Manifest, error) {
 	if err := c.exists(ctx, session); err != nil {
 		return nil, err
 	}
-	return Export(ctx, c.b, session, dir)
+	m, err := Export(ctx, c.b, session, dir)
+	if err != nil {
+		return nil, err
+	}
+	_, err = ExportTasks(ctx, c.b, session, dir, m.LastSeq)
+	return m, err
 }
 
 // WriteFinal writes the final artifacts of a completed session into dir

@@ -32,6 +32,19 @@ func EnvName(flag string) string {
 	return "LOOPBUS_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// DefaultDataDir is where the embedded NATS server keeps its data when no
+// --data is given: $XDG_DATA_HOME/loopbus, else ~/.local/share/loopbus,
+// else .loopbus.
+func DefaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "loopbus")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "share", "loopbus")
+	}
+	return ".loopbus"
+}
+
 // Files are the config files, lowest precedence first: the user's
 // (<user config dir>/loopbus/config.yaml) and the project's (.loopbus.yaml
 // in the working directory).

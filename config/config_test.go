@@ -163,3 +163,16 @@ func TestApplyLayersPrecedence(t *testing.T) {
 		t.Errorf("EnvName: %s, %s", EnvName("nats"), EnvName("log-level"))
 	}
 }
+
+func TestDefaultDataDir(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", "/srv/data")
+	if got := DefaultDataDir(); got != filepath.Join("/srv/data", "loopbus") {
+		t.Errorf("with XDG_DATA_HOME: %s", got)
+	}
+	t.Setenv("XDG_DATA_HOME", "")
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	if got := DefaultDataDir(); got != filepath.Join(home, ".local", "share", "loopbus") {
+		t.Errorf("without XDG_DATA_HOME: %s", got)
+	}
+}

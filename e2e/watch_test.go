@@ -284,7 +284,9 @@ func startInTerminal(t *testing.T, args ...string) *ptyCommand {
 // waitFor waits until the terminal showed s.
 func (tt *ptyCommand) waitFor(t *testing.T, s string) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	// Longer than the screen's wait for an acknowledgement (45 s), so a
+	// slow orchestrator on a loaded machine shows "applied", not a timeout.
+	deadline := time.Now().Add(90 * time.Second)
 	for !strings.Contains(tt.out.String(), s) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the terminal does not show %q; it shows:\n%q", s, tt.out.String())

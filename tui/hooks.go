@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/loopbus/loopbus/hooks"
@@ -35,4 +36,30 @@ func WriteHookRun(w io.Writer, at time.Time, r hooks.Run) {
 func hookTailLine(text string) string {
 	lines := strings.Split(strings.TrimSpace(text), "\n")
 	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// HookLog writes what a hook runner does on w: a line per run (see
+// WriteHookRun) and one when it waits for events. It is safe for
+// concurrent use.
+type HookLog struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+// NewHookLog returns a HookLog writing to w.
+func NewHookLog(w io.Writer) *HookLog { return &HookLog{w: w} }
+
+// Run writes one run, stamped now.
+func (l *HookLog) Run(r hooks.Run) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	WriteHookRun(l.w, time.Now(), r)
+}
+
+// Ready says the runner's consumer exists and which subjects it reads:
+// events stored before it (with start new) run no hooks.
+func (l *HookLog) Ready(durable string, hookCount int, subjects []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, "hooks: waiting for events (consumer %s, %d hook(s), subjects %s)\n", durable, hookCount, strings.Join(subjects, " "))
 }

@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/loopbus/loopbus/agentworker"
@@ -50,25 +47,14 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			} else if err := schemas.ValidateSessionID(session); err != nil {
 				return usageErr(err)
 			}
-			if p.Kind == schemas.KindBacklog {
-				if input != "" {
-					return usageErr(fmt.Errorf("run: %s is a backlog: give its task file with --tasks FILE (or nothing, to bootstrap one), not --input", args[0]))
-				}
-				return g.submitAndFollow(cmd.Context(), submitter(p, tasks, session, sb), session, detach, asJSON, workers, out)
-			}
-			if tasks != "" {
-				return usageErr(fmt.Errorf("run: --tasks is for backlogs (kind: backlog); %s is a pipeline", args[0]))
-			}
-			if input == "" {
-				return usageErr(errors.New("run: --input FILE is required"))
-			}
-			if _, err := os.Stat(input); err != nil {
-				return usageErr(fmt.Errorf("run: input: %w", err))
+			file, err := client.RunInput(p, input, tasks)
+			if err != nil {
+				return usageErr(err)
 			}
 			if detach && out != "" {
 				return usageErr(errors.New("run: --out needs the session followed to its end; it cannot go with --detach (use 'loopbus export SESSION --dir DIR' later)"))
 			}
-			return g.submitAndFollow(cmd.Context(), submitter(p, input, session, sb), session, detach, asJSON, workers, out)
+			return g.submitAndFollow(cmd.Context(), submitter(p, file, session, sb), session, detach, asJSON, workers, out)
 		},
 	}
 	cmd.Flags().StringVar(&input, "input", "", "input file (required for pipelines)")
@@ -135,11 +121,11 @@ func (g *globals) submitAndFollow(ctx context.Context, submit submit, session st
 	if err != nil {
 		return err
 	}
-	defer c.close(g.stderr)
-	if detach && c.ownsServer() {
+	defer g.disconnect(c)
+	if detach && c.OwnsServer() {
 		return usageErr(errors.New("run --detach: no loopbus server runs on the data directory, so nothing would work on the session after this command exits; start 'loopbus serve' first or pass --nats"))
 	}
-	what, err := submit(ctx, c.bus)
+	what, err := submit(ctx, c.Bus)
 	if err != nil {
 		if errors.Is(err, client.ErrBadInput) || errors.Is(err, client.ErrSessionExists) {
 			return usageErr(err)
@@ -160,7 +146,7 @@ func (g *globals) submitAndFollow(ctx context.Context, submit submit, session st
 // follow watches a session to its end. In embedded mode (no --nats) it also
 // runs every service in-process, so the session progresses whoever started
 // the server; extra replicas are safe (shared consumers, guarded decisions).
-func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bool, workers int, out string, log zerolog.Logger) error {
+func (g *globals) follow(ctx context.Context, c *serve.Conn, session string, asJSON bool, workers int, out string, log zerolog.Logger) error {
 	var set serve.Services // none: with --nats, services run elsewhere
 	if g.natsURL == "" {
 		// The in-process worker runs every lane (nothing else would run the
@@ -172,12 +158,12 @@ func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bo
 		set = serve.All(workers)
 		set.Worker.LaneTable = table
 	}
-	sctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	sctx, stop := notifyContext(ctx)
 	defer stop()
 	var final *projections.Manifest
 	view, stopView := followView(g.stderr, c)
-	err := set.Run(sctx, c.bus, log, func(ctx context.Context) (err error) {
-		final, err = client.Watch(ctx, c.bus, session, view)
+	err := set.Run(sctx, c.Bus, log, func(ctx context.Context) (err error) {
+		final, err = client.Watch(ctx, c.Bus, session, view)
 		return err
 	})
 	stopView()
@@ -191,15 +177,13 @@ func (g *globals) follow(ctx context.Context, c *conn, session string, asJSON bo
 		return fmt.Errorf("session %s: no events", session)
 	}
 	if asJSON {
-		enc := json.NewEncoder(g.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(final); err != nil {
+		if err := tui.WriteStatus(g.stdout, final, true, time.Now()); err != nil {
 			return err
 		}
 	}
 	var written []string
 	if out != "" && final.Status == projections.StatusCompleted {
-		if written, err = client.WriteFinal(ctx, c.bus, final, out); err != nil {
+		if written, err = client.WriteFinal(ctx, c.Bus, final, out); err != nil {
 			return fmt.Errorf("--out %s: %w", out, err)
 		}
 	}
@@ -216,22 +200,12 @@ func newWaitCmd(g *globals) *cobra.Command {
 		Short: "Follow a session until it ends (resuming it in-process in embedded mode)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := schemas.ValidateSessionID(args[0]); err != nil {
-				return usageErr(err)
-			}
-			ctx := cmd.Context()
-			log := g.logger(zerolog.WarnLevel)
-			c, err := g.connect(ctx, "wait", log, false)
-			if err != nil {
-				return err
-			}
-			defer c.close(g.stderr)
-			if last, err := c.bus.SessionLastSeq(ctx, args[0]); err != nil {
-				return err
-			} else if last == 0 {
-				return usageErr(fmt.Errorf("%w: %s", client.ErrNoSession, args[0]))
-			}
-			return g.follow(ctx, c, args[0], asJSON, workers, out, log)
+			return g.withConn(cmd, "wait", func(ctx context.Context, c *serve.Conn) error {
+				if err := client.Exists(ctx, c.Bus, args[0]); err != nil {
+					return err
+				}
+				return g.follow(ctx, c, args[0], asJSON, workers, out, g.logger(zerolog.WarnLevel))
+			})
 		},
 	}
 	cmd.Flags().StringVar(&out, "out", "", "when the session completes, write its final artifacts into this directory (created if missing)")
@@ -240,17 +214,31 @@ func newWaitCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// readOnly runs fn with a bus for a command that only reads.
+// readOnly runs fn with a bus for a command; refusals (unknown session,
+// invalid request, not a backlog, ended session) are usage errors.
 func (g *globals) readOnly(cmd *cobra.Command, fn func(ctx context.Context, b *bus.Bus) error) error {
+	return g.withBus(cmd, cmd.Name(), fn)
+}
+
+// withBus is readOnly for a command whose events come from source
+// loopbus/<name>/….
+func (g *globals) withBus(cmd *cobra.Command, name string, fn func(ctx context.Context, b *bus.Bus) error) error {
+	return g.withConn(cmd, name, func(ctx context.Context, c *serve.Conn) error { return fn(ctx, c.Bus) })
+}
+
+// withConn is withBus with the whole connection.
+func (g *globals) withConn(cmd *cobra.Command, name string, fn func(ctx context.Context, c *serve.Conn) error) error {
 	ctx := cmd.Context()
-	c, err := g.connect(ctx, cmd.Name(), g.logger(zerolog.WarnLevel), false)
+	c, err := g.connect(ctx, name, g.logger(zerolog.WarnLevel), false)
 	if err != nil {
 		return err
 	}
-	defer c.close(g.stderr)
-	err = fn(ctx, c.bus)
-	if errors.Is(err, client.ErrNoSession) || errors.Is(err, client.ErrBadInput) {
-		return usageErr(err)
+	defer g.disconnect(c)
+	err = fn(ctx, c)
+	for _, refusal := range []error{client.ErrNoSession, client.ErrBadInput, client.ErrNotBacklog, client.ErrSessionEnded} {
+		if errors.Is(err, refusal) {
+			return usageErr(err)
+		}
 	}
 	return err
 }
@@ -294,27 +282,31 @@ task list (as 'loopbus tasks' does); --json prints the manifest, or with
 					return usageErr(err)
 				}
 			}
-			if err := schemas.ValidateSessionID(args[0]); err != nil {
-				return usageErr(err)
-			}
-			if tasks {
-				return g.withTasks(cmd, func(ctx context.Context, b *bus.Bus) error {
-					v, err := client.ReplayTasks(ctx, b, args[0], u)
+			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
+				if err := client.Exists(ctx, b, args[0]); err != nil {
+					return err
+				}
+				if !tasks {
+					m, err := client.Replay(ctx, b, args[0], u)
 					if err != nil {
 						return err
 					}
-					return tui.WriteTasks(g.stdout, v, tui.TaskListing{JSON: asJSON})
-				})
-			}
-			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
-				m, err := client.Replay(ctx, b, args[0], u)
-				if err != nil {
-					return err
+					if err := tui.WriteStatus(g.stdout, m, asJSON, time.Now()); err != nil || asJSON {
+						return err
+					}
+					// A backlog's task list as it was at the same point follows.
+					u = client.Until{Seq: m.LastSeq}
 				}
-				if err := tui.WriteStatus(g.stdout, m, asJSON, time.Now()); err != nil || asJSON {
+				v, err := client.ReplayTasks(ctx, b, args[0], u)
+				switch {
+				case !tasks && errors.Is(err, client.ErrNotBacklog):
+					return nil
+				case err != nil:
 					return err
+				case !tasks:
+					fmt.Fprintln(g.stdout)
 				}
-				return replayTasks(ctx, g.stdout, b, m)
+				return tui.WriteTasks(g.stdout, v, tui.TaskListing{JSON: asJSON && tasks})
 			})
 		},
 	}
@@ -334,16 +326,9 @@ func newExportCmd(g *globals) *cobra.Command {
 			if dir == "" {
 				return usageErr(errors.New("export: --dir DIR is required"))
 			}
-			if err := schemas.ValidateSessionID(args[0]); err != nil {
-				return usageErr(err)
-			}
 			return g.readOnly(cmd, func(ctx context.Context, b *bus.Bus) error {
-				m, err := client.Export(ctx, b, args[0], dir)
+				m, err := client.New(b).Export(ctx, args[0], dir)
 				if err != nil {
-					return err
-				}
-				// A backlog's task list as it was at the manifest's last event.
-				if _, err := client.ExportTasks(ctx, b, args[0], dir, m.LastSeq); err != nil {
 					return err
 				}
 				fmt.Fprintf(g.stderr, "exported session %s (%s) to %s\n", args[0], m.Status, dir)
@@ -481,7 +466,7 @@ own --data and --listen, and use --replicas 3 with the services, e.g.
 				ready = ready.Str("cluster", srv.Server().ClusterName()).Str("cluster_listen", cl.String())
 			}
 			ready.Msg("NATS ready")
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := notifyContext(cmd.Context())
 			defer stop()
 			<-ctx.Done()
 			return nil
@@ -569,14 +554,14 @@ func (g *globals) runServices(ctx context.Context, name string, set serve.Servic
 // error after the signal is no error.
 func (g *globals) runService(ctx context.Context, name string, fn func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error) error {
 	log := g.logger(zerolog.InfoLevel).With().Str("process", name).Logger()
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyContext(ctx)
 	defer stop()
 	c, err := g.connect(ctx, name, log, true)
 	if err != nil {
 		return err
 	}
-	defer c.close(g.stderr)
-	if err := fn(ctx, c.bus, log); err != nil && ctx.Err() == nil {
+	defer g.disconnect(c)
+	if err := fn(ctx, c.Bus, log); err != nil && ctx.Err() == nil {
 		return err
 	}
 	return nil

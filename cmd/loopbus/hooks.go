@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
@@ -56,21 +54,10 @@ hook.* events never run hooks. One line per run is printed on stderr.`,
 func (g *globals) runHooks(cmd *cobra.Command, cfg hooks.Config) error {
 	// Each run is printed as a line; the log adds detail at --log-level info.
 	log := g.logger(zerolog.WarnLevel).With().Str("process", "hooks").Logger()
-	var mu sync.Mutex
-	cfg.OnRun = func(r hooks.Run) {
-		mu.Lock()
-		defer mu.Unlock()
-		tui.WriteHookRun(g.stderr, time.Now(), r)
-	}
-	// Say when the consumer exists: with start new, events stored before
-	// that do not run hooks.
+	out := tui.NewHookLog(g.stderr)
+	cfg.OnRun = out.Run
 	var s *hooks.Service
-	cfg.OnReady = func() {
-		mu.Lock()
-		defer mu.Unlock()
-		fmt.Fprintf(g.stderr, "hooks: waiting for events (consumer %s, %d hook(s), subjects %s)\n",
-			cfg.Durable(), len(cfg.Hooks), strings.Join(s.Subjects(), " "))
-	}
+	cfg.OnReady = func() { out.Ready(cfg.Durable(), len(cfg.Hooks), s.Subjects()) }
 	return g.runService(cmd.Context(), "hooks", func(ctx context.Context, b *bus.Bus, _ zerolog.Logger) error {
 		var err error
 		if s, err = hooks.New(cfg, b, log.With().Str("service", "hooks").Logger(), time.Now); err != nil {

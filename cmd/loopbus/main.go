@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -40,16 +39,14 @@ func (u usageError) Unwrap() error { return u.err }
 
 func usageErr(err error) error { return usageError{err} }
 
-// errFailed exits with code 1 after the reason was already printed (a
-// failed session, failed doctor checks).
-var errFailed = errors.New("failed")
-
-// errStopped exits with code 3 after the reason was already printed (a
-// session stopped by its budget).
-var errStopped = errors.New("stopped")
-
-// errInterrupted exits with code 130 after a signal.
-var errInterrupted = errors.New("interrupted")
+// Errors that exit with their own code once the reason is printed:
+// errFailed 1 (a failed session, failed doctor checks), errStopped 3 (a
+// session stopped by its budget), errInterrupted 130 (a signal).
+var (
+	errFailed      = errors.New("failed")
+	errStopped     = errors.New("stopped")
+	errInterrupted = errors.New("interrupted")
+)
 
 func main() {
 	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
@@ -107,16 +104,6 @@ type globals struct {
 	maxBytes     int64
 }
 
-func defaultDataDir() string {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "loopbus")
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(home, ".local", "share", "loopbus")
-	}
-	return ".loopbus"
-}
-
 func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "loopbus",
@@ -147,7 +134,7 @@ server another loopbus command already runs there).`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.natsURL, "nats", "", "NATS server URL(s); empty starts NATS embedded on --data (env LOOPBUS_NATS_URL)")
-	pf.StringVar(&g.dataDir, "data", defaultDataDir(), "data directory of the embedded NATS server (env LOOPBUS_DATA)")
+	pf.StringVar(&g.dataDir, "data", config.DefaultDataDir(), "data directory of the embedded NATS server (env LOOPBUS_DATA)")
 	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info for services, warn for run)")
 	pf.StringVar(&g.user, "user", "", "NATS user")
 	pf.StringVar(&g.password, "password", "", "NATS password")
@@ -210,37 +197,25 @@ func (g *globals) embeddedConfig(listen string) bus.EmbeddedConfig {
 	}
 }
 
-// conn is an open bus plus the embedded server this command started, if any.
-type conn struct {
-	*serve.Conn
-	bus *bus.Bus
-}
-
-// ownsServer reports whether this process started the NATS server.
-func (c *conn) ownsServer() bool { return c.OwnsServer() }
-
-// close closes the bus; an embedded server this command started keeps
+// disconnect closes c; an embedded server this command started keeps
 // serving other commands on its data directory until they finish or a
 // signal comes.
-func (c *conn) close(stderr io.Writer) {
-	ctx, stop := notifyContext()
+func (g *globals) disconnect(c *serve.Conn) {
+	ctx, stop := notifyContext(context.Background())
 	defer stop()
 	c.Close(ctx, func() {
-		fmt.Fprintf(stderr, "other loopbus commands still use this data directory's server; serving until they finish (Ctrl-C to stop now)\n")
+		fmt.Fprintf(g.stderr, "other loopbus commands still use this data directory's server; serving until they finish (Ctrl-C to stop now)\n")
 	})
 }
 
 // connect opens the bus: to --nats if given, else to the server on the data
 // directory, starting one embedded if none runs. service selects the
 // connection behaviour of long-running services (see busConfig).
-func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger, service bool) (*conn, error) {
-	c, err := serve.Open(ctx, g.busConfig(name, service), g.embeddedConfig(""), serve.SourceName(name), log)
-	if err != nil {
-		return nil, err
-	}
-	return &conn{Conn: c, bus: c.Bus}, nil
+func (g *globals) connect(ctx context.Context, name string, log zerolog.Logger, service bool) (*serve.Conn, error) {
+	return serve.Open(ctx, g.busConfig(name, service), g.embeddedConfig(""), serve.SourceName(name), log)
 }
 
-func notifyContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+// notifyContext is ctx ended also by SIGINT or SIGTERM.
+func notifyContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 }

@@ -24,12 +24,12 @@ func newDoctorCmd(g *globals) *cobra.Command {
 				tui.WriteChecks(g.stdout, []client.Check{{Name: "nats", Detail: err.Error()}})
 				return errFailed
 			}
-			defer c.close(g.stderr)
-			where := "server at " + c.bus.ServerURL()
-			if c.ownsServer() {
+			defer g.disconnect(c)
+			where := "server at " + c.Bus.ServerURL()
+			if c.OwnsServer() {
 				where = "embedded on " + g.dataDir
 			}
-			checks := client.Doctor(ctx, c.bus, where)
+			checks := client.Doctor(ctx, c.Bus, where)
 			if g.natsURL == "" {
 				dc := client.Check{Name: "data directory", OK: true, Detail: g.dataDir}
 				if err := os.MkdirAll(g.dataDir, 0o700); err != nil {

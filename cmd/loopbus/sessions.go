@@ -6,6 +6,7 @@ import (
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/config"
 	"github.com/loopbus/loopbus/tui"
 	"github.com/spf13/cobra"
 )
@@ -47,7 +48,7 @@ func (g *globals) where() string {
 	switch {
 	case g.natsURL != "":
 		return " --nats " + g.natsURL
-	case g.dataDir != defaultDataDir():
+	case g.dataDir != config.DefaultDataDir():
 		return " --data " + g.dataDir
 	}
 	return ""

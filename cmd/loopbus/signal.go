@@ -75,9 +75,9 @@ func (g *globals) signal(ctx context.Context, req client.SignalRequest, wait tim
 	if err != nil {
 		return err
 	}
-	defer c.close(g.stderr)
+	defer g.disconnect(c)
 	opts := client.SignalReport{Wait: wait, Now: time.Now()}
-	if c.ownsServer() {
+	if c.OwnsServer() {
 		// This command started the server, so no orchestrator is
 		// connected to it: nothing could answer.
 		opts.NoAnswer = func(dests []client.SignalDest) string {
@@ -88,10 +88,10 @@ func (g *globals) signal(ctx context.Context, req client.SignalRequest, wait tim
 			return fmt.Sprintf("no orchestrator runs on this data directory; 'loopbus serve' or 'loopbus wait %s' runs one", session)
 		}
 	}
-	sigCtx, stop := notifyContext()
+	sigCtx, stop := notifyContext(context.Background())
 	defer stop()
 	opts.Interrupt = sigCtx
-	err = client.Report(ctx, c.bus, req, opts, func(r client.SignalResult) { _ = tui.WriteSignalResult(g.stdout, r, asJSON) })
+	err = client.Report(ctx, c.Bus, req, opts, func(r client.SignalResult) { _ = tui.WriteSignalResult(g.stdout, r, asJSON) })
 	switch {
 	case errors.Is(err, client.ErrNoneRunning):
 		fmt.Fprintln(g.stderr, err)

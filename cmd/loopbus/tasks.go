@@ -4,17 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 
 	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/client"
-	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/tui"
-	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
 
@@ -31,7 +27,7 @@ func newTasksCmd(g *globals) *cobra.Command {
 			if err := listing.Validate(); err != nil {
 				return usageErr(err)
 			}
-			return g.withTasks(cmd, func(ctx context.Context, b *bus.Bus) error {
+			return g.withBus(cmd, "tasks", func(ctx context.Context, b *bus.Bus) error {
 				v, err := client.Tasks(ctx, b, args[0])
 				if err != nil {
 					return err
@@ -85,25 +81,6 @@ into account in its next decision. validate and fmt work on task files
 	return cmd
 }
 
-// withTasks runs fn with a bus; refusals of the task commands (unknown
-// session, not a backlog, ended session, invalid request) are usage errors.
-func (g *globals) withTasks(cmd *cobra.Command, fn func(ctx context.Context, b *bus.Bus) error) error {
-	ctx := cmd.Context()
-	// The events the commands publish come from source loopbus/tasks/….
-	c, err := g.connect(ctx, "tasks", g.logger(zerolog.WarnLevel), false)
-	if err != nil {
-		return err
-	}
-	defer c.close(g.stderr)
-	err = fn(ctx, c.bus)
-	for _, refusal := range []error{client.ErrNoSession, client.ErrBadInput, client.ErrNotBacklog, client.ErrSessionEnded} {
-		if errors.Is(err, refusal) {
-			return usageErr(err)
-		}
-	}
-	return err
-}
-
 func newTasksAddCmd(g *globals) *cobra.Command {
 	var task schemas.Task
 	var reason string
@@ -119,7 +96,7 @@ func newTasksAddCmd(g *globals) *cobra.Command {
 			if task.Priority < 0 {
 				return usageErr(fmt.Errorf("tasks add: --priority %d: want 1 (highest) or more, or 0 for none", task.Priority))
 			}
-			return g.withTasks(cmd, func(ctx context.Context, b *bus.Bus) error {
+			return g.withBus(cmd, "tasks", func(ctx context.Context, b *bus.Bus) error {
 				c, err := client.AddTask(ctx, b, args[0], task, reason)
 				if err != nil {
 					return err
@@ -164,7 +141,7 @@ another task is done or added; todo makes it selectable at once.`,
 			if cmd.Flags().Changed("blocker") {
 				bl = blockers
 			}
-			return g.withTasks(cmd, func(ctx context.Context, b *bus.Bus) error {
+			return g.withBus(cmd, "tasks", func(ctx context.Context, b *bus.Bus) error {
 				c, err := client.SetTaskStatus(ctx, b, args[0], args[1], args[2], reason, bl)
 				if err != nil {
 					return err
@@ -179,18 +156,6 @@ another task is done or added; todo makes it selectable at once.`,
 	return cmd
 }
 
-// readTaskFile reads a task file named on the command line.
-func readTaskFile(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, usageErr(err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, usageErr(fmt.Errorf("%s is not a regular file", path))
-	}
-	return os.ReadFile(path)
-}
-
 func newTasksValidateCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "validate FILE",
@@ -201,9 +166,9 @@ repair, review), known dependencies and no dependency cycle (named as a
 path). Every problem is printed with its JSON pointer.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			data, err := readTaskFile(args[0])
+			data, err := client.ReadRegular(args[0])
 			if err != nil {
-				return err
+				return usageErr(err)
 			}
 			f, errs := backlog.ParseFile(args[0], data)
 			if len(errs) > 0 {
@@ -234,9 +199,9 @@ lose them. Other problems are left to 'tasks validate'.`,
 				return usageErr(errors.New("tasks fmt: --check and -w exclude each other"))
 			}
 			path := args[0]
-			data, err := readTaskFile(path)
+			data, err := client.ReadRegular(path)
 			if err != nil {
-				return err
+				return usageErr(err)
 			}
 			out, formatted, problems := client.FormatTaskFile(path, data)
 			if len(problems) > 0 {
@@ -273,7 +238,7 @@ func newTasksExportCmd(g *globals) *cobra.Command {
 		Short: "Write a backlog session's task list as a task file (to-do.json)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withTasks(cmd, func(ctx context.Context, b *bus.Bus) error {
+			return g.withBus(cmd, "tasks", func(ctx context.Context, b *bus.Bus) error {
 				v, err := client.Tasks(ctx, b, args[0])
 				if err != nil {
 					return err
@@ -293,19 +258,4 @@ func newTasksExportCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "file to write (replaced atomically); default stdout")
 	return cmd
-}
-
-// replayTasks prints, after a replayed manifest, the task list of a
-// backlog session as it was at the same point; nothing for a pipeline
-// session.
-func replayTasks(ctx context.Context, w io.Writer, b *bus.Bus, m *projections.Manifest) error {
-	v, err := client.ReplayTasks(ctx, b, m.ContentID, client.Until{Seq: m.LastSeq})
-	if errors.Is(err, client.ErrNotBacklog) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(w)
-	return tui.WriteTasks(w, v, tui.TaskListing{})
 }

@@ -5,15 +5,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/loopbus/loopbus/client"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/serve"
 	"github.com/loopbus/loopbus/tui"
-	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
 
@@ -41,41 +39,32 @@ services that work on the session.`,
   loopbus watch kit-1 --nats nats://127.0.0.1:4222 | grep tool`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			session := args[0]
-			if err := schemas.ValidateSessionID(session); err != nil {
-				return usageErr(err)
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			c, err := g.connect(ctx, "watch", g.logger(zerolog.WarnLevel), false)
-			if err != nil {
-				return err
-			}
-			defer c.close(g.stderr)
-			if last, err := c.bus.SessionLastSeq(ctx, session); err != nil {
-				return err
-			} else if last == 0 {
-				return usageErr(fmt.Errorf("%w: %s", client.ErrNoSession, session))
-			}
-			return g.watch(ctx, c, session)
+			return g.withConn(cmd, "watch", func(ctx context.Context, c *serve.Conn) error {
+				if err := client.Exists(ctx, c.Bus, args[0]); err != nil {
+					return err
+				}
+				ctx, stop := notifyContext(ctx)
+				defer stop()
+				return g.watch(ctx, c, args[0])
+			})
 		},
 	}
 }
 
 // watch shows a session until it ends or ctx does; quitting the live
 // screen ends it too.
-func (g *globals) watch(ctx context.Context, c *conn, session string) error {
-	if c.ownsServer() {
+func (g *globals) watch(ctx context.Context, c *serve.Conn, session string) error {
+	if c.OwnsServer() {
 		// Nothing but this command serves the data directory, so nothing
 		// will move an unfinished session on.
-		if m, err := client.Status(ctx, c.bus, session); err == nil && !m.Terminal() {
+		if m, err := client.Status(ctx, c.Bus, session); err == nil && !m.Terminal() {
 			fmt.Fprintf(g.stderr, "no loopbus server runs on this data directory: session %s progresses only while 'loopbus serve' or 'loopbus wait %s' runs\n", session, session)
 		}
 	}
 	ctx, quit := context.WithCancel(ctx)
 	defer quit()
-	view, stopView := newView(g.stdout, false, signaler(c, !c.ownsServer()), quit)
-	m, err := client.Watch(ctx, c.bus, session, view)
+	view, stopView := tui.NewView(g.stdout, tui.Options{Signaler: signaler(c, !c.OwnsServer()), OnQuit: quit})
+	m, err := client.Watch(ctx, c.Bus, session, view)
 	stopView()
 	switch {
 	case ctx.Err() != nil:
@@ -103,27 +92,22 @@ func sessionEnd(w io.Writer, m *projections.Manifest) error {
 // live screen when w is a terminal, sending its signals over c, else the
 // progress lines they always printed. Quitting the screen is Ctrl-C.
 // stop draws the last screen; it may be called more than once.
-func followView(w io.Writer, c *conn) (onEvent func(schemas.Event, *projections.Manifest), stop func()) {
+func followView(w io.Writer, c *serve.Conn) (onEvent func(schemas.Event, *projections.Manifest), stop func()) {
 	if !tui.IsTerminal(w) {
 		return tui.NewProgress(w).Event, func() {}
 	}
 	// An orchestrator runs: in-process in embedded mode, else with --nats.
-	return newView(w, true, signaler(c, true), interrupt)
-}
-
-// newView returns the live screen on a terminal w, sending signals with
-// sig and calling onQuit when the person quits it, or plain lines. For
-// run and wait (follow), the screen says how to leave them.
-func newView(w io.Writer, follow bool, sig tui.Signaler, onQuit func()) (onEvent func(schemas.Event, *projections.Manifest), stop func()) {
-	return tui.NewView(w, tui.Options{Follow: follow, Signaler: sig, OnQuit: onQuit})
+	return tui.NewView(w, tui.Options{Follow: true, Signaler: signaler(c, true), OnQuit: interrupt})
 }
 
 // signaler sends the live screen's signals over c, waiting for the
 // orchestrator's answer when one runs.
-func signaler(c *conn, orchestrated bool) tui.Signaler {
-	s := client.Signaler{Bus: c.bus}
+func signaler(c *serve.Conn, orchestrated bool) tui.Signaler {
+	s := client.Signaler{Bus: c.Bus}
 	if orchestrated {
-		s.Wait = 10 * time.Second
+		// The screen stays live meanwhile; a busy orchestrator may answer
+		// late, and an answer is worth waiting for.
+		s.Wait = 45 * time.Second
 	}
 	return s
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/tui"
 )
 
 // watched is a session of one step that ends with end (nil: it runs on).
@@ -64,7 +65,7 @@ func TestViewsWithoutTerminal(t *testing.T) {
 	evs, _ := watched(t)
 	var m *projections.Manifest
 	var watch, follow bytes.Buffer
-	onWatch, stopWatch := newView(&watch, false, nil, nil)
+	onWatch, stopWatch := tui.NewView(&watch, tui.Options{})
 	onFollow, stopFollow := followView(&follow, nil)
 	for _, ev := range evs {
 		m = projections.FoldManifest(m, ev)
