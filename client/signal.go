@@ -308,6 +308,23 @@ type SignalResult struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+// String is the result for people: "pause s1/b: applied — step b paused",
+// "stop s1: ignored", or "pause s1: recorded at stream sequence 42 — takes
+// effect when the orchestrator runs (…)".
+func (r SignalResult) String() string {
+	who := r.Session
+	if r.Step != "" {
+		who += "/" + r.Step
+	}
+	switch {
+	case r.Result == ResultRecorded:
+		return fmt.Sprintf("%s %s: recorded at stream sequence %d — %s", r.Signal, who, r.Seq, r.Detail)
+	case r.Detail == "":
+		return fmt.Sprintf("%s %s: %s", r.Signal, who, r.Result)
+	}
+	return fmt.Sprintf("%s %s: %s — %s", r.Signal, who, r.Result, r.Detail)
+}
+
 // ResultRecorded is the result of a signal not acknowledged (yet).
 const ResultRecorded = "recorded"
 

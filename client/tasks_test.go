@@ -77,7 +77,9 @@ func TestTasksAddAndSetStatus(t *testing.T) {
 	if added.Task.ID != "T003" || added.Task.Status != schemas.TaskTodo || added.Task.CreatedAt == nil {
 		t.Errorf("added task %+v, want T003, todo, with its creation time", added.Task)
 	}
-	named, err := AddTask(ctx, b, "bk", schemas.Task{ID: "fix-ci", Title: "Fix CI", Description: "the race job"}, "")
+	// The Client's methods are the same operations.
+	c := New(b)
+	named, err := c.AddTask(ctx, "bk", schemas.Task{ID: "fix-ci", Title: "Fix CI", Description: "the race job"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +90,7 @@ func TestTasksAddAndSetStatus(t *testing.T) {
 	if !reflect.DeepEqual(blocked.Task.Blockers, []string{"no design yet", "who owns it?"}) || blocked.Task.Status != schemas.TaskBlocked {
 		t.Errorf("blocked task %+v", blocked.Task)
 	}
-	unblocked, err := SetTaskStatus(ctx, b, "bk", "T002", schemas.TaskTodo, "design done", nil)
+	unblocked, err := c.SetTaskStatus(ctx, "bk", "T002", schemas.TaskTodo, "design done", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
