@@ -249,12 +249,23 @@ func (b *Bus) ensureConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (
 
 // consumerRaceOrUnavailable reports the errors of creating a consumer that
 // pass: no JetStream yet (503), and the server still removing a consumer
-// of the same name that was just deleted ("consumer does not exist" on the
-// update path, or its files vanishing under the new one). Everything else
-// is a configuration the server refuses.
+// of the same name that was just deleted: "consumer does not exist" on the
+// update path, "consumer closed", or the old consumer's directory being
+// removed under the new one's files. The server logs the file error (e.g.
+// renaming meta.sum.tmp: no such file or directory) but answers only
+// "error creating store for consumer" (code 500, err_code 10012).
+// Everything else is a configuration the server refuses.
 func consumerRaceOrUnavailable(e *jetstream.APIError) bool {
-	return e.Code == 503 || e.ErrorCode == jetstream.JSErrCodeConsumerDoesNotExist ||
-		(e.Code == 500 && strings.Contains(e.Description, "no such file or directory"))
+	if e.Code == 503 || e.ErrorCode == jetstream.JSErrCodeConsumerDoesNotExist {
+		return true
+	}
+	if e.Code != 500 {
+		return false
+	}
+	d := strings.ToLower(e.Description)
+	return strings.Contains(d, "error creating store for consumer") ||
+		strings.Contains(d, "consumer closed") ||
+		strings.Contains(d, "no such file or directory")
 }
 
 func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg, h Handler) {

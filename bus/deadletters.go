@@ -35,10 +35,12 @@ func (b *Bus) DeadLetters(ctx context.Context, fn func(DeadLetter) error) error 
 	if err := b.closedErr(); err != nil {
 		return fmt.Errorf("dead letters: %w", err)
 	}
-	cons, err := b.js.OrderedConsumer(ctx, b.cfg.DLQStream, jetstream.OrderedConsumerConfig{})
+	cons, release, err := b.orderedConsumer(ctx, b.cfg.DLQStream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		return fmt.Errorf("dead letters: %w", b.connErr(err))
 	}
+	// Deferred first, so it runs after the iterator has stopped.
+	defer release()
 	info, err := cons.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("dead letters: %w", b.connErr(err))

@@ -39,7 +39,8 @@ type ReadOptions struct {
 var ErrStop = errors.New("stop reading")
 
 // Read delivers events in stream order to fn through an ordered (ephemeral,
-// flow-controlled, self-healing) consumer. Malformed events are skipped (see
+// flow-controlled, self-healing) consumer, which it deletes when it
+// returns. Malformed events are skipped (see
 // ReadOptions.DeadLetter), and so are events fn rejects by returning an
 // error wrapping ErrMalformed (e.g. a replayed id). It returns nil when ctx
 // ends, when fn returns ErrStop, or (without Follow) at the head; any other
@@ -80,10 +81,12 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 		t := opts.StartTime
 		oc.OptStartTime = &t
 	}
-	cons, err := b.js.OrderedConsumer(lctx, b.cfg.Stream, oc)
+	cons, release, err := b.orderedConsumer(lctx, b.cfg.Stream, oc)
 	if err != nil {
 		return fail(err)
 	}
+	// Deferred first, so it runs after the iterator has stopped.
+	defer release()
 	info, err := cons.Info(lctx)
 	if err != nil {
 		return fail(err)
@@ -153,5 +156,47 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 				return nil
 			}
 		}
+	}
+}
+
+// readerInactiveThreshold is how long the server keeps a reader's ephemeral
+// consumer that nobody pulls from. Readers delete theirs when they return,
+// so it only matters when a process dies mid-read (the client library's
+// default would keep it 5 minutes). A reader that stops pulling for longer
+// (a slow callback) loses it, and the ordered consumer transparently
+// creates another where it left off.
+const readerInactiveThreshold = 30 * time.Second
+
+// orderedConsumer creates an ordered consumer on stream for one read. The
+// returned release deletes its server-side consumer; call it once the
+// read's iterator has stopped.
+func (b *Bus) orderedConsumer(ctx context.Context, stream string, oc jetstream.OrderedConsumerConfig) (jetstream.Consumer, func(), error) {
+	if oc.InactiveThreshold == 0 {
+		oc.InactiveThreshold = readerInactiveThreshold
+	}
+	cons, err := b.js.OrderedConsumer(ctx, stream, oc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cons, func() { b.deleteReader(ctx, stream, cons) }, nil
+}
+
+// deleteReader deletes the server-side consumer an ordered consumer uses
+// now (those it replaced when resetting, it deleted itself). It does not
+// wait for a connection that is down: the inactive threshold removes the
+// consumer then.
+func (b *Bus) deleteReader(ctx context.Context, stream string, cons jetstream.Consumer) {
+	if !b.nc.IsConnected() {
+		return
+	}
+	info := cons.CachedInfo()
+	if info == nil || info.Name == "" {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := b.js.DeleteConsumer(dctx, stream, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		b.log.Debug().Err(err).Str("stream", stream).Str("consumer", info.Name).
+			Msg("could not delete a reader's consumer; the server drops it once inactive")
 	}
 }

@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -52,8 +54,84 @@ func contentType(name string) string {
 }
 
 // GetArtifact copies an artifact to w and checks its digest and size; a
-// mismatch returns ErrDigestMismatch (w has then received bad bytes).
+// mismatch returns ErrDigestMismatch (w has then received bad bytes). It
+// reads the chunks as the object store does (an ordered push consumer,
+// which needs no other permission), but deletes that consumer before it
+// returns rather than in the background.
 func (b *Bus) GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Writer) error {
+	info, err := b.artifacts.GetInfo(ctx, ref.Object)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return fmt.Errorf("artifact %s (%s): %w", ref.Name, ref.Object, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("artifact %s: %w", ref.Object, b.connErr(err))
+	}
+	if info.Opts != nil && info.Opts.Link != nil {
+		// loopbus never stores links; read one the general way.
+		return b.getArtifactObject(ctx, ref, w)
+	}
+	h := sha256.New()
+	n, err := b.copyChunks(ctx, info, io.MultiWriter(w, h))
+	if err != nil {
+		return fmt.Errorf("artifact %s: %w", ref.Object, b.connErr(err))
+	}
+	return checkDigest(ref, n, h)
+}
+
+// copyChunks writes an object's chunks to w in order and checks them
+// against the object's own size and digest, as the object store's reader
+// does.
+func (b *Bus) copyChunks(ctx context.Context, info *jetstream.ObjectInfo, w io.Writer) (int64, error) {
+	h := sha256.New()
+	var n int64
+	if info.Size > 0 {
+		pjs, err := b.nc.JetStream()
+		if err != nil {
+			return 0, err
+		}
+		subject := "$O." + b.cfg.ArtifactsBucket + ".C." + info.NUID
+		sub, err := pjs.SubscribeSync(subject, nats.OrderedConsumer(), nats.BindStream("OBJ_"+b.cfg.ArtifactsBucket))
+		if err != nil {
+			return 0, err
+		}
+		// Unsubscribe deletes the consumer (and waits for the server).
+		defer func() { _ = sub.Unsubscribe() }()
+		for {
+			m, err := sub.NextMsgWithContext(ctx)
+			if err != nil {
+				return n, err
+			}
+			meta, err := m.Metadata()
+			if err != nil {
+				return n, err
+			}
+			h.Write(m.Data)
+			k, err := w.Write(m.Data)
+			n += int64(k)
+			if err != nil {
+				return n, err
+			}
+			if meta.NumPending == 0 {
+				break
+			}
+		}
+	}
+	if uint64(n) != info.Size {
+		return n, fmt.Errorf("%w: %d bytes in its chunks, the object's size is %d", jetstream.ErrDigestMismatch, n, info.Size)
+	}
+	want, err := jetstream.DecodeObjectDigest(info.Digest)
+	if err != nil {
+		return n, err
+	}
+	if !bytes.Equal(h.Sum(nil), want) {
+		return n, jetstream.ErrDigestMismatch
+	}
+	return n, nil
+}
+
+// getArtifactObject is GetArtifact through the object store's reader (an
+// ordered consumer, deleted once the object is read).
+func (b *Bus) getArtifactObject(ctx context.Context, ref schemas.ArtifactRef, w io.Writer) error {
 	obj, err := b.artifacts.Get(ctx, ref.Object)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return fmt.Errorf("artifact %s (%s): %w", ref.Name, ref.Object, ErrNotFound)

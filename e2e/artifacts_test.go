@@ -11,6 +11,7 @@ import (
 // pipeline whose outputs could escape the workspace or whose env carries a
 // secret, before any session starts.
 func TestHostilePipelinesAreRefused(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		agent   string
@@ -51,6 +52,7 @@ func TestHostilePipelinesAreRefused(t *testing.T) {
 // TestMaxOutputBytesFlag: `agentworker --max-output-bytes` bounds outputs;
 // a larger one fails the session with both sizes in the message.
 func TestMaxOutputBytesFlag(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
 		"in.txt": "x\n",

@@ -140,6 +140,7 @@ const importedTasks = `{
 // the exported to-do.json equals the golden file; replay --until shows the
 // task list as it was.
 func TestBacklogImportedRunsInOrder(t *testing.T) {
+	t.Parallel()
 	r := newBacklogRig(t, 1, 2)
 	file := r.backlog("")
 	writeFiles(t, r.dir, map[string]string{"to-do.json": importedTasks})
@@ -268,6 +269,7 @@ func compareGolden(t *testing.T, gotPath, goldenPath string) {
 // TestBacklogBootstrap: with no task file, the bootstrap agent proposes
 // the tasks from the source files; they run; the review agrees.
 func TestBacklogBootstrap(t *testing.T) {
+	t.Parallel()
 	r := newBacklogRig(t, 1, 2)
 	file := r.backlog("")
 	r.planRun("bootstrap", 1, `{"schema_version": 1, "project": {"name": "Demo"}, "source_files": ["spec.md"], "tasks": [
@@ -292,6 +294,7 @@ func TestBacklogBootstrap(t *testing.T) {
 // a repair run; its first fix is still invalid and is fed back; the second
 // is accepted and its tasks run.
 func TestBacklogRepair(t *testing.T) {
+	t.Parallel()
 	r := newBacklogRig(t, 1, 2)
 	file := r.backlog("")
 	writeFiles(t, r.dir, map[string]string{"broken.json": `{"schema_version": 1, "tasks": [
@@ -331,6 +334,7 @@ func TestBacklogRepair(t *testing.T) {
 // waits to see the other start), on different workers; the task that
 // depends on both runs after them.
 func TestBacklogTwoTasksAtOnce(t *testing.T) {
+	t.Parallel()
 	r := newBacklogRig(t, 2, 1)
 	file := r.backlog("max_parallel: 2\n")
 	writeFiles(t, r.dir, map[string]string{"to-do.json": `{"schema_version": 1, "tasks": [
@@ -362,6 +366,7 @@ func TestBacklogTwoTasksAtOnce(t *testing.T) {
 // server: the example imports its task file, or bootstraps one from its
 // plan, and works every task to done.
 func TestBacklogExample(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	for _, tc := range []struct {
 		name    string

@@ -68,6 +68,7 @@ func deliveries(evs []chaosEvent) []string {
 // replica and completes, every step completes once, and the manifest equals
 // that of an undisturbed session of the same pipeline and input.
 func TestChaosWorkerKilledMidJob(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	ps := c.all(2, 1, 2*time.Second)
 	pipe, input := c.writePipeline("relay", relaySteps)
@@ -165,6 +166,7 @@ func TestChaosWorkerKilledMidJob(t *testing.T) {
 // no decision is recorded twice, no step runs after it completed, and no
 // agent runs twice.
 func TestChaosOrchestratorKilledAtRandom(t *testing.T) {
+	t.Parallel()
 	rng := chaosRand(t)
 	c := newCluster(t)
 	ps := c.all(2, 2, 10*time.Second)
@@ -219,6 +221,7 @@ func TestChaosOrchestratorKilledAtRandom(t *testing.T) {
 // redelivered to it, exactly one verdict is recorded and acted upon, and
 // the session completes.
 func TestChaosValidatorKilledMidVerdict(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	ps := c.all(1, 1, 10*time.Second)
 	steps := []chaosStep{{name: "make", holdCheck: true}, {name: "after", requires: []string{"make"}}}
@@ -262,6 +265,7 @@ func TestChaosValidatorKilledMidVerdict(t *testing.T) {
 // followed by a plain projector. Each stored view ends up equal to a fold
 // of the stream, and so does `status`.
 func TestChaosProjectorKilledMidUpdate(t *testing.T) {
+	t.Parallel()
 	rng := chaosRand(t)
 	c := newCluster(t)
 	ps := c.all(2, 2, 10*time.Second)
@@ -323,6 +327,7 @@ func TestChaosProjectorKilledMidUpdate(t *testing.T) {
 // sessions complete, nothing runs twice in the first and no decision
 // repeats in either, and the views stay current.
 func TestChaosNATSRestartMidSession(t *testing.T) {
+	t.Parallel()
 	rng := chaosRand(t)
 	c := newCluster(t)
 	ps := c.all(1, 2, 30*time.Second)
@@ -396,6 +401,7 @@ func countBefore(evs []chaosEvent, t time.Time) int {
 // TestChaosCheckerCatchesBrokenInvariants: the invariants the chaos tests
 // rely on reject each kind of broken history.
 func TestChaosCheckerCatchesBrokenInvariants(t *testing.T) {
+	t.Parallel()
 	steps := []chaosStep{{name: "a"}, {name: "b", requires: []string{"a"}, passAt: 2}}
 	e := func(typ, step string, iteration int) chaosEvent {
 		ev := chaosEvent{Type: "loopbus." + typ, Session: "s", Step: step}

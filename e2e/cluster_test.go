@@ -79,6 +79,7 @@ type clusterNode struct {
 // second step of every session running, the stream leader's node is
 // SIGKILLed; every session still completes, each step exactly once.
 func TestClusterNodeKilledMidRun(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	release := filepath.Join(dir, "release")
 	writeFiles(t, dir, map[string]string{

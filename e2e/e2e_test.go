@@ -14,6 +14,7 @@ import (
 // TestExampleCompletes runs the shipped writing-kit example on the embedded
 // default and reads the session back with events, replay, status and export.
 func TestExampleCompletes(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	global := []string{"--data", data}
 	r := loopbus(t, append([]string{"run", "../examples/writing-kit/pipeline.yaml", "--input", "../examples/writing-kit/article.md", "--session", "kit-1", "--json"}, global...)...)
@@ -150,6 +151,7 @@ steps:
 // TestValidationRetry: a step that fails validation once passes on its
 // second iteration, whose prompt shows the first verdict.
 func TestValidationRetry(t *testing.T) {
+	t.Parallel()
 	dir := retryPipeline(t, 3, true)
 	global := []string{"--data", t.TempDir()}
 	r := loopbus(t, append([]string{"run", filepath.Join(dir, "pipeline.yaml"), "--input", filepath.Join(dir, "input.txt"), "--session", "retry-1", "--json"}, global...)...)
@@ -184,6 +186,7 @@ func TestValidationRetry(t *testing.T) {
 // TestMaxIterationsExhausted: a step that never passes fails the session
 // with the reason, exit code 1.
 func TestMaxIterationsExhausted(t *testing.T) {
+	t.Parallel()
 	dir := retryPipeline(t, 2, false)
 	global := []string{"--data", t.TempDir()}
 	r := loopbus(t, append([]string{"run", filepath.Join(dir, "pipeline.yaml"), "--input", filepath.Join(dir, "input.txt"), "--session", "fail-1", "--json"}, global...)...)
@@ -207,6 +210,7 @@ func TestMaxIterationsExhausted(t *testing.T) {
 // TestUsageErrors: bad pipelines and arguments exit 2 with a message naming
 // the file, line and field.
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
 		"bad.yaml": "name: bad\nsteps:\n  a:\n    agent: {backend: exec, command: [true]}\n    prompt: hi\n    outputs: [{name: ../escape.json}]\n    bogus: 1\n",
@@ -246,6 +250,7 @@ func TestUsageErrors(t *testing.T) {
 // TestKillServeMidSession: SIGKILL `serve` while the second step runs,
 // restart it, and the session completes without re-running the first step.
 func TestKillServeMidSession(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "release")
 	writeFiles(t, dir, map[string]string{
@@ -340,6 +345,7 @@ steps:
 // embedded server; when its session ends it keeps serving until the second,
 // still running, is done.
 func TestSharedDataDir(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	release := filepath.Join(dir, "release")
 	writeFiles(t, dir, map[string]string{
@@ -406,6 +412,7 @@ func TestSharedDataDir(t *testing.T) {
 // TestExportNamesCannotCollide: an output named like the export's own files
 // lands under artifacts/ and leaves session.json and events.jsonl intact.
 func TestExportNamesCannotCollide(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
 		"a.sh":   "set -eu\necho PWNED > \"$LOOPBUS_OUTPUT_DIR/session.json\"\necho PWNED > \"$LOOPBUS_OUTPUT_DIR/events.jsonl\"\n",

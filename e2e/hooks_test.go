@@ -94,6 +94,7 @@ func hookRuns(t *testing.T, evs []cloudEvent) []hookData {
 // its hook exactly once (one line in the record log, one hook.completed
 // each), and the notifier prints what it would post.
 func TestHooksExample(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
 		"input.txt": "x\n",
@@ -197,6 +198,7 @@ steps:
 // after --ack-wait it is delivered again and the interrupted hook runs
 // again, recorded once.
 func TestHooksStopWaitsForRunningHook(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
 		"input.txt": "x\n",
@@ -303,6 +305,7 @@ hooks:
 // TestHooksUsageErrors: a missing --config and a bad hooks file exit 2
 // with the file, line and field, before connecting anywhere.
 func TestHooksUsageErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{"bad.yaml": "hooks:\n  - name: x\n    types: [loopbus.hook.completed]\n    command: [./missing.sh]\n"})
 	tests := []struct {

@@ -21,6 +21,7 @@ import (
 // Each lands in the dead-letter stream once, with a reason; the services
 // keep running; the session completes as if nothing had happened.
 func TestHostileInput(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	release := filepath.Join(dir, "release")
 	writeFiles(t, dir, map[string]string{

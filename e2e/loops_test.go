@@ -217,6 +217,7 @@ func typesOf(evs []loopEvent) string {
 // TestLoopPassesOnThirdIteration: each failed verdict reaches the next
 // iteration's prompt, oldest first; the third iteration passes.
 func TestLoopPassesOnThirdIteration(t *testing.T) {
+	t.Parallel()
 	r := newLoopRig(t)
 	file, input := r.pipeline("loop", "", loopStep{name: "fix", script: "bad bad pass", extra: "    max_iterations: 5\n"})
 	r.submit(file, input, "loop-1")
@@ -252,6 +253,7 @@ func TestLoopPassesOnThirdIteration(t *testing.T) {
 // TestStopKillsAgentThenResume: stop kills the running agent and its child
 // within 5 s; resume runs the cut iteration again and the session completes.
 func TestStopKillsAgentThenResume(t *testing.T) {
+	t.Parallel()
 	r := newLoopRig(t)
 	file, input := r.pipeline("stop", "",
 		loopStep{name: "draft", script: "slow pass"},
@@ -313,6 +315,7 @@ func TestStopKillsAgentThenResume(t *testing.T) {
 // TestInfoHintReachesNextPrompt: an info signal given while an iteration
 // runs is in the next iteration's prompt, not in the running one's.
 func TestInfoHintReachesNextPrompt(t *testing.T) {
+	t.Parallel()
 	r := newLoopRig(t)
 	file, input := r.pipeline("info", "", loopStep{name: "fix", script: "wait pass", extra: "    max_iterations: 3\n"})
 	r.submit(file, input, "info-1")
@@ -335,6 +338,7 @@ func TestInfoHintReachesNextPrompt(t *testing.T) {
 // its dependent runs cancels the dependent and runs both again; the step
 // they depend on does not run again.
 func TestInvalidateReRunsStepAndDependents(t *testing.T) {
+	t.Parallel()
 	r := newLoopRig(t)
 	file, input := r.pipeline("inval", "",
 		loopStep{name: "research", script: "pass"},
@@ -367,6 +371,7 @@ func TestInvalidateReRunsStepAndDependents(t *testing.T) {
 // TestBudgetStopsSession: a loop whose every iteration costs $0.01 stops
 // at its $0.025 budget after three runs, with the reason.
 func TestBudgetStopsSession(t *testing.T) {
+	t.Parallel()
 	r := newLoopRig(t)
 	file, input := r.pipeline("budget", "budget: {max_cost_usd: 0.025}\n", loopStep{name: "fix", script: "bad", extra: "    max_iterations: 10\n"})
 	// run follows the session and exits 3 when the budget stops it.
@@ -397,6 +402,7 @@ func TestBudgetStopsSession(t *testing.T) {
 // is retried at the reset time, even though the orchestrator was killed and
 // restarted during the wait.
 func TestRateLimitWaitSurvivesOrchestratorKill(t *testing.T) {
+	t.Parallel()
 	r := newLoopRig(t)
 	file, input := r.pipeline("limit", "", loopStep{name: "fix", script: "limit pass", env: `FAKE_RESET_IN: "8"`})
 	r.submit(file, input, "limit-1")
@@ -435,6 +441,7 @@ func TestRateLimitWaitSurvivesOrchestratorKill(t *testing.T) {
 // TestBreakerOpensAndCloses: iterations without progress open the breaker;
 // the step pauses with the reason, and resume closes it.
 func TestBreakerOpensAndCloses(t *testing.T) {
+	t.Parallel()
 	r := newLoopRig(t)
 	file, input := r.pipeline("breaker", "breaker: {no_progress: 2}\n", loopStep{name: "fix", script: "same same pass", extra: "    max_iterations: 6\n"})
 	r.submit(file, input, "breaker-1")

@@ -56,6 +56,7 @@ func checkNoSecrets(t *testing.T, where, text string) {
 // secret value appears in any log, event, status or export, and the job that
 // wrote one fails with a message naming the variable.
 func TestSecretEnvNeverLeaks(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
 		"input.txt": "input\n",

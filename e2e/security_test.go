@@ -219,6 +219,7 @@ func rawConn(t *testing.T, url, user, password string) (*nats.Conn, <-chan error
 // stream. Every process logs at debug level, and no password appears in
 // any output, in events --json or in an export.
 func TestSecureExample(t *testing.T) {
+	t.Parallel()
 	pw := map[string]string{}
 	var serverEnv []string
 	for _, role := range secureRoles {
@@ -408,6 +409,7 @@ esac
 // NATS URL appear in no output of a debug-level run, events --json or an
 // export, nor in error messages of a refused connection.
 func TestSecretsNeverLeak(t *testing.T) {
+	t.Parallel()
 	token := secret(t, "tok")
 	out := newOutputs()
 	addr := freePort(t)

@@ -99,6 +99,7 @@ func startNATS(t *testing.T, data, logFile string) (url string, stop func()) {
 // server stops, a signal sent on its data directory (embedded) is recorded
 // too, without waiting for an orchestrator that cannot be there.
 func TestSignalCLI(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	writeFiles(t, dir, map[string]string{

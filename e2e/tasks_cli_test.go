@@ -11,6 +11,7 @@ import (
 // TestTasksFileCommands: `loopbus tasks validate` and `tasks fmt` on files,
 // without a server.
 func TestTasksFileCommands(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	compact := `{"tasks":[{"status":"todo","title":"Parse","id":"T1","priority":1},{"id":"T2","title":"Print","status":"todo","depends_on":["T1"]}],"schema_version":1,"project":{"name":"demo"}}`
 	canonical := `{
@@ -161,6 +162,7 @@ func parseTaskList(t *testing.T, s string) taskList {
 // only the command line changes the task list). Refusals exit 2 and
 // publish nothing.
 func TestTasksSessionCommands(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
 		"backlog.yaml": `kind: backlog
