@@ -4,14 +4,18 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/charmbracelet/x/ansi"
+	"github.com/charmbracelet/x/vt"
 	"github.com/creack/pty"
 )
 
@@ -198,7 +202,7 @@ steps:
 		tty.waitFor(t, "keys (they act on the selected session or step")
 		tty.press(t, "q")
 		if code := tty.wait(t); code != 130 {
-			t.Fatalf("watch quit with q: exit %d, want 130\n%s", code, tty.out.String())
+			t.Fatalf("watch quit with q: exit %d, want 130\n%s", code, tty.screen.String())
 		}
 		var pause, resume, info, stop int
 		for _, ev := range events(t, global, "watch-tty") {
@@ -224,9 +228,9 @@ steps:
 			t.Fatal(err)
 		}
 		if code := tty.wait(t); code != 0 {
-			t.Fatalf("watch to the end: exit %d, want 0\n%s", code, tty.out.String())
+			t.Fatalf("watch to the end: exit %d, want 0\n%s", code, tty.screen.String())
 		}
-		if out := tty.out.String(); !strings.Contains(out, "session watch-tty completed in ") || !strings.Contains(out, "session over") {
+		if out := tty.screen.String(); !strings.Contains(out, "session watch-tty completed in ") || !strings.Contains(out, "session over") {
 			t.Errorf("the last screen does not show the end:\n%s", out)
 		}
 	})
@@ -241,13 +245,14 @@ steps:
 
 // ptyCommand is a loopbus command running in a pseudo-terminal of 120×40.
 type ptyCommand struct {
-	cmd  *exec.Cmd
-	pty  *os.File
-	out  *syncBuffer
-	read chan struct{}
+	cmd    *exec.Cmd
+	pty    *os.File
+	screen *screen
+	read   chan struct{}
 }
 
-// startInTerminal runs loopbus with args in a new pseudo-terminal.
+// startInTerminal runs loopbus with args in a new pseudo-terminal, shown
+// on a terminal emulator that answers the program's queries.
 func startInTerminal(t *testing.T, args ...string) *ptyCommand {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
@@ -256,18 +261,13 @@ func startInTerminal(t *testing.T, args ...string) *ptyCommand {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tt := &ptyCommand{cmd: cmd, pty: f, out: &syncBuffer{}, read: make(chan struct{})}
+	tt := &ptyCommand{cmd: cmd, pty: f, screen: newScreen(120, 40, f), read: make(chan struct{})}
 	go func() {
 		defer close(tt.read)
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := f.Read(buf)
-			_, _ = tt.out.Write(buf[:n])
-			if bytes.Contains(buf[:n], []byte("\x1b[6n")) {
-				// Answer the cursor position query as a terminal does
-				// (the program asks while it starts).
-				_, _ = f.WriteString("\x1b[1;1R")
-			}
+			tt.screen.write(buf[:n])
 			if err != nil {
 				return
 			}
@@ -277,19 +277,21 @@ func startInTerminal(t *testing.T, args ...string) *ptyCommand {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		_ = f.Close()
+		<-tt.read
+		tt.screen.close()
 	})
 	return tt
 }
 
-// waitFor waits until the terminal showed s.
+// waitFor waits until the terminal shows s.
 func (tt *ptyCommand) waitFor(t *testing.T, s string) {
 	t.Helper()
 	// Longer than the screen's wait for an acknowledgement (45 s), so a
 	// slow orchestrator on a loaded machine shows "applied", not a timeout.
 	deadline := time.Now().Add(90 * time.Second)
-	for !strings.Contains(tt.out.String(), s) {
+	for !strings.Contains(tt.screen.String(), s) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the terminal does not show %q; it shows:\n%q", s, tt.out.String())
+			t.Fatalf("the terminal does not show %q; it shows:\n%s", s, tt.screen.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -312,6 +314,12 @@ func (tt *ptyCommand) wait(t *testing.T) int {
 	go func() { done <- tt.cmd.Wait() }()
 	select {
 	case err := <-done:
+		// The terminal shows all the output once the reader hit its end.
+		select {
+		case <-tt.read:
+		case <-time.After(time.Minute):
+			t.Fatal("the terminal's output does not end")
+		}
 		var ee *exec.ExitError
 		switch {
 		case err == nil:
@@ -321,7 +329,97 @@ func (tt *ptyCommand) wait(t *testing.T) int {
 		}
 		t.Fatal(err)
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("still running:\n%s", tt.out.String())
+		t.Fatalf("still running:\n%s", tt.screen.String())
 	}
 	return -1
+}
+
+// screen is a terminal emulator showing a program's output as a person
+// sees it (the program sends only what changed since its last frame). It
+// answers the program's queries, as a terminal does, on answers.
+type screen struct {
+	mu      sync.Mutex
+	emu     *vt.Emulator
+	done    chan struct{}
+	drained chan struct{}
+}
+
+func newScreen(w, h int, answers io.Writer) *screen {
+	s := &screen{emu: vt.NewEmulator(w, h), done: make(chan struct{}), drained: make(chan struct{})}
+	go func() {
+		defer close(s.drained)
+		buf := make([]byte, 1024)
+		for {
+			n, err := s.emu.Read(buf)
+			if err != nil {
+				return
+			}
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			_, _ = answers.Write(buf[:n])
+		}
+	}()
+	return s
+}
+
+// write takes in the program's output.
+func (s *screen) write(p []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, _ = s.emu.Write(p)
+}
+
+// String is the text the terminal shows.
+func (s *screen) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.emu.String()
+}
+
+// close stops answering once the output was taken in.
+func (s *screen) close() {
+	close(s.done)
+	// A query's answer wakes the reader to see done. (Closing the emulator
+	// while it reads would race inside it.)
+	s.write([]byte(ansi.RequestModeSynchronizedOutput))
+	<-s.drained
+}
+
+// TestWatchScreenLeavesOtherCommandsAlone runs `loopbus --help` on a
+// terminal that answers nothing: the live screen's library must not ask
+// the terminal anything when the program starts (a query would make every
+// command wait seconds for an answer and could eat keys typed ahead).
+func TestWatchScreenLeavesOtherCommandsAlone(t *testing.T) {
+	cmd := exec.Command(binary, "--help")
+	cmd.Env = append(testEnv(t), "TERM=xterm-256color")
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := make(chan []byte, 1)
+	go func() {
+		// The output ends (EIO) once the command exited.
+		b, _ := io.ReadAll(f)
+		out <- b
+	}()
+	var got []byte
+	select {
+	case got = <-out:
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatal("loopbus --help does not end")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("loopbus --help: %v\n%q", err, got)
+	}
+	if i := bytes.IndexByte(got, 0x1b); i >= 0 {
+		t.Errorf("loopbus --help wrote an escape sequence to the terminal: %q", got[i:min(len(got), i+20)])
+	}
+	if !bytes.Contains(got, []byte("Usage:")) {
+		t.Errorf("no usage:\n%s", got)
+	}
 }

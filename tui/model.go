@@ -7,8 +7,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
-	tea "github.com/charmbracelet/bubbletea"
+	tea "charm.land/bubbletea/v2"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 )
@@ -84,9 +85,10 @@ const (
 //
 // Keys: up/down or k/j move the selection between the session and its
 // steps; p pauses, r resumes, s asks to stop (s or y confirms), h reads a
-// hint (enter sends it as an info signal, esc cancels); pgup/pgdown (or
-// b/f) scroll the timeline, home/end go to its oldest and newest line; ?
-// shows or hides the keys; q or ctrl-c quits (calling Options.OnQuit).
+// hint (enter sends it as an info signal, esc cancels; a paste is its
+// text); pgup/pgdown (or b/f, space) scroll the timeline, home/end go to
+// its oldest and newest line; ? shows or hides the keys; q or ctrl-c
+// quits (calling Options.OnQuit).
 // The program quits by itself when the session completes, fails or is
 // stopped by its budget, or on EndMsg, leaving the final state on screen.
 type Model struct {
@@ -120,8 +122,14 @@ func NewModel(o Options) *Model {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Model{o: o, width: 120, height: 40}
+	return &Model{o: o, width: defaultWidth, height: defaultHeight}
 }
+
+// The screen's size until the terminal tells its own.
+const (
+	defaultWidth  = 120
+	defaultHeight = 40
+)
 
 // Init starts the clock that redraws durations every second.
 func (m *Model) Init() tea.Cmd { return tick() }
@@ -130,7 +138,8 @@ func tick() tea.Cmd {
 	return tea.Tick(time.Second, func(t time.Time) tea.Msg { return tickMsg(t) })
 }
 
-// Update takes in events, keys, window sizes and signal results.
+// Update takes in events, key presses, pastes, window sizes and signal
+// results.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	switch msg := msg.(type) {
 	case EventMsg:
@@ -142,8 +151,12 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		m.ended = true
 		return m, tea.Quit
 	case tea.WindowSizeMsg:
-		m.width, m.height = msg.Width, msg.Height
-		m.scroll = min(m.scroll, m.maxScroll())
+		// A size of zero comes from an output that is not a terminal: the
+		// screen keeps the size it has.
+		if msg.Width > 0 && msg.Height > 0 {
+			m.width, m.height = msg.Width, msg.Height
+			m.scroll = min(m.scroll, m.maxScroll())
+		}
 	case tickMsg:
 		if !m.ended && !m.quit {
 			return m, tick()
@@ -154,11 +167,16 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		} else {
 			m.status = msg.text
 		}
-	case tea.KeyMsg:
+	case tea.KeyPressMsg:
 		if m.ended || m.quit {
 			return m, nil
 		}
 		return m, m.key(msg)
+	case tea.PasteMsg:
+		if m.ended || m.quit {
+			return m, nil
+		}
+		return m, m.paste(msg.Content)
 	}
 	return m, nil
 }
@@ -190,26 +208,19 @@ func (m *Model) events(evs ...EventMsg) tea.Cmd {
 	return nil
 }
 
-// key acts on one key press. Keys typed faster than they are read come
-// as one message of several runes: each acts in turn.
-func (m *Model) key(k tea.KeyMsg) tea.Cmd {
-	if k.Type == tea.KeyRunes && len(k.Runes) > 1 && !(k.Paste && m.mode == modeHint) {
-		var cmds []tea.Cmd
-		for _, r := range k.Runes {
-			if m.quit || m.ended {
-				break
-			}
-			cmds = append(cmds, m.key(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune{r}}))
-		}
-		return tea.Batch(cmds...)
+// key acts on one key press. A key whose text has several characters
+// acts one character at a time, as if typed in turn; in a hint it is text.
+func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
+	if utf8.RuneCountInString(k.Text) > 1 && m.mode != modeHint {
+		return m.typed(k.Text)
 	}
-	if k.Type == tea.KeyCtrlC {
+	if k.String() == "ctrl+c" {
 		return m.leave()
 	}
 	switch m.mode {
 	case modeHint:
-		switch k.Type {
-		case tea.KeyEnter:
+		switch k.String() {
+		case "enter":
 			text := strings.TrimSpace(string(m.hint))
 			m.mode, m.hint = modeKeys, nil
 			if text == "" {
@@ -217,23 +228,17 @@ func (m *Model) key(k tea.KeyMsg) tea.Cmd {
 				return nil
 			}
 			return m.signal("info", text)
-		case tea.KeyEsc:
+		case "esc":
 			m.mode, m.hint = modeKeys, nil
 			m.status = "hint cancelled"
-		case tea.KeyBackspace:
+		case "backspace":
 			if len(m.hint) > 0 {
 				m.hint = m.hint[:len(m.hint)-1]
 			}
-		case tea.KeyCtrlU:
+		case "ctrl+u":
 			m.hint = nil
-		case tea.KeyRunes, tea.KeySpace:
-			r := k.Runes
-			if k.Type == tea.KeySpace {
-				r = []rune{' '}
-			}
-			if len(string(m.hint))+len(string(r)) <= schemas.MaxHintBytes {
-				m.hint = append(m.hint, r...)
-			}
+		default:
+			m.addHint(k.Text)
 		}
 		return nil
 	case modeConfirm:
@@ -257,7 +262,7 @@ func (m *Model) key(k tea.KeyMsg) tea.Cmd {
 		m.selected = min(m.selected+1, len(m.steps()))
 	case "pgup", "b":
 		m.scroll = min(m.scroll+m.page(), m.maxScroll())
-	case "pgdown", "f", " ":
+	case "pgdown", "f", "space":
 		m.scroll = max(m.scroll-m.page(), 0)
 	case "home":
 		m.scroll = m.maxScroll()
@@ -279,6 +284,36 @@ func (m *Model) key(k tea.KeyMsg) tea.Cmd {
 		}
 	}
 	return nil
+}
+
+// typed acts on each character of text in turn, until the screen ends.
+func (m *Model) typed(text string) tea.Cmd {
+	var cmds []tea.Cmd
+	for _, r := range text {
+		if m.quit || m.ended {
+			break
+		}
+		cmds = append(cmds, m.key(tea.KeyPressMsg{Code: r, Text: string(r)}))
+	}
+	return tea.Batch(cmds...)
+}
+
+// paste takes in pasted text: the hint's text while typing one, else
+// keys acting in turn.
+func (m *Model) paste(text string) tea.Cmd {
+	if m.mode == modeHint {
+		m.addHint(text)
+		return nil
+	}
+	return m.typed(text)
+}
+
+// addHint appends text to the hint unless the hint would grow past
+// schemas.MaxHintBytes.
+func (m *Model) addHint(text string) {
+	if text != "" && len(string(m.hint))+len(text) <= schemas.MaxHintBytes {
+		m.hint = append(m.hint, []rune(text)...)
+	}
 }
 
 // leave quits at the person's request.
@@ -353,9 +388,15 @@ func (m *Model) Target() string { return m.target() }
 // ended.
 func (m *Model) Quit() bool { return m.quit }
 
-// View draws the screen, at most as wide and high as the terminal, its
-// last line empty.
-func (m *Model) View() string {
+// View draws the screen inline (not on the alternate screen, so the last
+// frame stays on the terminal): its content is at most as wide and high
+// as the terminal, its last line empty.
+func (m *Model) View() tea.View {
+	return tea.NewView(m.render())
+}
+
+// render is the screen's text.
+func (m *Model) render() string {
 	now := m.o.Now()
 	var lines []string
 	if m.live.m == nil {
@@ -370,7 +411,7 @@ func (m *Model) View() string {
 	} else if tl := m.timelineLines(len(lines), len(bottom)); len(tl) > 0 {
 		lines = append(append(lines, ""), tl...)
 	}
-	// The last line stays empty: bubbletea clears it when it ends.
+	// The last line stays empty: bubbletea erases it when it ends.
 	if room := max(m.height-len(bottom)-1, 1); len(lines) > room {
 		lines = lines[:room]
 	}

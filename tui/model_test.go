@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
-	tea "github.com/charmbracelet/bubbletea"
-	"github.com/charmbracelet/x/exp/teatest"
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/exp/teatest/v2"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 )
@@ -77,55 +78,92 @@ func screenAt(now time.Time, sig Signaler) Options {
 	return Options{Signaler: sig, Now: func() time.Time { return now }}
 }
 
+// testScreen is the screen running in a test program, shown on a
+// terminal of the same size.
+type testScreen struct {
+	*teatest.TestModel
+	term *terminal
+}
+
 // newTestScreen runs the screen of the session e in a test program of
 // 100×40 and waits until it shows the session.
-func newTestScreen(t *testing.T, e *events, o Options) (*teatest.TestModel, *folder) {
+func newTestScreen(t *testing.T, e *events, o Options) (*testScreen, *folder) {
 	t.Helper()
 	tm := teatest.NewTestModel(t, NewModel(o), teatest.WithInitialTermSize(100, 40))
 	t.Cleanup(func() { _ = tm.Quit() })
+	s := &testScreen{TestModel: tm, term: newTerminal(t, 100, 40)}
 	f := &folder{}
-	tm.Send(f.msgs(e.evs...))
-	waitFor(t, tm, "s1  p  ")
-	return tm, f
+	s.Send(f.msgs(e.evs...))
+	waitFor(t, s, "s1  p  ")
+	return s, f
 }
 
-// waitFor waits until the program's output shows all of want.
-func waitFor(t *testing.T, tm *teatest.TestModel, want ...string) {
+// waitFor waits until the terminal shows all of want.
+func waitFor(t *testing.T, s *testScreen, want ...string) {
 	t.Helper()
-	teatest.WaitFor(t, tm.Output(), func(b []byte) bool {
+	var screen string
+	shows := func() bool {
+		b, err := io.ReadAll(s.Output())
+		if err != nil {
+			t.Fatal(err)
+		}
+		screen = s.term.show(b)
 		for _, w := range want {
-			if !bytes.Contains(b, []byte(w)) {
+			if !strings.Contains(screen, w) {
 				return false
 			}
 		}
 		return true
-	}, teatest.WithDuration(10*time.Second), teatest.WithCheckInterval(5*time.Millisecond))
+	}
+	for deadline := time.Now().Add(10 * time.Second); !shows(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal does not show %q; it shows:\n%s", want, screen)
+		}
+	}
 }
 
-func key(s string) tea.KeyMsg {
+// lastScreen waits for the program's end and returns what the terminal
+// shows then.
+func lastScreen(t *testing.T, s *testScreen) string {
+	t.Helper()
+	var b bytes.Buffer
+	if _, err := b.ReadFrom(s.FinalOutput(t, teatest.WithFinalTimeout(10*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	return s.term.show(b.Bytes())
+}
+
+// key is the key press named s: a key's name as tea.KeyPressMsg.String
+// gives it, or its text.
+func key(s string) tea.KeyPressMsg {
 	switch s {
 	case "up":
-		return tea.KeyMsg{Type: tea.KeyUp}
+		return tea.KeyPressMsg{Code: tea.KeyUp}
 	case "down":
-		return tea.KeyMsg{Type: tea.KeyDown}
+		return tea.KeyPressMsg{Code: tea.KeyDown}
 	case "enter":
-		return tea.KeyMsg{Type: tea.KeyEnter}
+		return tea.KeyPressMsg{Code: tea.KeyEnter}
 	case "esc":
-		return tea.KeyMsg{Type: tea.KeyEsc}
+		return tea.KeyPressMsg{Code: tea.KeyEscape}
+	case "backspace":
+		return tea.KeyPressMsg{Code: tea.KeyBackspace}
 	case "pgup":
-		return tea.KeyMsg{Type: tea.KeyPgUp}
+		return tea.KeyPressMsg{Code: tea.KeyPgUp}
 	case "pgdown":
-		return tea.KeyMsg{Type: tea.KeyPgDown}
+		return tea.KeyPressMsg{Code: tea.KeyPgDown}
 	case "home":
-		return tea.KeyMsg{Type: tea.KeyHome}
+		return tea.KeyPressMsg{Code: tea.KeyHome}
 	case "end":
-		return tea.KeyMsg{Type: tea.KeyEnd}
+		return tea.KeyPressMsg{Code: tea.KeyEnd}
 	case "ctrl+c":
-		return tea.KeyMsg{Type: tea.KeyCtrlC}
+		return tea.KeyPressMsg{Code: 'c', Mod: tea.ModCtrl}
 	case " ":
-		return tea.KeyMsg{Type: tea.KeySpace, Runes: []rune{' '}}
+		return tea.KeyPressMsg{Code: tea.KeySpace, Text: " "}
 	}
-	return tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(s)}
+	if r := []rune(s); len(r) == 1 {
+		return tea.KeyPressMsg{Code: r[0], Text: s}
+	}
+	return tea.KeyPressMsg{Code: tea.KeyExtended, Text: s}
 }
 
 func TestKeys(t *testing.T) {
@@ -186,7 +224,7 @@ func TestKeys(t *testing.T) {
 		// Keys are text while typing: q does not quit, p does not pause.
 		tm.Type("quote primary sources")
 		tm.Send(key("x"))
-		tm.Send(tea.KeyMsg{Type: tea.KeyBackspace})
+		tm.Send(key("backspace"))
 		waitFor(t, tm, "hint for s1/b: quote primary sources▏")
 		tm.Send(key("enter"))
 		if c := sig.next(t); c != (call{"info", "s1/b", "quote primary sources"}) {
@@ -200,16 +238,16 @@ func TestKeys(t *testing.T) {
 		sig.none(t)
 	})
 
-	t.Run("keys typed at once act in turn", func(t *testing.T) {
+	t.Run("a key of several characters acts one at a time", func(t *testing.T) {
 		sig := newFakeSignaler()
 		tm, _ := newTestScreen(t, started(), screenAt(now, sig))
-		tm.Send(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune("jjjkp")})
+		tm.Send(key("jjjkp"))
 		if c := sig.next(t); c != (call{"pause", "s1/b", ""}) {
 			t.Errorf("jjjkp sent %+v, want pause for s1/b", c)
 		}
-		tm.Send(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune("hbe brief")})
+		tm.Send(key("hbe brief"))
 		waitFor(t, tm, "hint for s1/b: be brief▏")
-		tm.Send(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(" and kind"), Paste: true})
+		tm.Send(tea.PasteMsg{Content: " and kind"})
 		tm.Send(key("enter"))
 		if c := sig.next(t); c != (call{"info", "s1/b", "be brief and kind"}) {
 			t.Errorf("hint sent %+v", c)
@@ -262,7 +300,7 @@ func TestKeys(t *testing.T) {
 		if m := tm.FinalModel(t).(*Model); !m.Quit() {
 			t.Error("the model does not say the person quit")
 		}
-		out := readAll(t, tm)
+		out := lastScreen(t, tm)
 		if !strings.Contains(out, "stopped watching; the session goes on") {
 			t.Errorf("last screen:\n%s", out)
 		}
@@ -279,13 +317,49 @@ func TestKeys(t *testing.T) {
 	})
 }
 
-func readAll(t *testing.T, tm *teatest.TestModel) string {
-	t.Helper()
-	var b bytes.Buffer
-	if _, err := b.ReadFrom(tm.FinalOutput(t)); err != nil {
+// TestKeysFromTerminalInput types keys into a program's input as a
+// terminal sends them: a burst in one write acts one key at a time, and a
+// bracketed paste is a hint's text.
+func TestKeysFromTerminalInput(t *testing.T) {
+	sig := newFakeSignaler()
+	in, keys := io.Pipe()
+	p := tea.NewProgram(NewModel(screenAt(base.Add(time.Minute), sig)), tea.WithInput(in), tea.WithOutput(io.Discard),
+		tea.WithWindowSize(100, 40), tea.WithoutSignalHandler())
+	done := make(chan tea.Model, 1)
+	go func() {
+		m, err := p.Run()
+		if err != nil {
+			t.Errorf("program: %v", err)
+		}
+		done <- m
+	}()
+	t.Cleanup(func() { p.Kill(); _ = keys.Close() })
+	// Send returns once the program took the events in, so the keys
+	// written next act on the session.
+	p.Send((&folder{}).msgs(started().evs...))
+	if _, err := keys.Write([]byte("jjjkp")); err != nil {
 		t.Fatal(err)
 	}
-	return b.String()
+	if c := sig.next(t); c != (call{"pause", "s1/b", ""}) {
+		t.Errorf("jjjkp sent %+v, want pause for s1/b", c)
+	}
+	if _, err := keys.Write([]byte("hbe \x1b[200~brief q\x1b[201~\r")); err != nil {
+		t.Fatal(err)
+	}
+	if c := sig.next(t); c != (call{"info", "s1/b", "be brief q"}) {
+		t.Errorf("hint sent %+v, want info for s1/b with the hint", c)
+	}
+	if _, err := keys.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-done:
+		if m, _ := m.(*Model); m == nil || !m.Quit() {
+			t.Error("q did not quit")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("q did not end the program")
+	}
 }
 
 // TestEventsUpdateTheScreen feeds events into a running screen: step
@@ -309,7 +383,7 @@ func TestEventsUpdateTheScreen(t *testing.T) {
 	waitFor(t, tm, "completed  1/3   $0.03", "cost $0.03 of $0.10", "step a completed after 1 iteration, $0.03")
 	tm.Send(f.msgs(e.add(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{})))
 	tm.WaitFinished(t, teatest.WithFinalTimeout(10*time.Second))
-	if out := readAll(t, tm); !strings.Contains(out, "session over") {
+	if out := lastScreen(t, tm); !strings.Contains(out, "session over") {
 		t.Errorf("last screen lacks the end:\n%s", out)
 	}
 	if m := tm.FinalModel(t).(*Model); m.Quit() {
@@ -324,7 +398,7 @@ func view(t *testing.T, o Options, w, h int, evs []schemas.Event) (*Model, strin
 	m.Update(tea.WindowSizeMsg{Width: w, Height: h})
 	f := &folder{}
 	m.Update(f.msgs(evs...))
-	return m, m.View()
+	return m, m.View().Content
 }
 
 // TestView checks the screen's content: running tools until they complete
@@ -365,7 +439,7 @@ func TestView(t *testing.T) {
 	f := &folder{}
 	f.msgs(e.evs...)
 	m.Update(f.msgs(e.add(schemas.TypeJobFailed, "d", &schemas.JobFailed{JobID: "jd1", Step: "d", Error: "killed", Cancelled: true})))
-	if screen := m.View(); strings.Contains(screen, "running tools") {
+	if screen := m.View().Content; strings.Contains(screen, "running tools") {
 		t.Errorf("tools of an ended job are shown running:\n%s", screen)
 	}
 
@@ -403,14 +477,14 @@ func TestViewWhileRunning(t *testing.T) {
 	if got := m.Target(); got != "s1/d" {
 		t.Errorf("after moving down past the last step the target is %q, want s1/d", got)
 	}
-	if !strings.Contains(m.View(), "> d ") {
-		t.Errorf("step d is not marked:\n%s", m.View())
+	if !strings.Contains(m.View().Content, "> d ") {
+		t.Errorf("step d is not marked:\n%s", m.View().Content)
 	}
 	o.Follow = true
 	if _, screen := view(t, o, 120, 40, e.evs); !strings.Contains(screen, "q quit following") {
 		t.Errorf("follow footer:\n%s", screen)
 	}
-	if screen := NewModel(o).View(); !strings.Contains(screen, "waiting for the session's first event") {
+	if screen := NewModel(o).View().Content; !strings.Contains(screen, "waiting for the session's first event") {
 		t.Errorf("empty screen:\n%s", screen)
 	}
 }
@@ -427,7 +501,7 @@ func TestScroll(t *testing.T) {
 		t.Fatalf("before scrolling:\n%s", screen)
 	}
 	m.Update(key("pgup"))
-	screen = m.View()
+	screen = m.View().Content
 	if strings.Contains(screen, "says: message 099") || !strings.Contains(screen, "newer below") {
 		t.Errorf("after pgup:\n%s", screen)
 	}
@@ -435,17 +509,17 @@ func TestScroll(t *testing.T) {
 	f := &folder{}
 	f.msgs(e.evs...)
 	m.Update(f.msgs(e.add(schemas.TypeAgentMessage, "a", &schemas.AgentMessage{JobID: "x", Text: "message 100"})))
-	if got := timelinePart(m.View()); got != timelinePart(visible) {
+	if got := timelinePart(m.View().Content); got != timelinePart(visible) {
 		t.Errorf("a new event moved the scrolled timeline:\n%s\nwas:\n%s", got, timelinePart(visible))
 	}
 	for range 100 {
 		m.Update(key("pgup"))
 	}
-	if screen := m.View(); !strings.Contains(screen, "session s1 started") || !strings.Contains(screen, "events 1–") {
+	if screen := m.View().Content; !strings.Contains(screen, "session s1 started") || !strings.Contains(screen, "events 1–") {
 		t.Errorf("at the top:\n%s", screen)
 	}
 	m.Update(key("end"))
-	if screen := m.View(); !strings.Contains(screen, "message 100") || strings.Contains(screen, "newer below") {
+	if screen := m.View().Content; !strings.Contains(screen, "message 100") || strings.Contains(screen, "newer below") {
 		t.Errorf("after end:\n%s", screen)
 	}
 	m.Update(key("home"))
@@ -507,8 +581,8 @@ func TestScreenBurst(t *testing.T) {
 	if limit := 2 + int(elapsed/frame) + 1; final.batches > limit {
 		t.Errorf("%d batches for %d events in %s, want at most %d", final.batches, n+2, elapsed, limit)
 	}
-	if !final.ended || !strings.Contains(out.String(), "message 1999") || !strings.Contains(out.String(), "session over") {
-		t.Errorf("last frame:\n%s", out.String()[max(0, out.Len()-2000):])
+	if screen := newTerminal(t, defaultWidth, defaultHeight).show(out.Bytes()); !final.ended || !strings.Contains(screen, "message 1999") || !strings.Contains(screen, "session over") {
+		t.Errorf("last frame:\n%s", screen)
 	}
 	// Events after the end are dropped, not queued.
 	s.Event(end, m)

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	tea "github.com/charmbracelet/bubbletea"
+	tea "charm.land/bubbletea/v2"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/mattn/go-isatty"
@@ -41,15 +41,17 @@ type Screen struct {
 // handle SIGINT or SIGTERM itself: the caller does (and calls Stop).
 func Start(w io.Writer, o Options) *Screen {
 	s := &Screen{w: w, wake: make(chan struct{}, 1), stop: make(chan struct{}), pumped: make(chan struct{}), done: make(chan struct{})}
-	opts := []tea.ProgramOption{tea.WithOutput(w), tea.WithoutSignalHandler()}
+	// The size holds where w is not a terminal; on one, bubbletea reads
+	// the terminal's size instead.
+	opts := []tea.ProgramOption{tea.WithOutput(w), tea.WithoutSignalHandler(), tea.WithWindowSize(defaultWidth, defaultHeight)}
 	switch {
 	case o.Input != nil:
 		opts = append(opts, tea.WithInput(o.Input))
-	case isatty.IsTerminal(os.Stdin.Fd()):
-		// bubbletea's default: standard input.
-	case ttyOpens():
-		opts = append(opts, tea.WithInputTTY())
+	case isatty.IsTerminal(os.Stdin.Fd()) || ttyOpens():
+		// bubbletea's default: standard input when it is a terminal, else
+		// /dev/tty.
 	default:
+		// Without a terminal to read, bubbletea would fail to start.
 		opts = append(opts, tea.WithInput(nil))
 	}
 	s.p = tea.NewProgram(NewModel(o), opts...)
