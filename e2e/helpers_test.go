@@ -120,10 +120,14 @@ type cloudEvent struct {
 	Data        json.RawMessage `json:"data"`
 }
 
-// events reads a session's events through the CLI.
+// events returns a session's events as `loopbus events --json` prints them;
+// none for a session not started yet.
 func events(t *testing.T, global []string, session string) []cloudEvent {
 	t.Helper()
 	r := loopbus(t, append([]string{"events", "--session", session, "--json"}, global...)...)
+	if r.code == 2 && strings.Contains(r.stderr, "no such session: "+session) {
+		return nil // not submitted yet: callers poll until it is
+	}
 	if r.code != 0 {
 		t.Fatalf("events: exit %d\n%s", r.code, r.stderr)
 	}
