@@ -12,8 +12,10 @@ build:
 # test: formatting, vet, every test with the race detector (the end-to-end
 # tests build and drive the real binary), then each fuzz target briefly
 # (their checked-in seed corpora also run as part of the plain tests).
+# The end-to-end tests mostly wait on the processes they start, so four
+# run at once even on two cores.
 test: fmt-check vet
-	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(GO) test -race -count=1 -parallel 4 -timeout 30m $(PKGS)
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_CI)
 
 vet:
