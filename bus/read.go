@@ -159,21 +159,10 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 	}
 }
 
-// readerInactiveThreshold is how long the server keeps a reader's ephemeral
-// consumer that nobody pulls from. Readers delete theirs when they return,
-// so it only matters when a process dies mid-read (the client library's
-// default would keep it 5 minutes). A reader that stops pulling for longer
-// (a slow callback) loses it, and the ordered consumer transparently
-// creates another where it left off.
-const readerInactiveThreshold = 30 * time.Second
-
 // orderedConsumer creates an ordered consumer on stream for one read. The
 // returned release deletes its server-side consumer; call it once the
 // read's iterator has stopped.
 func (b *Bus) orderedConsumer(ctx context.Context, stream string, oc jetstream.OrderedConsumerConfig) (jetstream.Consumer, func(), error) {
-	if oc.InactiveThreshold == 0 {
-		oc.InactiveThreshold = readerInactiveThreshold
-	}
 	cons, err := b.js.OrderedConsumer(ctx, stream, oc)
 	if err != nil {
 		return nil, nil, err
@@ -183,8 +172,9 @@ func (b *Bus) orderedConsumer(ctx context.Context, stream string, oc jetstream.O
 
 // deleteReader deletes the server-side consumer an ordered consumer uses
 // now (those it replaced when resetting, it deleted itself). It does not
-// wait for a connection that is down: the inactive threshold removes the
-// consumer then.
+// wait for a connection that is down: the server drops the consumer once
+// inactive then (the client library's inactive threshold, 5 minutes, long
+// enough that a reader survives a cluster failover or a slow callback).
 func (b *Bus) deleteReader(ctx context.Context, stream string, cons jetstream.Consumer) {
 	if !b.nc.IsConnected() {
 		return
