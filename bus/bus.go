@@ -113,6 +113,19 @@ func (c *connState) refusedSince(subject string, t time.Time) bool {
 	return ok && !at.Before(t)
 }
 
+// refusedUnderSince reports whether the server refused a publish to a
+// subject starting with prefix at or after t.
+func (c *connState) refusedUnderSince(prefix string, t time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for subj, at := range c.refused {
+		if strings.HasPrefix(subj, prefix) && !at.Before(t) {
+			return true
+		}
+	}
+	return false
+}
+
 // refusedPublish extracts the subject of `Permissions Violation for
 // Publish to "subject"`.
 func refusedPublish(text string) (string, bool) {

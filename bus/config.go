@@ -19,6 +19,7 @@ const (
 	DefaultViewsBucket     = "LOOPBUS_VIEWS"
 	DefaultArtifactsBucket = "LOOPBUS_ARTIFACTS"
 	DefaultDuplicateWindow = 10 * time.Minute
+	DefaultReadStall       = 10 * time.Second
 	// DLQSubjectPrefix prefixes dead-letter subjects:
 	// loopbus.dlq.<consumer>.<event stream sequence>.
 	DLQSubjectPrefix = "loopbus.dlq"
@@ -73,6 +74,10 @@ type Config struct {
 	// that long; from then on every operation fails with an error wrapping
 	// ErrConnectionLost. 0 reconnects forever (services).
 	GiveUpAfter time.Duration
+	// ReadStall is how long a Read may wait while the stream holds an
+	// event it has not delivered before it replaces its consumer (one
+	// stuck on a dead cluster node, say); 0 means DefaultReadStall.
+	ReadStall time.Duration
 }
 
 // ErrConfig: a configuration value is invalid.
@@ -95,6 +100,9 @@ func (c Config) withDefaults() Config {
 	if c.Replicas == 0 {
 		c.Replicas = 1
 	}
+	if c.ReadStall == 0 {
+		c.ReadStall = DefaultReadStall
+	}
 	if c.DuplicateWindow == 0 {
 		c.DuplicateWindow = DefaultDuplicateWindow
 		if c.MaxAge > 0 {
@@ -114,7 +122,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
 	case c.MaxAge < 0 || c.MaxBytes < 0 || c.DuplicateWindow < 0:
 		return fmt.Errorf("%w: negative retention", ErrConfig)
-	case c.ConnectTimeout < 0 || c.GiveUpAfter < 0:
+	case c.ConnectTimeout < 0 || c.GiveUpAfter < 0 || c.ReadStall < 0:
 		return fmt.Errorf("%w: negative timeout", ErrConfig)
 	case (c.TLSCert == "") != (c.TLSKey == ""):
 		return fmt.Errorf("%w: TLS client cert and key must be given together", ErrConfig)

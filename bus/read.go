@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/loopbus/loopbus/schemas"
@@ -45,6 +47,10 @@ var ErrStop = errors.New("stop reading")
 // error wrapping ErrMalformed (e.g. a replayed id). It returns nil when ctx
 // ends, when fn returns ErrStop, or (without Follow) at the head; any other
 // fn error is returned.
+// A read that waits Config.ReadStall while the stream holds an event it
+// has not delivered replaces its consumer with one that starts after the
+// last event delivered: the client library's own recovery can wait
+// forever, e.g. on a consumer the cluster placed on a node that died.
 // If the connection is given up (Config.GiveUpAfter) or closed, Read
 // returns an error wrapping ErrConnectionLost (or nats.ErrConnectionClosed).
 func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event) error) error {
@@ -81,16 +87,6 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 		t := opts.StartTime
 		oc.OptStartTime = &t
 	}
-	cons, release, err := b.orderedConsumer(lctx, b.cfg.Stream, oc)
-	if err != nil {
-		return fail(err)
-	}
-	// Deferred first, so it runs after the iterator has stopped.
-	defer release()
-	info, err := cons.Info(lctx)
-	if err != nil {
-		return fail(err)
-	}
 	caughtUp := false
 	markCaughtUp := func() {
 		if !caughtUp {
@@ -100,63 +96,247 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			}
 		}
 	}
-	if info.NumPending == 0 {
-		markCaughtUp()
-		if !opts.Follow {
-			return nil
-		}
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(512))
-	if err != nil {
-		return fail(err)
-	}
-	stop := context.AfterFunc(lctx, it.Stop)
-	defer stop()
-	defer it.Stop()
-	for {
-		msg, err := it.Next()
+	// cursor is the stream sequence of the last message handled (delivered
+	// or skipped): a replacement consumer starts after it, so fn sees no
+	// event twice and none out of order.
+	var cursor atomic.Uint64
+	// Every source has ended and deleted its consumer when Read returns.
+	var sources sync.WaitGroup
+	defer sources.Wait()
+	for replaced := 0; ; replaced++ {
+		src, info, err := b.openReadSource(lctx, oc, replaced > 0)
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return fail(nil)
-			}
 			return fail(err)
 		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			continue
+		if replaced == 0 {
+			// The sequence before the first one the consumer delivers,
+			// whichever the start option.
+			cursor.Store(info.Delivered.Stream)
 		}
-		ev, derr := b.decode(msg.Subject(), msg.Headers(), msg.Data())
-		if derr == nil {
-			ev.Seq = meta.Sequence.Stream
-			ev.Stored = meta.Timestamp.UTC()
-			if err := fn(ev); err != nil {
-				switch {
-				case errors.Is(err, ErrStop):
-					return nil
-				case errors.Is(err, ErrMalformed):
-					derr = err
-				default:
-					return err
-				}
-			}
-		}
-		if derr != nil {
-			if opts.DeadLetter != "" {
-				b.deadLetter(ctx, opts.DeadLetter, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), derr.Error())
-			} else {
-				b.log.Debug().Err(derr).Uint64("seq", meta.Sequence.Stream).Msg("skipping malformed event")
-			}
-			if opts.OnSkip != nil {
-				opts.OnSkip(msg.Subject(), meta.Sequence.Stream)
-			}
-		}
-		if meta.NumPending == 0 {
+		if info.NumPending == 0 {
 			markCaughtUp()
 			if !opts.Follow {
+				src.release()
 				return nil
 			}
 		}
+		sctx, scancel := context.WithCancel(lctx)
+		next, err := src.start(sctx, &sources)
+		if err != nil {
+			scancel()
+			return fail(err)
+		}
+		// waiting: since when Read waits for this source's next message, in
+		// Unix nanoseconds; 0 while fn runs.
+		var waiting atomic.Int64
+		stalled := make(chan struct{})
+		sources.Add(1)
+		go func() {
+			defer sources.Done()
+			b.watchRead(sctx, subjects, &cursor, &waiting, stalled)
+		}()
+		stop, err := func() (bool, error) {
+			defer scancel()
+			for {
+				waiting.Store(time.Now().UnixNano())
+				var n readNext
+				select {
+				case n = <-next:
+				case <-stalled:
+					return false, nil
+				case <-sctx.Done():
+					return true, fail(nil)
+				}
+				waiting.Store(0)
+				if n.err != nil {
+					if errors.Is(n.err, jetstream.ErrMsgIteratorClosed) {
+						return true, fail(nil)
+					}
+					return true, fail(n.err)
+				}
+				msg := n.msg
+				meta, err := msg.Metadata()
+				if err != nil {
+					continue
+				}
+				cursor.Store(meta.Sequence.Stream)
+				ev, derr := b.decode(msg.Subject(), msg.Headers(), msg.Data())
+				if derr == nil {
+					ev.Seq = meta.Sequence.Stream
+					ev.Stored = meta.Timestamp.UTC()
+					if err := fn(ev); err != nil {
+						switch {
+						case errors.Is(err, ErrStop):
+							return true, nil
+						case errors.Is(err, ErrMalformed):
+							derr = err
+						default:
+							return true, err
+						}
+					}
+				}
+				if derr != nil {
+					if opts.DeadLetter != "" {
+						b.deadLetter(ctx, opts.DeadLetter, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), derr.Error())
+					} else {
+						b.log.Debug().Err(derr).Uint64("seq", meta.Sequence.Stream).Msg("skipping malformed event")
+					}
+					if opts.OnSkip != nil {
+						opts.OnSkip(msg.Subject(), meta.Sequence.Stream)
+					}
+				}
+				if meta.NumPending == 0 {
+					markCaughtUp()
+					if !opts.Follow {
+						return true, nil
+					}
+				}
+			}
+		}()
+		if stop {
+			return err
+		}
+		b.log.Warn().Strs("subjects", subjects).Uint64("after", cursor.Load()).
+			Msg("read stalled with events to deliver; replacing its consumer")
+		oc = jetstream.OrderedConsumerConfig{
+			FilterSubjects: subjects,
+			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:    cursor.Load() + 1,
+		}
 	}
+}
+
+// readSource is one ordered consumer of a Read.
+type readSource struct {
+	cons    jetstream.Consumer
+	release func()
+}
+
+// readNext is a message of a readSource, or the error that ended it.
+type readNext struct {
+	msg jetstream.Msg
+	err error
+}
+
+// openReadSource creates an ordered consumer for a read and fetches its
+// info. A replacement (retry) is retried while the error may pass, until
+// ctx ends; so is a first one, unless the server refused the request.
+func (b *Bus) openReadSource(ctx context.Context, oc jetstream.OrderedConsumerConfig, retry bool) (*readSource, *jetstream.ConsumerInfo, error) {
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		src, info, err := b.tryReadSource(ctx, oc)
+		if err == nil {
+			return src, info, nil
+		}
+		if ctx.Err() != nil || !transientAPI(err) || b.closedErr() != nil ||
+			(!retry && b.conn.refusedUnderSince("$JS.API.CONSUMER.", start)) {
+			return nil, nil, err
+		}
+		// A consumer the cluster placed on a node that is down (and not yet
+		// known to be) times out; the next one has a new name and place.
+		if attempt%10 == 3 {
+			b.log.Warn().Err(err).Msg("cannot create a consumer to read the stream yet; retrying")
+		}
+		sleep(ctx, backoffDelay(attempt))
+	}
+}
+
+// readSourceTimeout bounds one attempt to create a read's consumer, so
+// that one placed on a dead node is given up for another.
+const readSourceTimeout = 10 * time.Second
+
+// tryReadSource makes one attempt at openReadSource's work.
+func (b *Bus) tryReadSource(ctx context.Context, oc jetstream.OrderedConsumerConfig) (*readSource, *jetstream.ConsumerInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, readSourceTimeout)
+	defer cancel()
+	cons, release, err := b.orderedConsumer(ctx, b.cfg.Stream, oc)
+	if err != nil {
+		return nil, nil, err
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return &readSource{cons: cons, release: release}, info, nil
+}
+
+// start iterates the source's messages in a goroutine, which hands them
+// over (unbuffered, in order) until ctx ends or the iterator fails, then
+// stops the iterator and deletes the consumer. The goroutine is counted in
+// wg. Ending ctx abandons the source at once, even while the iterator is
+// stuck in the client library's recovery: stopping it can take that long.
+func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup) (<-chan readNext, error) {
+	it, err := s.cons.Messages(jetstream.PullMaxMessages(512))
+	if err != nil {
+		s.release()
+		return nil, err
+	}
+	next := make(chan readNext)
+	stopIt := context.AfterFunc(ctx, it.Stop)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// Deferred first, so it runs after the iterator has stopped.
+		defer s.release()
+		defer it.Stop()
+		defer stopIt()
+		for {
+			msg, err := it.Next()
+			select {
+			case next <- readNext{msg: msg, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return next, nil
+}
+
+// watchRead closes stalled when the read has waited Config.ReadStall for
+// its source, and still waits (for the same message) one probe later,
+// while the stream holds an event on subjects after cursor. It returns
+// when ctx ends.
+func (b *Bus) watchRead(ctx context.Context, subjects []string, cursor *atomic.Uint64, waiting *atomic.Int64, stalled chan<- struct{}) {
+	t := time.NewTicker(b.cfg.ReadStall / 2)
+	defer t.Stop()
+	var suspect int64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		since := waiting.Load()
+		if since == 0 || time.Since(time.Unix(0, since)) < b.cfg.ReadStall || !b.holdsAfter(ctx, subjects, cursor.Load()) {
+			suspect = 0
+			continue
+		}
+		// Two probes in a row: a healthy consumer would have delivered
+		// what the first one found.
+		if suspect == since {
+			close(stalled)
+			return
+		}
+		suspect = since
+	}
+}
+
+// holdsAfter reports whether the stream holds an event on subjects after
+// seq. An unanswered probe (no stream leader yet, say) counts as no.
+func (b *Bus) holdsAfter(ctx context.Context, subjects []string, seq uint64) bool {
+	for _, subj := range subjects {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err := b.stream.GetMsg(pctx, seq+1, jetstream.WithGetMsgSubject(subj))
+		cancel()
+		if err == nil && m.Sequence > seq {
+			return true
+		}
+	}
+	return false
 }
 
 // orderedConsumer creates an ordered consumer on stream for one read. The
