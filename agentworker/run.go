@@ -37,7 +37,7 @@ type outcome struct {
 // lacks ends run through stop with a *laneError; backends that can are told
 // not to use those tools in the first place. The error is the backend's:
 // the agent could not be started.
-func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFunc, b agent.Backend, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, env []string, sec *workspace.Secrets, delivery uint64) (agent.Result, *outcome, error) {
+func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFunc, b agent.Backend, req schemas.Event, jr *schemas.JobRequested, dir string, env []string, sec *workspace.Secrets, delivery uint64) (agent.Result, *outcome, error) {
 	out := &outcome{}
 	d := strconv.FormatUint(delivery, 10)
 	publish := func(ctx context.Context, typ string, data any, idParts ...string) {
@@ -109,7 +109,7 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 	}
 	res, err := b.Run(run, agent.Job{
 		Spec:    jr.Agent,
-		Dir:     ws.Root,
+		Dir:     dir,
 		Env:     env,
 		Prompt:  jr.Prompt,
 		Timeout: time.Duration(jr.TimeoutMs) * time.Millisecond,

@@ -38,6 +38,7 @@ import (
 	"github.com/loopbus/loopbus/agent/codex"
 	agentexec "github.com/loopbus/loopbus/agent/exec"
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/gitrepo"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/workspace"
 	"github.com/rs/zerolog"
@@ -62,6 +63,10 @@ type Config struct {
 	Concurrency int
 	// WorkDir holds job workspaces; default $TMPDIR/loopbus-work.
 	WorkDir string
+	// RepoCache holds the worker's git repository caches, one per session,
+	// for worktree and merge jobs; default WorkDir/repos. It is never the
+	// user's repository: code arrives as bundles over the bus.
+	RepoCache string
 	// KeepWorkspaces leaves workspaces on disk for debugging.
 	KeepWorkspaces bool
 	// MaxAttempts is how often a job may be started before it is failed as
@@ -138,6 +143,9 @@ func (c Config) withDefaults() Config {
 	if c.WorkDir == "" {
 		c.WorkDir = filepath.Join(os.TempDir(), "loopbus-work")
 	}
+	if c.RepoCache == "" {
+		c.RepoCache = filepath.Join(c.WorkDir, "repos")
+	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 3
 	}
@@ -176,6 +184,8 @@ type Service struct {
 	// refused are the jobs (by jobKey) left to other workers for a lane,
 	// so that the reason is logged once per job.
 	refused map[string]bool
+	// caches are the sessions' repository caches.
+	caches map[string]*gitrepo.Cache
 }
 
 // New returns a worker.
@@ -200,7 +210,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s := &Service{cfg: cfg, bus: b, log: log, now: now, lanes: table, has: map[string]bool{},
-		running: map[string]*runningJob{}, refused: map[string]bool{}}
+		running: map[string]*runningJob{}, refused: map[string]bool{}, caches: map[string]*gitrepo.Cache{}}
 	for _, l := range cfg.Lanes {
 		s.has[l] = true
 	}
@@ -398,14 +408,61 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		}
 		return err
 	}
-	if err := ws.WriteText(jr.Prompt, schemas.FormatFeedback(jr.Feedback)); err != nil {
+	if err := ws.WriteFiles(jr.Files); err != nil {
+		return fail("cannot provide inputs: "+err.Error(), -1, 0, "")
+	}
+	if jr.Worktree != nil && jr.Worktree.Merge {
+		data, err := s.merge(jctx, req, jr, ws, d.NumDelivered)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err() // shutting down: hand the job back
+		case err != nil:
+			if ok, err := stopped(agent.Result{ExitCode: -1}); ok {
+				return err
+			}
+			return err
+		}
+		if jf, isFail := data.(*schemas.JobFailed); isFail {
+			return result(jf)
+		}
+		_, err = s.bus.Publish(ctx, s.resultEvent(req, jr, data))
+		if err == nil {
+			log.Info().Str("head", data.(*schemas.JobCompleted).Git.Commit).Msg("merged")
+		}
+		return err
+	}
+	prompt := jr.Prompt
+	dir := ws.Root
+	var wt *worktree
+	if jr.Worktree != nil {
+		var note string
+		wt, note, err = s.prepareWorktree(jctx, req, jr, ws)
+		if err != nil {
+			if ok, err := stopped(agent.Result{ExitCode: -1}); ok {
+				return err
+			}
+			if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) || errors.Is(err, gitrepo.ErrBadBundle) {
+				return failWith("cannot provide the worktree: "+err.Error(), -1, 0, "", true)
+			}
+			return err
+		}
+		defer wt.remove(ctx)
+		dir = wt.dir
+		env = append(env, "LOOPBUS_WORKSPACE="+wt.dir)
+		if note != "" {
+			prompt += "\n\n## Note from the worker\n\n" + note + "\n"
+		}
+	}
+	if err := ws.WriteText(prompt, schemas.FormatFeedback(jr.Feedback)); err != nil {
 		return err
 	}
 
 	if lookupErr != nil {
 		return fail(lookupErr.Error(), -1, 0, "")
 	}
-	res, out, runErr := s.runAgent(ctx, jctx, stop, backend, req, jr, ws, env, sec, d.NumDelivered)
+	run := *jr
+	run.Prompt = prompt
+	res, out, runErr := s.runAgent(ctx, jctx, stop, backend, req, &run, dir, env, sec, d.NumDelivered)
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: hand the job back
 	}
@@ -453,10 +510,16 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		}
 		arts = append(arts, ref)
 	}
+	var g *schemas.GitResult
+	if wt != nil {
+		if g, err = s.commitWork(ctx, wt, req, jr, ws, d.NumDelivered); err != nil {
+			return err
+		}
+	}
 	_, err = s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobCompleted{
 		JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, RequestSeq: req.Seq, Worker: s.cfg.ID,
 		ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Artifacts: arts, OutputTail: res.Tail,
-		Usage: out.usageRef(), IgnoredLines: out.ignoredLines(),
+		Usage: out.usageRef(), IgnoredLines: out.ignoredLines(), Git: g,
 	}))
 	if err == nil {
 		log.Info().Dur("took", res.Duration).Int("artifacts", len(arts)).Msg("job completed")
@@ -481,6 +544,9 @@ func checkRequest(jr *schemas.JobRequested) error {
 		if err := workspace.ValidateSecretName(n); err != nil {
 			return fmt.Errorf("agent secretEnv: %w", err)
 		}
+	}
+	if jr.Worktree != nil {
+		return checkWorktree(jr.Worktree)
 	}
 	return nil
 }

@@ -35,12 +35,14 @@ func summaryFields() []summaryField {
 		{"steps_per_s", "BenchmarkThroughput/fsync=default/workers=4", "steps/s", 0},
 		{"rebuild_events_per_s", "BenchmarkRebuild/fsync=default", "events/s", 0},
 		{"rebuild_ratio", "BenchmarkRebuild/fsync=default", "rebuild_ratio", 3},
+		{"pass_to_merge_p50_ms", "BenchmarkMerge/fsync=default", "pass_to_merge_p50_ms", 1},
 	}
 }
 
 // Summary reads the output of `go test -bench` over this package and
 // returns "append_ratio=X dispatch_p50_ms=X dispatch_p99_ms=X
-// steps_per_s=X rebuild_events_per_s=X rebuild_ratio=X" from the
+// steps_per_s=X rebuild_events_per_s=X rebuild_ratio=X
+// pass_to_merge_p50_ms=X" from the
 // default-fsync results. It fails, wrapping ErrFailed, if the output
 // reports a failure, and names any figure it did not find.
 func Summary(r io.Reader) (string, error) {

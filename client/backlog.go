@@ -144,6 +144,12 @@ func orElse(a, b string) string {
 // the bootstrap agent propose tasks). It returns the file to submit.
 // Errors wrap ErrBadInput and name the run flags (--input, --tasks).
 func RunInput(p schemas.Pipeline, input, tasks string) (string, error) {
+	if p.Kind == schemas.KindLoops {
+		if input != "" || tasks != "" {
+			return "", fmt.Errorf("%w: run: %s is a loops file: give its task with --task TEXT or --task-file FILE (and the repository with --repo DIR), not --input or --tasks", ErrBadInput, p.Source)
+		}
+		return "", nil
+	}
 	if p.Kind == schemas.KindBacklog {
 		if input != "" {
 			return "", fmt.Errorf("%w: run: %s is a backlog: give its task file with --tasks FILE (or nothing, to bootstrap one), not --input", ErrBadInput, p.Source)

@@ -147,7 +147,9 @@ func ResolveSignalTarget(ctx context.Context, b Bus, t SignalTarget) ([]SignalDe
 	if !ok {
 		return nil, fmt.Errorf("session %s: session.started carries %T", t.Session, started.Data)
 	}
-	if t.Step != "" && !slices.ContainsFunc(data.Pipeline.Steps, func(s schemas.Step) bool { return s.Name == t.Step }) {
+	// A loops session's loops (steps) are spawned as it runs: the
+	// orchestrator answers a signal for one that does not exist.
+	if t.Step != "" && data.Pipeline.Kind != schemas.KindLoops && !slices.ContainsFunc(data.Pipeline.Steps, func(s schemas.Step) bool { return s.Name == t.Step }) {
 		names := make([]string, len(data.Pipeline.Steps))
 		for i, s := range data.Pipeline.Steps {
 			names[i] = s.Name

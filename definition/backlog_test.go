@@ -305,7 +305,7 @@ func TestParseBacklogErrors(t *testing.T) {
 		{
 			name:    "unknown kind",
 			yaml:    "kind: workflow\nname: p\nbogus: 1\n",
-			wantErr: []string{`p.yaml:1: kind: unknown kind "workflow" (kinds: pipeline, backlog)`},
+			wantErr: []string{`p.yaml:1: kind: unknown kind "workflow" (kinds: pipeline, backlog, loops)`},
 		},
 		{
 			name:    "kind not a string",

@@ -1,9 +1,10 @@
-// Package definition parses the files users write, pipelines and backlogs,
-// reporting every problem as FILE:LINE: FIELD. A pipeline is a YAML document
-// naming the steps of an agent pipeline, their agents, prompts, outputs and
-// dependencies. It validates them and returns the normalized schemas.Pipeline that a session
-// carries, with defaults applied, relative paths resolved and output schemas
-// inlined, so that no other service needs the file.
+// Package definition parses the files users write, pipelines, backlogs and
+// loop hierarchies, reporting every problem as FILE:LINE: FIELD. A pipeline
+// is a YAML document naming the steps of an agent pipeline, their agents,
+// prompts, outputs and dependencies. It validates them and returns the
+// normalized schemas.Pipeline that a session carries, with defaults
+// applied, relative paths resolved and output schemas inlined, so that no
+// other service needs the file.
 //
 // A pipeline file looks like this (paths are relative to its directory):
 //
@@ -54,6 +55,26 @@
 //	prompts: {iterate: "..."}              # role: template
 //	budget: {max_cost_usd: 5}
 //	breaker: {no_progress: 3}
+//
+// A file with kind: loops describes a hierarchy of loops: levels in order,
+// the first the root, each loop of a level spawning loops of the level its
+// children name, cut from one of its outputs (defaults shown; prompt is a
+// template file, omitted for the built-in prompt):
+//
+//	kind: loops
+//	name: add-feature
+//	target: {base: main}                   # default: the current branch
+//	agent: {backend: claude}               # for levels without their own
+//	levels:
+//	  plan:
+//	    prompt: prompts/plan.md
+//	    outputs: [{name: plan.md}]
+//	    max_iterations: 5
+//	    timeout: 10m
+//	    children: {level: code, from: plan.md, split: headings, max: 50}
+//	  code:
+//	    worktree: true                     # runs in a git worktree
+//	    validate: [sh, test.sh]            # kept as written: runs there
 //
 // Every problem is reported with the file, line and dotted field path it
 // concerns, and all problems of a file are reported at once (see Errors).
@@ -118,7 +139,12 @@ func Load(path string) (schemas.Pipeline, error) {
 // project the name) and Budget.MaxIterations set from max_iterations and
 // budget.max_iterations (the tighter; 50 when neither is set). Its source
 // files must exist; they are kept as written (see SourcePath). A file
-// without kind, or of kind pipeline, is returned with Kind empty.
+// of kind loops is returned with Kind loops, no steps and Loops set: its
+// levels in file order with prompt files read, agents defaulted from the
+// top-level agent and defaults applied (max_iterations 5, timeout 10m,
+// validate_timeout 1m, children.max 50), each children's from output marked
+// as a report. A file without kind, or of kind pipeline, is returned with
+// Kind empty.
 //
 // Parse reads schema files and checks whether command arguments name files
 // under dir, but runs nothing. name is used in messages only. When data has
@@ -194,6 +220,9 @@ func (l *loader) pipeline(data []byte) schemas.Pipeline {
 	case schemas.KindBacklog:
 		l.backlog(top, &p)
 		return p
+	case schemas.KindLoops:
+		l.loops(top, &p)
+		return p
 	case schemas.KindPipeline:
 	default:
 		return p
@@ -245,15 +274,16 @@ func (l *loader) fileKind(top yamlread.Map) string {
 	if !ok {
 		return ""
 	}
-	if k != schemas.KindPipeline && k != schemas.KindBacklog {
-		l.Errorf(e.ValPos, e.Field, "unknown kind %q (kinds: %s, %s)", k, schemas.KindPipeline, schemas.KindBacklog)
+	kinds := []string{schemas.KindPipeline, schemas.KindBacklog, schemas.KindLoops}
+	if !slices.Contains(kinds, k) {
+		l.Errorf(e.ValPos, e.Field, "unknown kind %q (kinds: %s)", k, strings.Join(kinds, ", "))
 		return ""
 	}
 	return k
 }
 
-// name decodes the required name of a pipeline or backlog file: it follows
-// the step-name rules.
+// name decodes the required name of a pipeline, backlog or loops file: it
+// follows the step-name rules.
 func (l *loader) name(top yamlread.Map) string {
 	e, ok := top.Get("name")
 	if !ok {
@@ -470,6 +500,31 @@ func (l *loader) secretEnv(e yamlread.Entry) []string {
 // directory: the first element when it contains a slash, any other element
 // when it names an existing regular file there.
 func (l *loader) argv(e yamlread.Entry) ([]string, bool) {
+	argv, ok := l.rawArgv(e)
+	if !ok {
+		return nil, false
+	}
+	for i, arg := range argv {
+		if arg == "" || filepath.IsAbs(arg) {
+			continue
+		}
+		path := filepath.Join(l.dir, arg)
+		if i == 0 {
+			if strings.Contains(arg, "/") {
+				argv[i] = path
+			}
+			continue
+		}
+		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+			argv[i] = path
+		}
+	}
+	return argv, true
+}
+
+// rawArgv decodes a command as argv does but keeps it as written, for
+// commands that run elsewhere than the file's directory.
+func (l *loader) rawArgv(e yamlread.Entry) ([]string, bool) {
 	if _, isSeq := e.Val.(*ast.SequenceNode); !isSeq {
 		if _, isStr := yamlread.Scalar(e.Val); isStr {
 			l.Errorf(e.ValPos, e.Field, "want an argv list, not a string: write [sh, -c, \"...\"] to run a shell command")
@@ -487,21 +542,6 @@ func (l *loader) argv(e yamlread.Entry) ([]string, bool) {
 	if argv[0] == "" {
 		l.Errorf(items[0].ValPos, items[0].Field, "program must not be empty")
 		return nil, false
-	}
-	for i, arg := range argv {
-		if arg == "" || filepath.IsAbs(arg) {
-			continue
-		}
-		path := filepath.Join(l.dir, arg)
-		if i == 0 {
-			if strings.Contains(arg, "/") {
-				argv[i] = path
-			}
-			continue
-		}
-		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
-			argv[i] = path
-		}
 	}
 	return argv, true
 }
@@ -567,8 +607,9 @@ func (l *loader) schema(e yamlread.Entry, path string, out *schemas.Output) {
 	out.SchemaVersion = schemas.SchemaVersionOf(raw)
 }
 
-// readSchema reads a schema file, refusing anything but a regular file of at
-// most maxSchemaBytes (a pipeline naming /dev/zero must not hang Parse).
+// readSchema reads a schema file (or a loop level's prompt file), refusing
+// anything but a regular file of at most maxSchemaBytes (a pipeline naming
+// /dev/zero must not hang Parse).
 func readSchema(path string) ([]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 var layers = map[string]int{
 	"schemas": 0, "workspace/procrun": 0,
 
-	"bus": 1, "backlog": 1, "workspace": 1, "definition/yamlread": 1,
+	"bus": 1, "backlog": 1, "workspace": 1, "definition/yamlread": 1, "gitrepo": 1,
 	"agent": 2,
 
 	"definition": 3, "projections": 3, "agent/exec": 3, "agent/claude": 3, "agent/codex": 3, "config": 3,

@@ -92,8 +92,11 @@ func (d *decider) request(st *Step, iteration, attempt int, feedback []schemas.F
 		return false
 	}
 	jobRequestOf := jobRequest
-	if s.Backlog != nil {
+	switch {
+	case s.Backlog != nil:
 		jobRequestOf = backlogJobRequest
+	case s.Loops != nil:
+		jobRequestOf = loopJobRequest
 	}
 	jr, err := jobRequestOf(s, st, iteration, attempt, feedback)
 	if err != nil {
@@ -161,10 +164,14 @@ func (d *decider) decide() {
 				d.finishRun(st)
 				changed = true
 			case st.Status == StepRunning && st.Outcome == outcomePassed:
+				parts := roundParts(st, name)
+				if st.Free > 0 {
+					parts = append(parts, "free", strconv.Itoa(st.Free))
+				}
 				d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 					Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
 					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: stepSchemaVersion(st.Def),
-				}, roundParts(st, name)...)
+				}, parts...)
 				changed = true
 			case st.Status == StepRunning && st.Outcome == outcomeFailed && st.RateLimited:
 				if st.WaitJob != st.JobID {
@@ -201,9 +208,16 @@ func (d *decider) decide() {
 					changed = true
 				}
 			case st.Status == StepRunning && st.Outcome == outcomeFailed:
-				if st.Iteration >= st.Def.MaxIterations {
+				if st.Iteration-st.Free >= st.Def.MaxIterations {
 					if s.Backlog != nil && !slices.Contains(roleSteps, name) {
 						d.blockTask(st)
+						changed = true
+						continue
+					}
+					if s.Loops != nil {
+						if d.loopFailed(st); s.terminal() {
+							return
+						}
 						changed = true
 						continue
 					}
@@ -231,11 +245,16 @@ func (d *decider) decide() {
 				changed = true
 			}
 		}
-		if s.Backlog != nil {
+		switch {
+		case s.Backlog != nil:
 			if !s.terminal() && d.backlogFill() {
 				changed = true
 			}
-		} else if !changed && s.allCompleted() {
+		case s.Loops != nil:
+			if !s.terminal() && d.loopsFill() {
+				changed = true
+			}
+		case !changed && s.allCompleted():
 			d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: s.finalArtifacts()})
 		}
 	}
@@ -345,17 +364,20 @@ func (d *decider) answer(p PendingSignal) {
 		d.emit(schemas.TypeSessionStopped, "", &schemas.SessionStopped{Kind: schemas.StopSignal, Reason: why("stopped by signal")}, p.ID)
 		ack(schemas.SignalApplied, "session stopped; "+cancelled(ids))
 	case p.Verb == "stop":
-		if st.Status == StepCompleted {
+		targets := s.subtree(st, func(t *Step) bool { return t.Status != StepCompleted })
+		if len(targets) == 0 {
 			ignore("step %s already completed", st.Def.Name)
 			return
 		}
-		id, ok := d.cancel(st, why("stop signal"))
-		var ids []string
-		if ok {
-			ids = []string{id}
+		var ids, names []string
+		for _, t := range targets {
+			if id, ok := d.cancel(t, why("stop signal")); ok {
+				ids = append(ids, id)
+			}
+			d.emit(schemas.TypeStepPaused, t.Def.Name, &schemas.StepPaused{Step: t.Def.Name, Kind: schemas.PauseStop, Reason: why("stopped by signal")}, t.Def.Name, p.ID)
+			names = append(names, t.Def.Name)
 		}
-		d.emit(schemas.TypeStepPaused, st.Def.Name, &schemas.StepPaused{Step: st.Def.Name, Kind: schemas.PauseStop, Reason: why("stopped by signal")}, st.Def.Name, p.ID)
-		ack(schemas.SignalApplied, "step "+st.Def.Name+" stopped; "+cancelled(ids))
+		ack(schemas.SignalApplied, "step "+strings.Join(names, ", ")+" stopped; "+cancelled(ids))
 	case p.Verb == "pause" && st == nil:
 		if s.Status != StatusRunning {
 			ignore("session already %s", s.Status)
@@ -364,12 +386,17 @@ func (d *decider) answer(p PendingSignal) {
 		d.emit(schemas.TypeSessionPaused, "", &schemas.SessionPaused{Reason: why("paused by signal")}, p.ID)
 		ack(schemas.SignalApplied, "session paused; running jobs finish, nothing new is dispatched")
 	case p.Verb == "pause":
-		if st.Status == StepCompleted || st.Hold != "" {
+		targets := s.subtree(st, func(t *Step) bool { return t.Status != StepCompleted && t.Hold == "" })
+		if len(targets) == 0 {
 			ignore("step %s is %s", st.Def.Name, stepState(st))
 			return
 		}
-		d.emit(schemas.TypeStepPaused, st.Def.Name, &schemas.StepPaused{Step: st.Def.Name, Kind: schemas.PauseSignal, Reason: why("paused by signal")}, st.Def.Name, p.ID)
-		ack(schemas.SignalApplied, "step "+st.Def.Name+" paused")
+		var names []string
+		for _, t := range targets {
+			d.emit(schemas.TypeStepPaused, t.Def.Name, &schemas.StepPaused{Step: t.Def.Name, Kind: schemas.PauseSignal, Reason: why("paused by signal")}, t.Def.Name, p.ID)
+			names = append(names, t.Def.Name)
+		}
+		ack(schemas.SignalApplied, "step "+strings.Join(names, ", ")+" paused")
 	case p.Verb == "resume":
 		d.resume(p, st, ack, ignore)
 	case p.Verb == "info":
@@ -390,6 +417,17 @@ func (d *decider) answer(p PendingSignal) {
 			return
 		}
 		ack(schemas.SignalApplied, "added to the next prompt of step "+strings.Join(names, ", "))
+	case p.Verb == "invalidate" && s.Loops != nil:
+		if st == nil {
+			ignore("invalidate names a loop: SESSION/LOOP")
+			return
+		}
+		if lp := s.Loops.Loops[p.Step]; lp == nil || lp.Status == LoopInvalidated {
+			ignore("loop %s no longer stands (an ancestor was invalidated); invalidate a running loop", p.Step)
+			return
+		}
+		names := d.invalidateLoop(p.Step, p.Step, p.Reason, p.ID)
+		ack(schemas.SignalApplied, "runs again: "+names[0]+cancelledLoops(names[1:]))
 	case p.Verb == "invalidate" && s.Backlog != nil:
 		ignore("invalidate is for pipeline steps; in a backlog, set a task's status with loopbus tasks set-status")
 	case p.Verb == "invalidate":
@@ -418,7 +456,7 @@ func (d *decider) resume(p PendingSignal, st *Step, ack func(result, detail stri
 	s := d.s
 	var steps []*Step
 	if st != nil {
-		steps = []*Step{st}
+		steps = s.subtree(st, func(*Step) bool { return true })
 	} else {
 		for _, name := range s.stepNames() {
 			steps = append(steps, s.Steps[name])

@@ -71,6 +71,8 @@ type Session struct {
 	Resumes int
 	// Backlog is the state of a backlog session (nil for pipelines).
 	Backlog *BacklogState
+	// Loops is the state of a loops session (nil otherwise).
+	Loops *LoopsState
 	// Pending holds signals not acknowledged yet, oldest first. Finished
 	// sessions keep them too: they are acknowledged as ignored.
 	Pending []PendingSignal
@@ -132,6 +134,9 @@ type Step struct {
 	// file's tasks.
 	Summary   *backlog.Summary
 	FileTasks []schemas.Task
+	// Free counts iterations that do not count against MaxIterations (a
+	// loop's iterations after conflicting merges).
+	Free int
 }
 
 // PendingSignal is a signal the orchestrator has not acknowledged yet.
@@ -153,6 +158,9 @@ func (s *Session) clone() *Session {
 	c.Pending = slices.Clone(s.Pending)
 	if s.Backlog != nil {
 		c.Backlog = s.Backlog.clone()
+	}
+	if s.Loops != nil {
+		c.Loops = s.Loops.clone()
 	}
 	return &c
 }
@@ -264,7 +272,7 @@ func Evolve(st *State, ev schemas.Event) {
 		// Nothing is decided for a finished session again (but signals
 		// are acknowledged): keep only what identifies it (Check, LastSeq),
 		// so memory grows with the running sessions, not the history.
-		s.seen, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil
+		s.seen, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog, s.Loops = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil, nil
 	} else if ev.ID != "" {
 		s.seen[ev.ID] = struct{}{}
 	}
@@ -295,6 +303,9 @@ func newSession(ev schemas.Event) *Session {
 	}
 	if d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil {
 		s.Backlog = newBacklogState(d)
+	}
+	if d.Pipeline.Kind == schemas.KindLoops && d.Pipeline.Loops != nil && len(d.Pipeline.Loops.Levels) > 0 {
+		s.Loops = newLoopsState(d)
 	}
 	return s
 }
@@ -328,6 +339,9 @@ func evolveSession(s *Session, ev schemas.Event) {
 			}
 		}
 	case *schemas.JobRequested:
+		if d.Worktree != nil && d.Worktree.Merge {
+			break // a merge job: the loop state follows it
+		}
 		attempt := max(d.Attempt, 1)
 		if st := s.Steps[d.Step]; st != nil && st.Status != StepCompleted &&
 			(st.Status == StepPending && d.Round >= st.Round || newer(d.Round, d.Iteration, attempt, st)) {
@@ -352,6 +366,9 @@ func evolveSession(s *Session, ev schemas.Event) {
 			st.Outcome, st.Passed = outcomePassed, d.Artifacts
 			if s.Backlog != nil {
 				s.Backlog.checkReport(st, d)
+			}
+			if s.Loops != nil {
+				s.Loops.checkParts(st, d)
 			}
 		} else {
 			st.Outcome = outcomeFailed
@@ -439,6 +456,9 @@ func evolveSession(s *Session, ev schemas.Event) {
 	case *schemas.SessionFailed:
 		s.Status = StatusFailed
 	}
+	if s.Loops != nil {
+		s.Loops.evolve(s, ev)
+	}
 }
 
 // newer reports whether a job request at (round, iteration, attempt) comes
@@ -477,13 +497,32 @@ func verdictSignature(d *schemas.Verdict) string {
 }
 
 // hintTargets returns the steps an info signal for step ("" for all)
-// reaches: those not completed.
+// reaches: those not completed (in a loops session, the loop's subtree).
 func (s *Session) hintTargets(step string) []*Step {
 	var out []*Step
 	for _, name := range s.stepNames() {
 		st := s.Steps[name]
-		if (step == "" || step == name) && st.Status != StepCompleted && st.Status != StepFailed {
+		if (step == "" || step == name || s.Loops != nil && strings.HasPrefix(name, step+"-")) && st.Status != StepCompleted && st.Status != StepFailed && st.Status != StepInvalidatedLoop {
 			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// subtree returns st and, in a loops session, the steps of the loops under
+// it that still stand, each only if keep says so: a signal for a loop acts
+// on its subtree.
+func (s *Session) subtree(st *Step, keep func(*Step) bool) []*Step {
+	var out []*Step
+	if keep(st) {
+		out = append(out, st)
+	}
+	if s.Loops == nil {
+		return out
+	}
+	for _, id := range s.Loops.descendants(st.Def.Name) {
+		if t := s.Steps[id]; t != nil && t.Status != StepInvalidatedLoop && keep(t) {
+			out = append(out, t)
 		}
 	}
 	return out

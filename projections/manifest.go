@@ -108,12 +108,24 @@ type Manifest struct {
 	Signals []SignalView `json:"signals,omitempty"`
 	// Kind is "backlog" for a backlog session (empty for pipelines): its
 	// steps are its task runs and role runs (bootstrap, repair, review),
-	// added as they are selected. Phase is the backlog's phase.
+	// added as they are selected. Phase is the backlog's phase. Kind is
+	// "loops" for a loops session: its steps are its loops (see Loops),
+	// added as they are spawned.
 	Kind  string `json:"kind,omitempty"`
 	Phase string `json:"phase,omitempty"`
 	// MaxSummaryIterations is a backlog's iterations per task run (the
 	// MaxIterations of its steps).
 	MaxSummaryIterations int `json:"maxSummaryIterations,omitempty"`
+	// Loops are the loops of a loops session (Kind "loops"), in spawn
+	// order (a loop spawned again keeps its place). Each runs as the step
+	// named after its id, added to Steps when it is spawned.
+	Loops []LoopView `json:"loops,omitempty"`
+	// LoopLevels are a loops session's levels, in pipeline order: what a
+	// spawned loop's step and branch are.
+	LoopLevels []LoopLevelView `json:"loopLevels,omitempty"`
+	// Target is the branch a loops session's loops are merged into; nil
+	// for other sessions.
+	Target *TargetView `json:"target,omitempty"`
 	// LastSeq is the stream sequence of the last event folded (0 when no
 	// folded event came from the stream).
 	LastSeq uint64 `json:"lastSeq"`
@@ -166,6 +178,79 @@ type StepView struct {
 	Hints          []Hint `json:"hints,omitempty"`
 }
 
+// Loop statuses (LoopView.Status).
+const (
+	// LoopStatusRunning: the loop's step runs, or waits to run (a held
+	// loop shows in its step's view).
+	LoopStatusRunning = "running"
+	// LoopStatusMerging: the loop passed with changes; its commits wait
+	// for (or are in) their merge into the target branch.
+	LoopStatusMerging   = "merging"
+	LoopStatusCompleted = "completed"
+	LoopStatusFailed    = "failed"
+	// LoopStatusInvalidated: an ancestor was invalidated or iterated
+	// again; the loop no longer stands until it is spawned again.
+	LoopStatusInvalidated = "invalidated"
+)
+
+// LoopView is one loop of a loops session.
+type LoopView struct {
+	ID     string `json:"id"`
+	Parent string `json:"parent,omitempty"`
+	Level  string `json:"level"`
+	// Index is the loop's position among its siblings, from 1 (0 for the
+	// root).
+	Index int    `json:"index"`
+	Title string `json:"title,omitempty"`
+	// Status is one of the LoopStatus constants.
+	Status string `json:"status"`
+	// Iterations are its step's iterations.
+	Iterations int `json:"iterations"`
+	// Branch is the loop's git branch, loopbus/<session>/<loop>, for the
+	// loops of worktree levels.
+	Branch string `json:"branch,omitempty"`
+	// MergeCommit is the target branch's head its merge made.
+	MergeCommit string `json:"mergeCommit,omitempty"`
+	// Commit is the commit of the loop's latest iteration (of its current
+	// run); empty when that iteration changed nothing.
+	Commit string `json:"commit,omitempty"`
+	// Rebases counts the iterations it got because its merge conflicted.
+	Rebases int `json:"rebases,omitempty"`
+	// Generation counts the loop's earlier spawns.
+	Generation int `json:"generation,omitempty"`
+}
+
+// LoopLevelView is a level of a loops session.
+type LoopLevelView struct {
+	Name          string `json:"name"`
+	MaxIterations int    `json:"maxIterations"`
+	// Worktree: the level's loops work in git worktrees and are merged
+	// into the target branch.
+	Worktree bool `json:"worktree,omitempty"`
+}
+
+// TargetView is the branch a loops session's loops are merged into.
+type TargetView struct {
+	// Branch is the target branch, loopbus/<session>; empty when no level
+	// works in a worktree.
+	Branch string `json:"branch,omitempty"`
+	// Base is the branch it started from, BaseCommit that branch's commit
+	// when the session started.
+	Base       string `json:"base,omitempty"`
+	BaseCommit string `json:"baseCommit,omitempty"`
+	// Head is the newest loop.merged head, else BaseCommit.
+	Head string `json:"head,omitempty"`
+	// Merges counts loop.merged events.
+	Merges int `json:"merges,omitempty"`
+	// Bundles bring a repository to Head, in order: the session's base
+	// bundle, then each merge's.
+	Bundles []schemas.ArtifactRef `json:"bundles,omitempty"`
+	// Repo names the repository (its directory's base name).
+	Repo string `json:"repo,omitempty"`
+	// Task is the first line of the session's task.
+	Task string `json:"task,omitempty"`
+}
+
 // Hold says why a session or step is held.
 type Hold struct {
 	// Kind is, for a session, "pause", "signal" or "budget"; for a step,
@@ -214,6 +299,9 @@ type JobView struct {
 	Usage *schemas.Usage `json:"usage,omitempty"`
 	// Reason is why the job was cancelled.
 	Reason string `json:"reason,omitempty"`
+	// Merge marks a loop's merge job (job.requested with worktree.merge):
+	// not an iteration of its step, which it leaves as it is.
+	Merge bool `json:"merge,omitempty"`
 }
 
 // SignalView is a signal (signal.*) and its acknowledgement.
@@ -253,6 +341,10 @@ type SignalView struct {
 // resets a step to pending at iteration 0, keeping its usage and counters.
 // Usage is summed per job (a job's last report replaces earlier ones), per
 // step and for the session. Signals are kept with their acknowledgement.
+// In a loops session, loop.spawned adds a loop and its step (or starts
+// both over), a merge job (job.requested with worktree.merge) is a job
+// that leaves its loop's step alone, and loop.* and the steps' events set
+// the loops' statuses and the target branch (see LoopView, TargetView).
 // A completed or failed session or step is never held.
 //
 // The fold is tolerant: data of an unexpected Go type (the registered
@@ -286,15 +378,34 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 	switch ev.Type {
 	case schemas.TypeTaskSelected:
 		if d, ok := dataAs[schemas.TaskSelected](ev.Data); ok && m.Kind == schemas.KindBacklog {
-			m.runStep(d.ID)
+			m.runStep(d.ID, m.MaxSummaryIterations)
 		}
 	case schemas.TypeBacklogPhase:
 		if d, ok := dataAs[schemas.BacklogPhase](ev.Data); ok && m.Kind == schemas.KindBacklog {
 			m.Phase = d.Phase
 			if d.Phase == schemas.PhaseBootstrap || d.Phase == schemas.PhaseRepair || d.Phase == schemas.PhaseReview {
-				m.runStep(d.Phase)
+				m.runStep(d.Phase, m.MaxSummaryIterations)
 			}
 		}
+	case schemas.TypeLoopSpawned:
+		if d, ok := dataAs[schemas.LoopSpawned](ev.Data); ok {
+			m.loopSpawned(d)
+		}
+	case schemas.TypeLoopMerged:
+		if d, ok := dataAs[schemas.LoopMerged](ev.Data); ok {
+			m.loopMerged(d)
+		}
+	case schemas.TypeLoopRebase:
+		if d, ok := dataAs[schemas.LoopRebase](ev.Data); ok {
+			m.loopRebase(d)
+		}
+	case schemas.TypeLoopInvalidated:
+		if d, ok := dataAs[schemas.LoopInvalidated](ev.Data); ok {
+			if lp := m.loop(orElse(d.Loop, ev.Step)); lp != nil {
+				lp.Status = LoopStatusInvalidated
+			}
+		}
+
 	case schemas.TypeJobRequested:
 		d, ok := dataAs[schemas.JobRequested](ev.Data)
 		if !ok {
@@ -306,6 +417,16 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 			return m
 		}
 		id := orElse(d.JobID, ev.Job)
+		if d.Worktree != nil && d.Worktree.Merge {
+			// A merge job: a job of the loop, not an iteration of its
+			// step.
+			if id != "" {
+				if j := m.job(id, name); j.Step == name {
+					j.Iteration, j.Round, j.Merge = d.Iteration, d.Round, true
+				}
+			}
+			return m
+		}
 		sv.Status = StepStatusInProgress
 		sv.Iterations = max(sv.Iterations, d.Iteration)
 		sv.JobID = id
@@ -327,6 +448,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 			}
 		}
 		m.settle(sv)
+		m.syncLoop(name)
 
 	case schemas.TypeJobStarted:
 		d, ok := dataAs[schemas.JobStarted](ev.Data)
@@ -349,7 +471,11 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		if !ok {
 			return m
 		}
-		m.jobEnded(orElse(d.JobID, ev.Job), orElse(d.Step, ev.Step), d.Iteration, JobStatusCompleted, d.Worker, d.Usage)
+		id := orElse(d.JobID, ev.Job)
+		m.jobEnded(id, orElse(d.Step, ev.Step), d.Iteration, JobStatusCompleted, d.Worker, d.Usage)
+		if d.Git != nil {
+			m.loopCommit(id, d.Git)
+		}
 
 	case schemas.TypeValidationFailed:
 		d, ok := dataAs[schemas.Verdict](ev.Data)
@@ -395,6 +521,9 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 			return m // told twice
 		}
 		j.Status, j.Reason = JobStatusCancelled, paragraph(d.Reason)
+		if j.Merge {
+			return m // not an iteration of the step
+		}
 		if j.Iteration == 0 {
 			j.Iteration = d.Iteration
 		}
@@ -404,6 +533,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 			sv.Iterations = min(sv.Iterations, max(j.Iteration-1, 0))
 			sv.Worker = ""
 			m.settle(sv)
+			m.syncLoop(name)
 		}
 
 	case schemas.TypeStepWaiting:
@@ -462,6 +592,11 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sv.Invalidations++
 		sv.LastInvalidation = &Invalidation{Cause: d.Cause, Reason: paragraph(d.Reason), At: ev.Time}
 		m.settle(sv)
+		if lp := m.loop(orElse(d.Step, ev.Step)); lp != nil {
+			// The loop runs again: its earlier work no longer stands.
+			lp.Status, lp.Commit, lp.MergeCommit = LoopStatusRunning, "", ""
+		}
+		m.syncLoop(orElse(d.Step, ev.Step))
 
 	case schemas.TypeStepCompleted:
 		d, ok := dataAs[schemas.StepCompleted](ev.Data)
@@ -488,6 +623,14 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sv.Artifacts = slices.Clone(d.Artifacts)
 		sv.ErrorMessage = ""
 		sv.Wait, sv.Hold = nil, nil // a finished step is never held
+		if lp := m.loop(orElse(d.Step, ev.Step)); lp != nil {
+			// A worktree loop that changed something is merged next.
+			lp.Status = LoopStatusCompleted
+			if lv := m.loopLevel(lp.Level); lv != nil && lv.Worktree && lp.Commit != "" {
+				lp.Status = LoopStatusMerging
+			}
+		}
+		m.syncLoop(orElse(d.Step, ev.Step))
 
 	case schemas.TypeStepFailed:
 		d, ok := dataAs[schemas.StepFailed](ev.Data)
@@ -502,6 +645,10 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sv.ErrorMessage = d.Error
 		sv.Iterations = max(sv.Iterations, d.Iterations)
 		sv.Wait, sv.Hold = nil, nil
+		if lp := m.loop(orElse(d.Step, ev.Step)); lp != nil {
+			lp.Status = LoopStatusFailed
+		}
+		m.syncLoop(orElse(d.Step, ev.Step))
 
 	case schemas.TypeSessionPaused:
 		if m.Terminal() {
@@ -615,6 +762,9 @@ func startManifest(ev schemas.Event) *Manifest {
 	m.SourceHash = d.SourceHash
 	if d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil {
 		m.Kind, m.MaxSummaryIterations = schemas.KindBacklog, d.Pipeline.Backlog.MaxSummaryIterations
+	}
+	if d.Pipeline.Kind == schemas.KindLoops && d.Pipeline.Loops != nil {
+		m.startLoops(ev.Session, d)
 	}
 	if d.Input != (schemas.ArtifactRef{}) {
 		in := d.Input
@@ -799,20 +949,23 @@ func (m *Manifest) addSignal(sg SignalView) *SignalView {
 	return &m.Signals[len(m.Signals)-1]
 }
 
-// runStep starts a new run of a backlog step (a task or a role): the step
-// is added on its first run and pending again on later ones.
-func (m *Manifest) runStep(name string) {
+// runStep starts a new run of a backlog step (a task or a role) or of a
+// loop's step: the step is added on its first run, with maxIterations,
+// and pending again on later ones. It returns the step's view (nil for no
+// name).
+func (m *Manifest) runStep(name string, maxIterations int) *StepView {
 	if name == "" {
-		return
+		return nil
 	}
 	sv := m.Steps[name]
 	if sv == nil {
-		sv = &StepView{MaxIterations: m.MaxSummaryIterations}
+		sv = &StepView{MaxIterations: maxIterations}
 		m.Steps[name] = sv
 		m.StepOrder = append(m.StepOrder, name)
 	}
 	sv.Status, sv.JobID, sv.Worker, sv.Wait = StepStatusPending, "", "", nil
 	sv.Iterations, sv.ErrorMessage = 0, ""
+	return sv
 }
 
 // step returns the view of a pipeline step, or nil for an unknown name.

@@ -48,10 +48,14 @@ var fuzzTypes = []fuzzType{
 	{schemas.TypeSignalInfo, func() any { return new(schemas.Signal) }},
 	{schemas.TypeSignalAcknowledged, func() any { return new(schemas.SignalAcknowledged) }},
 	{"loopbus.session.snoozed", nil},
+	{schemas.TypeLoopSpawned, func() any { return new(schemas.LoopSpawned) }},
+	{schemas.TypeLoopMerged, func() any { return new(schemas.LoopMerged) }},
+	{schemas.TypeLoopRebase, func() any { return new(schemas.LoopRebase) }},
+	{schemas.TypeLoopInvalidated, func() any { return new(schemas.LoopInvalidated) }},
 }
 
 var fuzzSessions = []string{sessionID, otherSession, ""}
-var fuzzSteps = []string{"", "summary", "ideas", "writing-kit", "publish"}
+var fuzzSteps = []string{"", "summary", "ideas", "writing-kit", "publish", "plan", "plan-001", "plan-001-001", "plan-001-002"}
 
 // fuzzReader consumes fuzz bytes; reads past the end yield zeros.
 type fuzzReader struct{ b []byte }
@@ -171,11 +175,39 @@ func compactData(d any, job, sig func(string) string) any {
 		for _, st := range d.Pipeline.Steps {
 			steps = append(steps, obj{"name": st.Name, "requires": st.Requires, "final": st.Final})
 		}
-		return obj{"pipeline": obj{"name": d.Pipeline.Name, "steps": steps}, "input": obj{"name": d.Input.Name}, "sourceHash": d.SourceHash}
+		p := obj{"name": d.Pipeline.Name, "steps": steps}
+		out := obj{"pipeline": p, "input": obj{"name": d.Input.Name}, "sourceHash": d.SourceHash}
+		if l := d.Pipeline.Loops; l != nil {
+			var levels []obj
+			for _, lv := range l.Levels {
+				levels = append(levels, obj{"name": lv.Name, "maxIterations": lv.MaxIterations, "worktree": lv.Worktree})
+			}
+			p["kind"], p["loops"] = d.Pipeline.Kind, obj{"levels": levels}
+		}
+		if st := d.Loops; st != nil {
+			out["loops"] = obj{"task": st.Task[:min(len(st.Task), 20)], "baseCommit": st.BaseCommit[:min(len(st.BaseCommit), 8)], "target": st.Target}
+		}
+		return out
 	case *schemas.JobRequested:
-		return obj{"jobId": job(d.JobID), "step": d.Step, "iteration": d.Iteration, "round": d.Round, "hints": d.Hints}
+		out := obj{"jobId": job(d.JobID), "step": d.Step, "iteration": d.Iteration, "round": d.Round, "hints": d.Hints}
+		if d.Worktree != nil && d.Worktree.Merge {
+			out["worktree"] = obj{"merge": true}
+		}
+		return out
 	case *schemas.JobCompleted:
-		return obj{"jobId": job(d.JobID), "step": d.Step, "usage": d.Usage}
+		out := obj{"jobId": job(d.JobID), "step": d.Step, "usage": d.Usage}
+		if g := d.Git; g != nil {
+			out["git"] = obj{"commit": g.Commit[:min(len(g.Commit), 8)], "changed": g.Changed}
+		}
+		return out
+	case *schemas.LoopSpawned:
+		return obj{"loop": d.Loop, "parent": d.Parent, "level": d.Level, "generation": d.Generation}
+	case *schemas.LoopMerged:
+		return obj{"loop": d.Loop, "head": d.Head[:min(len(d.Head), 8)], "bundle": obj{"object": d.Bundle.Object}}
+	case *schemas.LoopRebase:
+		return obj{"loop": d.Loop, "conflict": d.Conflict}
+	case *schemas.LoopInvalidated:
+		return obj{"loop": d.Loop}
 	case *schemas.JobCancelled:
 		return obj{"jobId": job(d.JobID), "step": d.Step, "iteration": d.Iteration, "reason": d.Reason}
 	case *schemas.StepWaiting:

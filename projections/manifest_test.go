@@ -40,6 +40,7 @@ var goldenCases = []struct {
 	{"invalidation", invalidation},
 	{"usage_sums", usageSums},
 	{"backlog_runs", backlogRuns},
+	{"loops_session", loopsSession},
 }
 
 func foldAll(evs []schemas.Event) *Manifest {

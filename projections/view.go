@@ -24,6 +24,13 @@ func (m *Manifest) Clone() *Manifest {
 	c.Budget = clonePtr(m.Budget)
 	c.Usage = clonePtr(m.Usage)
 	c.Signals = slices.Clone(m.Signals)
+	c.Loops = slices.Clone(m.Loops)
+	c.LoopLevels = slices.Clone(m.LoopLevels)
+	if m.Target != nil {
+		t := *m.Target
+		t.Bundles = slices.Clone(m.Target.Bundles)
+		c.Target = &t
+	}
 	if m.Jobs != nil {
 		c.Jobs = make(map[string]*JobView, len(m.Jobs))
 		for id, j := range m.Jobs {

@@ -67,6 +67,10 @@ func catalogueEntries() map[string]entry {
 		TypeBacklogPhase:       {func() any { return new(BacklogPhase) }},
 		TypeHookCompleted:      {func() any { return new(HookRun) }},
 		TypeHookFailed:         {func() any { return new(HookRun) }},
+		TypeLoopSpawned:        {func() any { return new(LoopSpawned) }},
+		TypeLoopMerged:         {func() any { return new(LoopMerged) }},
+		TypeLoopRebase:         {func() any { return new(LoopRebase) }},
+		TypeLoopInvalidated:    {func() any { return new(LoopInvalidated) }},
 	}
 }
 

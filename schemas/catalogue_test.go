@@ -208,6 +208,18 @@ func samples(t *testing.T) map[string]any {
 			Hook: "notify", EventID: "ev-2", EventType: TypeSessionFailed, EventSeq: 57, Runner: "hooks-default",
 			ExitCode: -1, DurationMs: 10000, TimedOut: true, Error: "timed out after 10s",
 		},
+		TypeLoopSpawned: &LoopSpawned{
+			Loop: "root-2", Parent: "root", Level: "feature", Index: 2,
+			Input: "## Search\nAdd a search box.\n", InputName: "plan.md", InputDigest: Digest([]byte("## Search\nAdd a search box.\n")),
+			Title: "## Search", Generation: 1,
+		},
+		TypeLoopMerged: &LoopMerged{
+			Loop: "root-2", JobID: "sess-1.root-2.merge.1",
+			Head: strings.Repeat("b", 40), Previous: strings.Repeat("a", 40),
+			Bundle: testArtifact(t, "root-2.bundle", "root-2", "bundle"), Position: 1,
+		},
+		TypeLoopRebase:      &LoopRebase{Loop: "root-1", Head: strings.Repeat("b", 40), Cause: "root-2", Conflict: []string{"README.md"}, Reason: "root-2 was merged first"},
+		TypeLoopInvalidated: &LoopInvalidated{Loop: "root-1", Cause: "root", Reason: "root iterated again"},
 	}
 }
 
@@ -221,8 +233,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 35 {
-		t.Errorf("catalogue has %d types, want 35", len(want))
+	if len(want) != 39 {
+		t.Errorf("catalogue has %d types, want 39", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

@@ -65,6 +65,10 @@ func FormatFeedback(fb []Feedback) string {
 		switch f.Kind {
 		case "job":
 			fmt.Fprintf(&b, "Iteration %d: the agent run failed.\n", f.Iteration)
+		case "merge":
+			fmt.Fprintf(&b, "Iteration %d: the outputs passed, but merging them conflicted.\n", f.Iteration)
+		case "child":
+			fmt.Fprintf(&b, "Iteration %d: a loop spawned from the outputs could not pass.\n", f.Iteration)
 		default:
 			fmt.Fprintf(&b, "Iteration %d: the outputs failed validation.\n", f.Iteration)
 		}

@@ -96,6 +96,8 @@ type Pipeline struct {
 	// is empty and Backlog says how tasks are worked.
 	Kind    string   `json:"kind,omitempty"`
 	Backlog *Backlog `json:"backlog,omitempty"`
+	// Loops is the hierarchy of a pipeline of kind loops.
+	Loops *Loops `json:"loops,omitempty"`
 }
 
 // Step is one normalized pipeline step.
@@ -166,6 +168,9 @@ type Output struct {
 	// Report asks the validator to carry the output's content (JSON, at
 	// most MaxReportBytes) in validation.passed.
 	Report bool `json:"report,omitempty"`
+	// ReportText carries a Report output that is text, not JSON, as a JSON
+	// string (a loop level's children are cut from it).
+	ReportText bool `json:"reportText,omitempty"`
 }
 
 // SessionStarted starts a session. Emitted by the CLI.
@@ -179,13 +184,16 @@ type SessionStarted struct {
 	Budget *Budget `json:"budget,omitempty"`
 	// Backlog holds a backlog session's source files and imported tasks.
 	Backlog *BacklogStart `json:"backlog,omitempty"`
+	// Loops holds a loops session's task and repository.
+	Loops *LoopsStart `json:"loops,omitempty"`
 }
 
 // Feedback is what an earlier failed iteration of a step left for the next.
 type Feedback struct {
 	Iteration int `json:"iteration"`
-	// Kind is "validation" (the validator rejected the outputs) or "job" (the
-	// agent run itself failed).
+	// Kind is "validation" (the validator rejected the outputs), "job" (the
+	// agent run itself failed), "merge" (a loop's merge conflicted) or
+	// "child" (a child loop used up its iterations).
 	Kind   string            `json:"kind"`
 	Errors []ValidationError `json:"errors,omitempty"`
 	// Message summarizes the failure in one paragraph.
@@ -218,6 +226,12 @@ type JobRequested struct {
 	// Hints are messages of info signals given since the step's previous
 	// job, oldest first; the prompt ends with them.
 	Hints []string `json:"hints,omitempty"`
+	// Files are small inputs carried inline (a loop's task and its part
+	// of the parent's artifact), written to in/.
+	Files []InlineFile `json:"files,omitempty"`
+	// Worktree makes the job run in a git worktree (loops levels with
+	// worktree: true), or merge (Worktree.Merge).
+	Worktree *WorktreeSpec `json:"worktree,omitempty"`
 }
 
 // JobStarted reports that a worker took a job. Emitted by agentworker.
@@ -289,6 +303,8 @@ type JobCompleted struct {
 	// IgnoredLines counts lines of the agent's event stream of types
 	// loopbus does not know (claude and codex backends).
 	IgnoredLines int `json:"ignoredLines,omitempty"`
+	// Git is the commit a worktree job left.
+	Git *GitResult `json:"git,omitempty"`
 }
 
 // JobFailed reports an agent run that failed: non-zero exit, time-out,
@@ -315,6 +331,8 @@ type JobFailed struct {
 	Cancelled bool `json:"cancelled,omitempty"`
 	// IgnoredLines: see JobCompleted.
 	IgnoredLines int `json:"ignoredLines,omitempty"`
+	// Conflict lists the files a merge job conflicted on.
+	Conflict []string `json:"conflict,omitempty"`
 }
 
 // ValidationError is one problem found in an artifact.

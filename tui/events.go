@@ -27,14 +27,23 @@ func EventLine(ev schemas.Event, m *projections.Manifest) string {
 // Types it does not know show as the type without "loopbus.".
 func Describe(ev schemas.Event, m *projections.Manifest) string {
 	tag := func(job string) string { return jobTag(m, job, ev.Step) }
+	if s, ok := describeLoop(ev, m); ok {
+		return s
+	}
 	switch d := ev.Data.(type) {
 	case *schemas.SessionStarted:
 		s := fmt.Sprintf("session %s started: pipeline %s, %s", ev.Session, d.Pipeline.Name, Plural(len(d.Pipeline.Steps), "step"))
+		if l := d.Pipeline.Loops; d.Pipeline.Kind == schemas.KindLoops && l != nil {
+			s = fmt.Sprintf("session %s started: loops %s, %s", ev.Session, d.Pipeline.Name, Plural(len(l.Levels), "level"))
+		}
 		if b := budgetText(m); b != "" {
 			s += ", budget " + b
 		}
 		return s
 	case *schemas.JobRequested:
+		if d.Worktree != nil && d.Worktree.Merge {
+			return "merge of " + d.Step + " into " + targetBranch(m, ev.Session) + " queued"
+		}
 		s := d.Step + "#" + strconv.Itoa(d.Iteration) + " queued"
 		var notes []string
 		if d.Round > 0 {
@@ -82,9 +91,27 @@ func Describe(ev schemas.Event, m *projections.Manifest) string {
 	case *schemas.ArtifactStored:
 		return fmt.Sprintf("%s stored %s (%d bytes)", tag(d.JobID), d.Artifact.Name, d.Artifact.Size)
 	case *schemas.JobCompleted:
-		return tag(d.JobID) + " agent done after " + Duration(time.Duration(d.DurationMs)*time.Millisecond) + usageText(d.Usage)
+		took := Duration(time.Duration(d.DurationMs) * time.Millisecond)
+		if isMerge(m, d.JobID) {
+			s := tag(d.JobID) + " done after " + took
+			if d.Git != nil {
+				s += ": head " + ShortCommit(d.Git.Commit)
+			}
+			return s
+		}
+		s := tag(d.JobID) + " agent done after " + took + usageText(d.Usage)
+		switch g := d.Git; {
+		case g == nil:
+		case g.Changed:
+			s += ", commit " + ShortCommit(g.Commit)
+		default:
+			s += ", no change"
+		}
+		return s
 	case *schemas.JobFailed:
 		switch {
+		case len(d.Conflict) > 0:
+			return tag(d.JobID) + " conflicted on " + OneLine(strings.Join(d.Conflict, ", "), 120)
 		case d.Cancelled:
 			return tag(d.JobID) + " agent killed: the job was cancelled" + usageText(d.Usage)
 		case d.RateLimited:
@@ -212,10 +239,14 @@ func usageText(u *schemas.Usage) string {
 	return s
 }
 
-// jobTag names a job's run for people: "step#iteration".
+// jobTag names a job's run for people: "step#iteration", or "loop merge"
+// for a loop's merge job.
 func jobTag(m *projections.Manifest, job, step string) string {
 	if m != nil {
 		if j := m.Jobs[job]; j != nil {
+			if j.Merge {
+				return j.Step + " merge"
+			}
 			return j.Step + "#" + strconv.Itoa(j.Iteration)
 		}
 	}

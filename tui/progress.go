@@ -13,8 +13,9 @@ import (
 
 // Progress prints a line per meaningful event while `run` and `wait`
 // follow a session without a terminal: steps queued, started, failed,
-// failing validation and completed, the session's completion, and a
-// backlog's phases and tasks. It is safe for concurrent use.
+// failing validation and completed, the session's completion, a
+// backlog's phases and tasks, and a loops session's loops and merges. It
+// is safe for concurrent use.
 type Progress struct {
 	mu    sync.Mutex
 	w     io.Writer
@@ -32,11 +33,19 @@ func (p *Progress) Event(ev schemas.Event, m *projections.Manifest) {
 	ts := ev.Time.Local().Format("15:04:05")
 	switch d := ev.Data.(type) {
 	case *schemas.JobRequested:
+		if d.Worktree != nil && d.Worktree.Merge {
+			fmt.Fprintf(p.w, "%s  → %s: merge into %s queued\n", ts, d.Step, targetBranch(m, ev.Session))
+			return
+		}
 		p.start[d.JobID] = ev.Time
 		fmt.Fprintf(p.w, "%s  → %s: iteration %d queued\n", ts, d.Step, d.Iteration)
 	case *schemas.JobStarted:
 		fmt.Fprintf(p.w, "%s    %s: running on %s%s\n", ts, ev.Step, d.Worker, redelivery(d.Delivery))
 	case *schemas.JobFailed:
+		if len(d.Conflict) > 0 {
+			fmt.Fprintf(p.w, "%s  ✗ %s: merge conflicted on %s\n", ts, d.Step, clip(strings.Join(d.Conflict, ", "), 120))
+			return
+		}
 		fmt.Fprintf(p.w, "%s  ✗ %s: iteration %d failed: %s\n", ts, d.Step, d.Iteration, clip(d.Error, 120))
 	case *schemas.Verdict:
 		if ev.Type == schemas.TypeValidationFailed {
@@ -58,6 +67,9 @@ func (p *Progress) Event(ev schemas.Event, m *projections.Manifest) {
 		fmt.Fprintf(p.w, "%s  ✓ session %s completed in %s\n", ts, ev.Session, ev.Time.Sub(m.CreatedAt).Round(time.Millisecond))
 	case *schemas.BacklogPhase:
 		fmt.Fprintf(p.w, "%s  ▸ %s: %s%s\n", ts, d.Phase, clip(d.Reason, 160), counts(d.Counts))
+	case *schemas.LoopSpawned, *schemas.LoopMerged, *schemas.LoopRebase, *schemas.LoopInvalidated:
+		s, _ := describeLoop(ev, m)
+		fmt.Fprintf(p.w, "%s  ▸ %s\n", ts, s)
 	case *schemas.TaskSelected:
 		fmt.Fprintf(p.w, "%s  ▸ %s selected (run %d, agent %s): %s\n", ts, d.ID, d.Run, d.Agent, d.Reason)
 	case *schemas.TaskAdded:

@@ -26,8 +26,14 @@ func EventRow(e schemas.Event) string {
 func summarize(e schemas.Event) string {
 	switch d := e.Data.(type) {
 	case *schemas.SessionStarted:
+		if l := d.Pipeline.Loops; d.Pipeline.Kind == schemas.KindLoops && l != nil {
+			return fmt.Sprintf("pipeline=%s kind=loops levels=%d", d.Pipeline.Name, len(l.Levels))
+		}
 		return fmt.Sprintf("pipeline=%s input=%s steps=%d", d.Pipeline.Name, d.Input.Name, len(d.Pipeline.Steps))
 	case *schemas.JobRequested:
+		if d.Worktree != nil && d.Worktree.Merge {
+			return fmt.Sprintf("job=%s iteration=%d merge", d.JobID, d.Iteration)
+		}
 		return fmt.Sprintf("job=%s iteration=%d", d.JobID, d.Iteration)
 	case *schemas.JobStarted:
 		return fmt.Sprintf("job=%s worker=%s delivery=%d", d.JobID, d.Worker, d.Delivery)
@@ -44,8 +50,17 @@ func summarize(e schemas.Event) string {
 		if d.Usage != nil {
 			s += fmt.Sprintf(" tokens=%d/%d cost=$%.4f", d.Usage.InputTokens, d.Usage.OutputTokens, d.Usage.CostUSD)
 		}
+		if g := d.Git; g != nil {
+			s += " commit=" + ShortCommit(g.Commit)
+			if !g.Changed {
+				s += " unchanged"
+			}
+		}
 		return s
 	case *schemas.JobFailed:
+		if len(d.Conflict) > 0 {
+			return clipFields(fmt.Sprintf("job=%s conflict=%s", d.JobID, strings.Join(d.Conflict, ",")), 120)
+		}
 		return fmt.Sprintf("job=%s %s", d.JobID, clipFields(d.Error, 80))
 	case *schemas.Verdict:
 		if len(d.Errors) == 0 {
@@ -79,6 +94,25 @@ func summarize(e schemas.Event) string {
 		return clipFields(fmt.Sprintf("%s run=%d agent=%s %s", d.ID, d.Run, d.Agent, d.Reason), 120)
 	case *schemas.BacklogPhase:
 		return clipFields(d.Phase+": "+d.Reason, 120)
+	case *schemas.LoopSpawned:
+		s := "loop=" + d.Loop + " level=" + d.Level
+		if d.Parent != "" {
+			s += fmt.Sprintf(" parent=%s index=%d", d.Parent, d.Index)
+		}
+		if d.Generation > 0 {
+			s += fmt.Sprintf(" generation=%d", d.Generation)
+		}
+		return clipFields(s+" "+d.Title, 120)
+	case *schemas.LoopMerged:
+		return fmt.Sprintf("loop=%s head=%s previous=%s position=%d", d.Loop, ShortCommit(d.Head), ShortCommit(d.Previous), d.Position)
+	case *schemas.LoopRebase:
+		s := fmt.Sprintf("loop=%s head=%s cause=%s", d.Loop, ShortCommit(d.Head), d.Cause)
+		if len(d.Conflict) > 0 {
+			s += " conflict=" + strings.Join(d.Conflict, ",")
+		}
+		return clipFields(s, 120)
+	case *schemas.LoopInvalidated:
+		return clipFields(fmt.Sprintf("loop=%s cause=%s %s", d.Loop, d.Cause, d.Reason), 120)
 	case *schemas.HookRun:
 		return clipFields(fmt.Sprintf("hook=%s event=%s exit=%d %dms %s", d.Hook, d.EventType, d.ExitCode, d.DurationMs, d.Error), 120)
 	}

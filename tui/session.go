@@ -16,6 +16,13 @@ import (
 // input, or, when sub is not nil, the session of backlog p over its task
 // file input and how it begins.
 func Started(p schemas.Pipeline, session, input string, sub *client.BacklogSubmission) string {
+	if p.Kind == schemas.KindLoops && p.Loops != nil {
+		s := fmt.Sprintf("session %s: loops %s, %d levels", session, p.Name, len(p.Loops.Levels))
+		if input != "" {
+			s += fmt.Sprintf(", merged into branch loopbus/%s of %s", session, input)
+		}
+		return s
+	}
 	if sub == nil {
 		return fmt.Sprintf("session %s: pipeline %s, %d steps", session, p.Name, len(p.Steps))
 	}
@@ -60,9 +67,13 @@ func WriteEnd(w io.Writer, m *projections.Manifest) End {
 // written when its final artifacts went to a directory (written), else
 // their names and sizes and the export command that fetches them (global
 // are the connection flags that command needs, e.g. " --data DIR").
-// Nothing for a session that did not complete or has no final artifacts.
+// For a completed loops session, it tells where the code is: its target
+// branch and head. Nothing for a session that did not complete or has no
+// final artifacts.
 func WriteFinal(w io.Writer, m *projections.Manifest, written []string, global string) {
 	switch {
+	case m.Status == projections.StatusCompleted && m.Target != nil && m.Target.Branch != "":
+		fmt.Fprintf(w, "target branch %s at %s: %s merged\n", m.Target.Branch, OrDash(ShortCommit(m.Target.Head)), Plural(m.Target.Merges, "loop"))
 	case m.Status != projections.StatusCompleted || len(m.Final) == 0:
 	case written != nil:
 		fmt.Fprintf(w, "final artifacts written: %s\n", strings.Join(written, ", "))

@@ -16,7 +16,8 @@ import (
 // session with its state, cost against its budget and runs, then one line
 // per step with its state, iterations, tokens and cost (those two columns
 // only when agents reported usage or a budget bounds it), content hash and
-// detail, then the five newest signals. now places wait times in the day.
+// detail, then a loops session's loop tree and target branch, then the
+// five newest signals. now places wait times in the day.
 // It returns the first write error.
 func WriteStatus(w io.Writer, m *projections.Manifest, asJSON bool, now time.Time) error {
 	if asJSON {
@@ -68,6 +69,9 @@ func WriteStatus(w io.Writer, m *projections.Manifest, asJSON bool, now time.Tim
 		fmt.Fprintf(tw, "%s\t%s\n", st.ContentHash, OneLine(stepDetail(st), 100))
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := writeLoops(w, m, now); err != nil {
 		return err
 	}
 	if len(m.Signals) > 0 {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"testing"
 
-	"github.com/charmbracelet/x/ansi"
 	"github.com/charmbracelet/x/vt"
 )
 
@@ -13,37 +12,27 @@ import (
 // frame, so the output itself need not hold a line whole. Only the test's
 // goroutine may use it.
 type terminal struct {
-	emu     *vt.Emulator
-	done    chan struct{}
-	drained chan struct{}
+	emu *vt.Emulator
 }
 
-// newTerminal returns a terminal of w×h, closed when the test ends.
+// newTerminal returns a terminal of w×h.
 func newTerminal(t *testing.T, w, h int) *terminal {
-	term := &terminal{emu: vt.NewEmulator(w, h), done: make(chan struct{}), drained: make(chan struct{})}
-	// The emulator answers the program's queries into a pipe it waits on:
-	// read them away.
+	t.Helper()
+	term := &terminal{emu: vt.NewEmulator(w, h)}
+	// The emulator answers the program's queries into a pipe and waits
+	// until they are read: read them away, for as long as the test binary
+	// runs. (Stopping this reader at the test's end by sending one more
+	// query hung when the program's output ended inside an escape sequence
+	// and that query drew two answers; closing the emulator while it reads
+	// would race inside it.)
 	go func() {
-		defer close(term.drained)
 		buf := make([]byte, 1024)
 		for {
 			if _, err := term.emu.Read(buf); err != nil {
 				return
 			}
-			select {
-			case <-term.done:
-				return
-			default:
-			}
 		}
 	}()
-	t.Cleanup(func() {
-		// A query's answer wakes the reader to see done. (Closing the
-		// emulator while it reads would race inside it.)
-		close(term.done)
-		_, _ = term.emu.WriteString(ansi.RequestModeSynchronizedOutput)
-		<-term.drained
-	})
 	return term
 }
 

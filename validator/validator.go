@@ -16,10 +16,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/gitrepo"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/workspace"
 	"github.com/loopbus/loopbus/workspace/procrun"
@@ -40,6 +42,10 @@ type Config struct {
 	Concurrency int
 	// WorkDir holds validation workspaces; default $TMPDIR/loopbus-validate.
 	WorkDir string
+	// RepoCache holds the validator's git repository caches, one per
+	// session, in which the commits of worktree jobs are checked out to run
+	// their validate command; default WorkDir/repos.
+	RepoCache string
 	// KeepWorkspaces leaves workspaces on disk for debugging.
 	KeepWorkspaces bool
 	// DefaultTimeout bounds a validate command whose step sets none; 1m.
@@ -74,6 +80,9 @@ type Service struct {
 	bus Bus
 	log zerolog.Logger
 	now func() time.Time
+
+	mu     sync.Mutex
+	caches map[string]*gitrepo.Cache
 }
 
 // New returns a validator.
@@ -90,6 +99,9 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if cfg.WorkDir == "" {
 		cfg.WorkDir = filepath.Join(os.TempDir(), "loopbus-validate")
 	}
+	if cfg.RepoCache == "" {
+		cfg.RepoCache = filepath.Join(cfg.WorkDir, "repos")
+	}
 	if cfg.DefaultTimeout == 0 {
 		cfg.DefaultTimeout = time.Minute
 	}
@@ -101,7 +113,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if _, err := workspace.NewSecrets(cfg.Env, cfg.SecretEnv); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return &Service{cfg: cfg, bus: b, log: log, now: now}, nil
+	return &Service{cfg: cfg, bus: b, log: log, now: now, caches: map[string]*gitrepo.Cache{}}, nil
 }
 
 // ConsumerName is the durable consumer validator replicas share.
@@ -135,6 +147,9 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	jr, ok := reqEv.Data.(*schemas.JobRequested)
 	if !ok || jr.JobID != jc.JobID || reqEv.Session != ev.Session {
 		return fmt.Errorf("%w: event %d is not the request of job %s", bus.ErrPermanent, jc.RequestSeq, jc.JobID)
+	}
+	if jr.Worktree != nil && jr.Worktree.Merge {
+		return nil // a merge's result is the orchestrator's to judge
 	}
 	errs, reports, err := s.check(ctx, ev.Session, jr, jc)
 	if err != nil {
@@ -222,7 +237,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 		if !out.Report {
 			continue
 		}
-		r, problem, err := readReport(out.Name, path, doc)
+		r, problem, err := readReport(out.Name, path, doc, out.ReportText)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -249,14 +264,34 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 		}
 		return nil, nil, err
 	}
+	if err := ws.WriteFiles(jr.Files); err != nil {
+		return []schemas.ValidationError{{Message: "cannot write inputs for the validate command: " + err.Error(), Source: "command"}}, nil, nil
+	}
 	if err := ws.WriteText(jr.Prompt, schemas.FormatFeedback(jr.Feedback)); err != nil {
 		return nil, nil, err
+	}
+	dir := ws.Root
+	var extra []string
+	if jr.Worktree != nil {
+		if jc.Git == nil {
+			return []schemas.ValidationError{{Message: "the job ran in a worktree but reported no commit", Source: "command"}}, nil, nil
+		}
+		wdir, cache, problem, err := s.checkout(ctx, session, ws, jr, jc)
+		if err != nil || problem != "" {
+			if problem != "" {
+				return []schemas.ValidationError{{Message: problem, Source: "command"}}, nil, nil
+			}
+			return nil, nil, err
+		}
+		defer func() { _ = cache.RemoveWorktree(context.WithoutCancel(ctx), wdir) }()
+		dir = wdir
+		extra = []string{"LOOPBUS_WORKSPACE=" + wdir}
 	}
 	timeout := time.Duration(jr.ValidateTimeoutMs) * time.Millisecond
 	if timeout == 0 {
 		timeout = s.cfg.DefaultTimeout
 	}
-	env := ws.Env(s.cfg.Env, workspace.Vars{Session: session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env)
+	env := append(ws.Env(s.cfg.Env, workspace.Vars{Session: session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env), extra...)
 	// The command's output becomes feedback in events: secrets in the
 	// environment must not reach it.
 	sec, err := workspace.NewSecrets(env, append(slices.Clone(s.cfg.SecretEnv), jr.Agent.SecretEnv...))
@@ -265,7 +300,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	}
 	res, err := procrun.Run(ctx, procrun.Spec{
 		Argv:      jr.Validate,
-		Dir:       ws.Root,
+		Dir:       dir,
 		Env:       env,
 		Timeout:   timeout,
 		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
@@ -296,12 +331,13 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 const MaxReportsBytes = bus.MaxEventBytes / 2
 
 // readReport makes the output at path a report: at most
-// schemas.MaxReportBytes of UTF-8 JSON. doc is its content when already
+// schemas.MaxReportBytes of UTF-8 JSON, or of any UTF-8 text when text is
+// set (carried as a JSON string). doc is its content when already
 // read (nil: it is read here, unless too big). The report's content is the
 // JSON as the bus encodes it (compacted, with <, > and & escaped), so the
 // verdict carries the bytes its readers decode. problem says why the
 // output cannot be a report; the error return is for failures to read.
-func readReport(name, path string, doc []byte) (r schemas.Report, problem string, err error) {
+func readReport(name, path string, doc []byte, text bool) (r schemas.Report, problem string, err error) {
 	tooBig := func(n int64) string {
 		return fmt.Sprintf("report output is %d bytes, over the %d-byte limit of a report", n, schemas.MaxReportBytes)
 	}
@@ -322,6 +358,14 @@ func readReport(name, path string, doc []byte) (r schemas.Report, problem string
 	}
 	if !utf8.Valid(doc) {
 		return r, "report output is not UTF-8 text", nil
+	}
+	if text {
+		// Text (a loop's plan to split): carried as one JSON string.
+		content, err := json.Marshal(string(doc))
+		if err != nil {
+			return r, "report output: " + err.Error(), nil
+		}
+		return schemas.Report{Name: name, Content: content}, "", nil
 	}
 	var raw json.RawMessage
 	if err := json.Unmarshal(doc, &raw); err != nil {
@@ -361,4 +405,38 @@ func retryHint(errs []schemas.ValidationError) string {
 		b.WriteString("Produce every declared output again.")
 	}
 	return b.String()
+}
+
+// checkout checks the commit a worktree job left out in a worktree of the
+// session's repository cache, fetching its bundles. problem says why it
+// cannot be had (a verdict error); the error return is for the
+// validator's own failures (retried).
+func (s *Service) checkout(ctx context.Context, session string, ws *workspace.Workspace, jr *schemas.JobRequested, jc *schemas.JobCompleted) (dir string, c *gitrepo.Cache, problem string, err error) {
+	s.mu.Lock()
+	c = s.caches[session]
+	if c == nil {
+		if c, err = gitrepo.OpenCache(s.cfg.RepoCache, session); err != nil {
+			s.mu.Unlock()
+			return "", nil, "", err
+		}
+		s.caches[session] = c
+	}
+	s.mu.Unlock()
+	bundles := slices.Clone(jr.Worktree.Bundles)
+	if jc.Git.Bundle != nil {
+		bundles = append(bundles, *jc.Git.Bundle)
+	}
+	if err := c.FetchArtifacts(ctx, s.bus, bundles, filepath.Join(ws.Root, "bundles")); err != nil {
+		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) || errors.Is(err, gitrepo.ErrBadBundle) {
+			return "", nil, "cannot get the job's commits: " + err.Error(), nil
+		}
+		return "", nil, "", err
+	}
+	dir = filepath.Join(ws.Root, "repo")
+	spec := schemas.WorktreeSpec{Base: jc.Git.Commit, Branch: "loopbus-validate/" + jr.JobID}
+	if _, err := c.Prepare(ctx, dir, spec); err != nil {
+		_ = c.RemoveWorktree(context.WithoutCancel(ctx), dir)
+		return "", nil, "", err
+	}
+	return dir, c, "", nil
 }

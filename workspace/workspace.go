@@ -87,6 +87,22 @@ func (w *Workspace) Fetch(ctx context.Context, f Fetcher, refs []schemas.Artifac
 	return nil
 }
 
+// WriteFiles writes a request's inline files to in/. Every name is
+// validated before anything is written.
+func (w *Workspace) WriteFiles(files []schemas.InlineFile) error {
+	for _, f := range files {
+		if err := schemas.ValidateName(f.Name); err != nil {
+			return fmt.Errorf("inline file: %w", err)
+		}
+	}
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(w.In, f.Name), []byte(f.Content), 0o600); err != nil {
+			return fmt.Errorf("workspace: %w", err)
+		}
+	}
+	return nil
+}
+
 // WriteText writes the prompt and feedback files.
 func (w *Workspace) WriteText(prompt, feedback string) error {
 	if err := os.WriteFile(w.PromptFile, []byte(prompt), 0o600); err != nil {

@@ -21,15 +21,17 @@ import (
 )
 
 func newRunCmd(g *globals) *cobra.Command {
-	var input, tasks, session, out string
+	var input, tasks, session, out, task, taskFile, repo string
 	var detach, asJSON bool
 	var workers int
 	var budget schemas.Budget
 	cmd := &cobra.Command{
-		Use:   "run PIPELINE --input FILE | run BACKLOG [--tasks FILE]",
+		Use:   "run PIPELINE --input FILE | run BACKLOG [--tasks FILE] | run LOOPS --repo DIR --task TEXT",
 		Short: "Start a session of a pipeline or backlog and follow it to the end",
 		Long: `Start a session of PIPELINE over the input file, or of a backlog (a file
-of kind: backlog) over its task file, and follow it live.
+of kind: backlog) over its task file, or of a loop hierarchy (kind: loops) on
+a task and a git repository, and follow it live. A loops session's target
+branch, loopbus/SESSION, is brought into --repo at the end (see pull).
 Exits 0 when the session completes, 1 when it fails (reason on stderr), 2 on
 usage errors. Without --nats, NATS and every service run in this process.`,
 		Args: cobra.ExactArgs(1),
@@ -51,14 +53,20 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 			if err != nil {
 				return usageErr(err)
 			}
+			if task, err = client.RunTask(p, task, taskFile, repo); err != nil {
+				return usageErr(err)
+			}
 			if detach && out != "" {
 				return usageErr(errors.New("run: --out needs the session followed to its end; it cannot go with --detach (use 'loopbus export SESSION --dir DIR' later)"))
 			}
-			return g.submitAndFollow(cmd.Context(), submitter(p, file, session, sb), session, detach, asJSON, workers, out)
+			return g.submitAndFollow(cmd.Context(), submitter(p, file, task, repo, session, sb), session, detach, asJSON, workers, out, repo)
 		},
 	}
 	cmd.Flags().StringVar(&input, "input", "", "input file (required for pipelines)")
 	cmd.Flags().StringVar(&tasks, "tasks", "", "backlogs: the task file (to-do.json) to import; without it the bootstrap agent proposes tasks")
+	cmd.Flags().StringVar(&task, "task", "", "loops: the task to do")
+	cmd.Flags().StringVar(&taskFile, "task-file", "", "loops: a file holding the task")
+	cmd.Flags().StringVar(&repo, "repo", "", "loops: the git repository the code loops work on (its checked-out branch, index and working tree are never touched)")
 	cmd.Flags().StringVar(&session, "session", "", "session id ([A-Za-z0-9_-], at most 64); default <pipeline>-<date>-<random>")
 	cmd.Flags().BoolVar(&detach, "detach", false, "submit and exit without following (needs a running server: serve, or --nats)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final manifest as JSON on stdout")
@@ -98,9 +106,14 @@ func sessionBudget(cmd *cobra.Command, b schemas.Budget) (*schemas.Budget, error
 // submitter starts a session on a connected bus and says what it started.
 type submit func(ctx context.Context, b *bus.Bus) (string, error)
 
-// submitter submits p over input (a backlog's task file) as session.
-func submitter(p schemas.Pipeline, input, session string, budget *schemas.Budget) submit {
+// submitter submits p over input (a backlog's task file), or a loops
+// file's task and repo, as session.
+func submitter(p schemas.Pipeline, input, task, repo, session string, budget *schemas.Budget) submit {
 	return func(ctx context.Context, b *bus.Bus) (string, error) {
+		if p.Kind == schemas.KindLoops {
+			_, err := client.SubmitLoops(ctx, b, p, task, repo, session, time.Now(), budget)
+			return tui.Started(p, session, repo, nil), err
+		}
 		if p.Kind == schemas.KindBacklog {
 			sub, err := client.SubmitBacklog(ctx, b, p, input, session, time.Now(), budget)
 			return tui.Started(p, session, input, &sub), err
@@ -110,7 +123,7 @@ func submitter(p schemas.Pipeline, input, session string, budget *schemas.Budget
 	}
 }
 
-func (g *globals) submitAndFollow(ctx context.Context, submit submit, session string, detach, asJSON bool, workers int, out string) error {
+func (g *globals) submitAndFollow(ctx context.Context, submit submit, session string, detach, asJSON bool, workers int, out, repo string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -140,7 +153,42 @@ func (g *globals) submitAndFollow(ctx context.Context, submit submit, session st
 		return nil
 	}
 	fmt.Fprintln(g.stderr, what)
-	return g.follow(ctx, c, session, asJSON, workers, out, log)
+	err = g.follow(ctx, c, session, asJSON, workers, out, log)
+	if repo != "" && !errors.Is(err, errInterrupted) {
+		// Whatever was merged, even of a failed session, reaches the user.
+		if res, perr := client.Pull(ctx, c.Bus, session, repo); perr != nil {
+			fmt.Fprintf(g.stderr, "could not bring the target branch into %s: %v (try 'loopbus pull %s --repo %s')\n", repo, perr, session, repo)
+		} else {
+			fmt.Fprintln(g.stderr, res)
+		}
+	}
+	return err
+}
+
+func newPullCmd(g *globals) *cobra.Command {
+	var repo string
+	cmd := &cobra.Command{
+		Use:   "pull SESSION --repo DIR",
+		Short: "Bring a loops session's target branch (loopbus/SESSION) into a git repository",
+		Long: `Fetch the commits a loops session merged and point the branch loopbus/SESSION
+of the repository at them: created, or moved forward, never forced. The
+checked-out branch, index and working tree are not touched.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if repo == "" {
+				return usageErr(errors.New("pull: --repo DIR is required"))
+			}
+			return g.withBus(cmd, "pull", func(ctx context.Context, b *bus.Bus) error {
+				res, err := client.Pull(ctx, b, args[0], repo)
+				if err == nil {
+					fmt.Fprintln(g.stdout, res)
+				}
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&repo, "repo", "", "the git repository to bring the branch into")
+	return cmd
 }
 
 // follow watches a session to its end. In embedded mode (no --nats) it also
@@ -235,7 +283,7 @@ func (g *globals) withConn(cmd *cobra.Command, name string, fn func(ctx context.
 	}
 	defer g.disconnect(c)
 	err = fn(ctx, c)
-	for _, refusal := range []error{client.ErrNoSession, client.ErrBadInput, client.ErrNotBacklog, client.ErrSessionEnded} {
+	for _, refusal := range []error{client.ErrNoSession, client.ErrBadInput, client.ErrNotBacklog, client.ErrSessionEnded, client.ErrNoTarget} {
 		if errors.Is(err, refusal) {
 			return usageErr(err)
 		}

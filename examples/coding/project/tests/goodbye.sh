@@ -1,0 +1,1 @@
+. ./lib/goodbye.sh && [ "$(goodbye World)" = "Goodbye, World!" ]

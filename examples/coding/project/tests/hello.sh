@@ -1,0 +1,1 @@
+. ./lib/hello.sh && [ "$(hello World)" = "Hello, World!" ]

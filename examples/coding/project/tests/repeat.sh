@@ -1,0 +1,1 @@
+. ./lib/repeat.sh && [ "$(repeat ab 3)" = "ababab" ]

@@ -1,0 +1,1 @@
+. ./lib/shout.sh && [ "$(shout hey)" = "HEY!" ]

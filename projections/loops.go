@@ -1,0 +1,154 @@
+package projections
+
+import (
+	"strings"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// The manifest of a loops session: its loop tree and target branch,
+// folded from loop.* events and from the steps its loops run as.
+
+// startLoops sets up a loops session from its session.started.
+func (m *Manifest) startLoops(session string, d *schemas.SessionStarted) {
+	m.Kind = schemas.KindLoops
+	for _, lv := range d.Pipeline.Loops.Levels {
+		if lv.Name == "" || m.loopLevel(lv.Name) != nil {
+			continue // malformed: keep the first of duplicate names
+		}
+		m.LoopLevels = append(m.LoopLevels, LoopLevelView{Name: lv.Name, MaxIterations: max(lv.MaxIterations, 1), Worktree: lv.Worktree})
+	}
+	st := d.Loops
+	if st == nil {
+		return
+	}
+	t := &TargetView{Branch: st.Target, Base: st.Base, BaseCommit: st.BaseCommit, Head: st.BaseCommit,
+		Repo: st.Repo, Task: paragraph(firstLine(st.Task))}
+	if t.Branch == "" && d.Pipeline.Loops.NeedsRepo() {
+		t.Branch = "loopbus/" + session
+	}
+	if st.Bundle != nil && st.Bundle.Object != "" {
+		t.Bundles = []schemas.ArtifactRef{*st.Bundle}
+	}
+	m.Target = t
+}
+
+// loopSpawned adds a loop and its step, or, for a loop spawned again,
+// starts both over in their places.
+func (m *Manifest) loopSpawned(d *schemas.LoopSpawned) {
+	lv := m.loopLevel(d.Level)
+	if m.Kind != schemas.KindLoops || d.Loop == "" || lv == nil {
+		return
+	}
+	v := LoopView{ID: d.Loop, Parent: d.Parent, Level: d.Level, Index: d.Index, Title: paragraph(d.Title),
+		Status: LoopStatusRunning, Generation: d.Generation}
+	if lv.Worktree {
+		v.Branch = "loopbus/" + m.ContentID + "/" + d.Loop
+	}
+	if lp := m.loop(d.Loop); lp != nil {
+		*lp = v
+	} else {
+		m.Loops = append(m.Loops, v)
+	}
+	sv := m.runStep(d.Loop, lv.MaxIterations)
+	// What an earlier generation produced no longer stands; a hold does.
+	sv.ContentHash, sv.SchemaVersion, sv.LastFeedback = "", "", ""
+	sv.CompletedAt, sv.Artifacts = nil, nil
+	m.settle(sv)
+}
+
+// loopMerged records a loop's merge into the target branch.
+func (m *Manifest) loopMerged(d *schemas.LoopMerged) {
+	lp := m.loop(d.Loop)
+	if lp == nil {
+		return
+	}
+	lp.Status, lp.MergeCommit = LoopStatusCompleted, d.Head
+	if t := m.Target; t != nil {
+		t.Head = orElse(d.Head, t.Head)
+		t.Merges++
+		if d.Bundle.Object != "" {
+			t.Bundles = append(t.Bundles, d.Bundle)
+		}
+	}
+}
+
+// loopRebase records a rebase; one after a conflicting merge runs the
+// loop again: its step is unfinished, with the conflict as feedback.
+func (m *Manifest) loopRebase(d *schemas.LoopRebase) {
+	lp := m.loop(d.Loop)
+	if lp == nil || len(d.Conflict) == 0 {
+		return
+	}
+	lp.Status, lp.Commit = LoopStatusRunning, ""
+	lp.Rebases++
+	sv := m.Steps[lp.ID]
+	if sv == nil {
+		return
+	}
+	if sv.Status == StepStatusCompleted {
+		sv.Status = StepStatusInProgress
+		sv.ContentHash, sv.SchemaVersion = "", ""
+		sv.CompletedAt, sv.Artifacts = nil, nil
+		m.settle(sv)
+	}
+	if r := paragraph(d.Reason); r != "" {
+		sv.LastFeedback = r
+	}
+}
+
+// loopCommit records the commit a loop's current job left.
+func (m *Manifest) loopCommit(jobID string, g *schemas.GitResult) {
+	j := m.Jobs[jobID]
+	if j == nil || j.Merge || j.Status == JobStatusCancelled {
+		return
+	}
+	lp, sv := m.loop(j.Step), m.Steps[j.Step]
+	if lp == nil || sv == nil || sv.JobID != jobID || sv.Status == StepStatusCompleted || sv.Status == StepStatusFailed {
+		return
+	}
+	lp.Commit = ""
+	if g.Changed {
+		lp.Commit = g.Commit
+	}
+}
+
+// syncLoop copies the iterations of step name to its loop, if it is one.
+func (m *Manifest) syncLoop(name string) {
+	if lp, sv := m.loop(name), m.Steps[name]; lp != nil && sv != nil {
+		lp.Iterations = sv.Iterations
+	}
+}
+
+// loop returns the loop id, or nil.
+func (m *Manifest) loop(id string) *LoopView {
+	if id == "" {
+		return nil
+	}
+	for i := range m.Loops {
+		if m.Loops[i].ID == id {
+			return &m.Loops[i]
+		}
+	}
+	return nil
+}
+
+// loopLevel returns the level named name, or nil.
+func (m *Manifest) loopLevel(name string) *LoopLevelView {
+	for i := range m.LoopLevels {
+		if m.LoopLevels[i].Name == name {
+			return &m.LoopLevels[i]
+		}
+	}
+	return nil
+}
+
+// firstLine is s's first line that is not blank, trimmed.
+func firstLine(s string) string {
+	for line := range strings.Lines(s) {
+		if t := strings.TrimSpace(line); t != "" {
+			return t
+		}
+	}
+	return ""
+}
