@@ -396,7 +396,14 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	if sec, err = workspace.NewSecrets(env, append(slices.Clone(s.cfg.SecretEnv), jr.Agent.SecretEnv...)); err != nil {
 		return fail(err.Error(), -1, 0, "")
 	}
-	if err := ws.Fetch(jctx, s.bus, jr.Inputs, ws.In); err != nil {
+	// The session's scripts travel with it: the agent runs this worker's
+	// copies, not files at the submitting machine's paths.
+	runnable := func(argv []string) []string { return argv }
+	err = ws.Fetch(jctx, s.bus, jr.Inputs, ws.In)
+	if err == nil {
+		runnable, err = ws.FetchDefinition(jctx, s.bus, jr.Dir, jr.DefinitionFiles)
+	}
+	if err != nil {
 		if ok, err := stopped(agent.Result{ExitCode: -1}); ok {
 			return err
 		}
@@ -462,6 +469,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	}
 	run := *jr
 	run.Prompt = prompt
+	run.Agent.Command = runnable(jr.Agent.Command)
 	res, out, runErr := s.runAgent(ctx, jctx, stop, backend, req, &run, dir, env, sec, d.NumDelivered)
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: hand the job back

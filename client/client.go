@@ -110,8 +110,16 @@ func SubmitWithBudget(ctx context.Context, b Bus, p schemas.Pipeline, inputPath,
 	return publishStart(ctx, b, session, now, &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest), Budget: budget})
 }
 
-// publishStart publishes session.started unless the session has events.
+// publishStart publishes session.started unless the session has events,
+// with the files the pipeline's commands name stored to travel with it.
 func publishStart(ctx context.Context, b Bus, session string, now time.Time, data *schemas.SessionStarted) (schemas.Event, error) {
+	if data.DefinitionFiles == nil {
+		files, err := storeDefinition(ctx, b, session, data.Pipeline)
+		if err != nil {
+			return schemas.Event{}, err
+		}
+		data.DefinitionFiles = files
+	}
 	ev := schemas.Event{
 		ID:      schemas.DeterministicID(session, schemas.TypeSessionStarted),
 		Type:    schemas.TypeSessionStarted,

@@ -103,6 +103,7 @@ func (d *decider) request(st *Step, iteration, attempt int, feedback []schemas.F
 		d.fail(st.Def.Name, st.Iteration, err.Error())
 		return false
 	}
+	jr.DefinitionFiles = s.DefinitionFiles
 	idParts := []string{st.Def.Name, strconv.Itoa(iteration)}
 	if attempt > 1 {
 		idParts = append(idParts, "attempt", strconv.Itoa(attempt))

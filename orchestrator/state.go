@@ -73,6 +73,8 @@ type Session struct {
 	Backlog *BacklogState
 	// Loops is the state of a loops session (nil otherwise).
 	Loops *LoopsState
+	// DefinitionFiles travel with every job (see schemas.SessionStarted).
+	DefinitionFiles []schemas.DefinitionFile
 	// Pending holds signals not acknowledged yet, oldest first. Finished
 	// sessions keep them too: they are acknowledged as ignored.
 	Pending []PendingSignal
@@ -272,7 +274,7 @@ func Evolve(st *State, ev schemas.Event) {
 		// Nothing is decided for a finished session again (but signals
 		// are acknowledged): keep only what identifies it (Check, LastSeq),
 		// so memory grows with the running sessions, not the history.
-		s.seen, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog, s.Loops = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil, nil
+		s.seen, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog, s.Loops, s.DefinitionFiles = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil, nil, nil
 	} else if ev.ID != "" {
 		s.seen[ev.ID] = struct{}{}
 	}
@@ -291,7 +293,7 @@ func Skip(st *State, session string, seq uint64) {
 func newSession(ev schemas.Event) *Session {
 	d := ev.Data.(*schemas.SessionStarted)
 	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
-		Usage: map[string]schemas.Usage{}, seen: map[string]struct{}{}}
+		Usage: map[string]schemas.Usage{}, seen: map[string]struct{}{}, DefinitionFiles: d.DefinitionFiles}
 	if d.Pipeline.Budget != nil {
 		s.Budget = *d.Pipeline.Budget
 	}

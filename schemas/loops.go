@@ -1,6 +1,10 @@
 package schemas
 
-import "strings"
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
 
 // Event types of loop hierarchies (pipelines of kind loops). Each loop runs
 // as a step named after its id; these events record what steps cannot say:
@@ -242,3 +246,16 @@ func cutUTF8(s string, n int) string {
 }
 
 func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// definitionPath is the shape of DefinitionFile.Path.
+var definitionPath = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$`)
+
+// ValidateDefinitionPath accepts a DefinitionFile.Path: relative,
+// slash-separated segments of A-Z, a-z, 0-9, ., _ and -, none starting with
+// a dot (so never ".."), at most 1024 bytes. Errors wrap ErrBadName.
+func ValidateDefinitionPath(p string) error {
+	if len(p) > 1024 || !definitionPath.MatchString(p) {
+		return fmt.Errorf("%w: definition file path %q: want a relative path of segments of A-Z, a-z, 0-9, ., _ and -, none starting with a dot", ErrBadName, p)
+	}
+	return nil
+}

@@ -186,6 +186,21 @@ type SessionStarted struct {
 	Backlog *BacklogStart `json:"backlog,omitempty"`
 	// Loops holds a loops session's task and repository.
 	Loops *LoopsStart `json:"loops,omitempty"`
+	// DefinitionFiles are the files under the pipeline's directory that
+	// its agent and validate commands name (scripts), stored so that they
+	// travel with the session: a worker needs nothing but the bus.
+	DefinitionFiles []DefinitionFile `json:"definitionFiles,omitempty"`
+}
+
+// DefinitionFile is a file of the pipeline's directory stored for the
+// session. Commands name it by its absolute path, Pipeline.Dir joined with
+// Path; workers and validators run their own copy.
+type DefinitionFile struct {
+	// Path is relative to Pipeline.Dir, slash-separated, without "..".
+	Path     string      `json:"path"`
+	Artifact ArtifactRef `json:"artifact"`
+	// Executable keeps the file's execute permission.
+	Executable bool `json:"executable,omitempty"`
 }
 
 // Feedback is what an earlier failed iteration of a step left for the next.
@@ -232,6 +247,9 @@ type JobRequested struct {
 	// Worktree makes the job run in a git worktree (loops levels with
 	// worktree: true), or merge (Worktree.Merge).
 	Worktree *WorktreeSpec `json:"worktree,omitempty"`
+	// DefinitionFiles are the session's (see SessionStarted): the worker
+	// and the validator run their own copies in place of Dir's.
+	DefinitionFiles []DefinitionFile `json:"definitionFiles,omitempty"`
 }
 
 // JobStarted reports that a worker took a job. Emitted by agentworker.

@@ -258,7 +258,12 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	if len(errs) > 0 || len(jr.Validate) == 0 {
 		return errs, reports, nil
 	}
-	if err := ws.Fetch(ctx, s.bus, jr.Inputs, ws.In); err != nil {
+	err = ws.Fetch(ctx, s.bus, jr.Inputs, ws.In)
+	runnable := func(argv []string) []string { return argv }
+	if err == nil {
+		runnable, err = ws.FetchDefinition(ctx, s.bus, jr.Dir, jr.DefinitionFiles)
+	}
+	if err != nil {
 		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) || errors.Is(err, schemas.ErrBadName) {
 			return []schemas.ValidationError{{Message: "cannot read inputs for the validate command: " + err.Error(), Source: "command"}}, nil, nil
 		}
@@ -299,7 +304,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 		return []schemas.ValidationError{{Message: "validate command not run: " + err.Error(), Source: "command"}}, nil, nil
 	}
 	res, err := procrun.Run(ctx, procrun.Spec{
-		Argv:      jr.Validate,
+		Argv:      runnable(jr.Validate),
 		Dir:       dir,
 		Env:       env,
 		Timeout:   timeout,

@@ -103,6 +103,47 @@ func (w *Workspace) WriteFiles(files []schemas.InlineFile) error {
 	return nil
 }
 
+// FetchDefinition writes the session's definition files (the scripts its
+// commands name) under the workspace's definition/ directory and returns a
+// function mapping a command's argv to one that runs those copies: every
+// argument equal to dir joined with a file's Path is replaced by the local
+// copy's path. Every path is validated before anything is fetched.
+func (w *Workspace) FetchDefinition(ctx context.Context, f Fetcher, dir string, files []schemas.DefinitionFile) (func([]string) []string, error) {
+	for _, df := range files {
+		if err := schemas.ValidateDefinitionPath(df.Path); err != nil {
+			return nil, err
+		}
+	}
+	local := map[string]string{}
+	for _, df := range files {
+		path := filepath.Join(w.Root, "definition", filepath.FromSlash(df.Path))
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("workspace: %w", err)
+		}
+		if err := f.GetArtifactFile(ctx, df.Artifact, path); err != nil {
+			return nil, err
+		}
+		mode := os.FileMode(0o600)
+		if df.Executable {
+			mode = 0o700
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			return nil, fmt.Errorf("workspace: %w", err)
+		}
+		local[filepath.Join(dir, filepath.FromSlash(df.Path))] = path
+	}
+	return func(argv []string) []string {
+		out := make([]string, len(argv))
+		for i, a := range argv {
+			if l, ok := local[a]; ok && dir != "" {
+				a = l
+			}
+			out[i] = a
+		}
+		return out
+	}, nil
+}
+
 // WriteText writes the prompt and feedback files.
 func (w *Workspace) WriteText(prompt, feedback string) error {
 	if err := os.WriteFile(w.PromptFile, []byte(prompt), 0o600); err != nil {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -463,5 +464,39 @@ func TestOpenOutputRefusesSymlinkedOutDir(t *testing.T) {
 	}
 	if !errors.Is(err, workspace.ErrUnsafeOutput) {
 		t.Fatalf("OpenOutput error = %v, want ErrUnsafeOutput", err)
+	}
+}
+
+func TestFetchDefinition(t *testing.T) {
+	ws, err := workspace.Create(t.TempDir(), "s1", "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []schemas.DefinitionFile{
+		{Path: "agents/run.sh", Artifact: schemas.ArtifactRef{Name: "run.sh", Object: "s1/definition/agents/run.sh"}, Executable: true},
+		{Path: "check.sh", Artifact: schemas.ArtifactRef{Name: "check.sh", Object: "s1/definition/check.sh"}},
+	}
+	f := &fakeFetcher{}
+	runnable, err := ws.FetchDefinition(context.Background(), f, "/srv/kit", files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := runnable([]string{"/srv/kit/agents/run.sh", "sh", "/srv/kit/check.sh", "/srv/kit/other.sh", "agents/run.sh"})
+	want := []string{filepath.Join(ws.Root, "definition", "agents", "run.sh"), "sh", filepath.Join(ws.Root, "definition", "check.sh"), "/srv/kit/other.sh", "agents/run.sh"}
+	if !slices.Equal(got, want) {
+		t.Errorf("runnable = %q, want %q", got, want)
+	}
+	for path, mode := range map[string]os.FileMode{want[0]: 0o700, want[2]: 0o600} {
+		fi, err := os.Stat(path)
+		if err != nil || fi.Mode().Perm() != mode {
+			t.Errorf("%s: %v, mode %v, want %v", path, err, fi.Mode().Perm(), mode)
+		}
+	}
+	for _, bad := range []string{"../escape.sh", "/etc/passwd", "a/../../b", ".hidden/x", ""} {
+		f := &fakeFetcher{}
+		_, err := ws.FetchDefinition(context.Background(), f, "/srv/kit", []schemas.DefinitionFile{{Path: bad}})
+		if !errors.Is(err, schemas.ErrBadName) || len(f.paths) != 0 {
+			t.Errorf("path %q: err %v, %d fetches; want ErrBadName and none", bad, err, len(f.paths))
+		}
 	}
 }
