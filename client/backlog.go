@@ -27,9 +27,11 @@ type BacklogSubmission struct {
 // file (tasksPath; an empty task file when "") as the session input and the
 // backlog's source files as artifacts, then publishes session.started. A
 // task file that fails its checks is not refused: the session starts with a
-// repair run, and Problems says why. Errors wrap ErrBadInput (unreadable or
-// unsafe files, name clashes) or ErrSessionExists.
-func SubmitBacklog(ctx context.Context, b Bus, p schemas.Pipeline, tasksPath, session string, now time.Time, budget *schemas.Budget) (BacklogSubmission, error) {
+// repair run, and Problems says why. A backlog with workdir: repo needs
+// repo, the git repository its runs work in (see SubmitLoops). Errors wrap
+// ErrBadInput (unreadable or unsafe files, name clashes, a missing or
+// dirty repository) or ErrSessionExists.
+func SubmitBacklog(ctx context.Context, b Bus, p schemas.Pipeline, tasksPath, repo, session string, now time.Time, budget *schemas.Budget) (BacklogSubmission, error) {
 	var sub BacklogSubmission
 	if p.Kind != schemas.KindBacklog || p.Backlog == nil {
 		return sub, fmt.Errorf("%w: %s is not a backlog (kind: backlog)", ErrBadInput, p.Source)
@@ -41,6 +43,17 @@ func SubmitBacklog(ctx context.Context, b Bus, p schemas.Pipeline, tasksPath, se
 	}
 	if err := schemas.ValidateSessionID(session); err != nil {
 		return sub, fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	inRepo := p.Backlog.Workdir == schemas.WorkdirRepo
+	switch {
+	case inRepo && repo == "":
+		return sub, fmt.Errorf("%w: %s works in git worktrees (workdir: repo): name the repository with --repo DIR", ErrBadInput, p.Source)
+	case !inRepo && repo != "":
+		return sub, fmt.Errorf("%w: --repo is for backlogs with workdir: repo; %s runs each task in a fresh workspace", ErrBadInput, p.Source)
+	}
+	info, err := inspectRepo(ctx, repo, p.Backlog.Base)
+	if err != nil {
+		return sub, err
 	}
 	name, data := backlog.FileName, []byte(nil)
 	if tasksPath != "" {
@@ -96,6 +109,12 @@ func SubmitBacklog(ctx context.Context, b Bus, p schemas.Pipeline, tasksPath, se
 	} else if last != 0 {
 		return sub, fmt.Errorf("%w: %s (use 'loopbus wait %s' or 'loopbus tasks %s')", ErrSessionExists, session, session, session)
 	}
+	var repoInfo *schemas.LoopsStart
+	if inRepo {
+		if repoInfo, err = repoStart(ctx, b, info, session); err != nil {
+			return sub, err
+		}
+	}
 	for _, s := range sources {
 		ref, err := b.PutArtifact(ctx, session+"/sources/"+s.name, s.name, bytes.NewReader(s.data))
 		if err != nil {
@@ -110,7 +129,7 @@ func SubmitBacklog(ctx context.Context, b Bus, p schemas.Pipeline, tasksPath, se
 	if tasksPath != "" {
 		start.TaskFile = &ref
 	}
-	ev, err := publishStart(ctx, b, session, now, &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest), Budget: budget, Backlog: start})
+	ev, err := publishStart(ctx, b, session, now, &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest), Budget: budget, Backlog: start, Loops: repoInfo})
 	sub.Event = ev
 	return sub, err
 }

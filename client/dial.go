@@ -87,7 +87,7 @@ func (c *Client) Submit(ctx context.Context, p schemas.Pipeline, input string, o
 		session = NewSessionID(p.Name, c.now())
 	}
 	if p.Kind == schemas.KindBacklog {
-		_, err := SubmitBacklog(ctx, c.b, p, input, session, c.now(), opts.Budget)
+		_, err := SubmitBacklog(ctx, c.b, p, input, "", session, c.now(), opts.Budget)
 		return session, err
 	}
 	if input == "" {

@@ -50,8 +50,8 @@ func RunTask(p schemas.Pipeline, task, taskFile, repo string) (string, error) {
 	if p.Kind == schemas.KindLoops {
 		return LoopsTask(task, taskFile)
 	}
-	if task != "" || taskFile != "" || repo != "" {
-		return "", fmt.Errorf("%w: run: --task, --task-file and --repo are for loops files (kind: loops); %s is not", ErrBadInput, p.Source)
+	if task != "" || taskFile != "" || repo != "" && p.Kind != schemas.KindBacklog {
+		return "", fmt.Errorf("%w: run: --task and --task-file are for loops files (kind: loops), --repo for loops files and backlogs with workdir: repo; %s is neither", ErrBadInput, p.Source)
 	}
 	return "", nil
 }
@@ -77,38 +77,61 @@ func SubmitLoops(ctx context.Context, b Bus, p schemas.Pipeline, task, repo, ses
 	if _, err := LoopsTask(task, ""); err != nil {
 		return schemas.Event{}, err
 	}
-	start := &schemas.LoopsStart{Task: task, Target: "loopbus/" + session}
-	var info gitrepo.RepoInfo
-	switch {
-	case p.Loops.NeedsRepo() && repo == "":
+	if p.Loops.NeedsRepo() && repo == "" {
 		return schemas.Event{}, fmt.Errorf("%w: %s works in git worktrees: name the repository with --repo DIR", ErrBadInput, p.Name)
-	case repo != "":
-		var err error
-		if info, err = gitrepo.Inspect(ctx, repo, p.Loops.Base); err != nil {
-			return schemas.Event{}, fmt.Errorf("%w: --repo %s: %v", ErrBadInput, repo, err)
-		}
-		if info.Dirty {
-			return schemas.Event{}, fmt.Errorf("%w: --repo %s has uncommitted changes; commit or stash them first (the session starts from the committed %s)", ErrBadInput, repo, info.Base)
-		}
-		start.Repo, start.Base, start.BaseCommit, start.Identity = filepath.Base(info.Dir), info.Base, info.BaseCommit, info.Identity
+	}
+	info, err := inspectRepo(ctx, repo, p.Loops.Base)
+	if err != nil {
+		return schemas.Event{}, err
 	}
 	if last, err := b.SessionLastSeq(ctx, session); err != nil {
 		return schemas.Event{}, err
 	} else if last != 0 {
 		return schemas.Event{}, fmt.Errorf("%w: %s (use 'loopbus wait %s' or 'loopbus status %s')", ErrSessionExists, session, session, session)
 	}
-	if repo != "" {
-		ref, err := storeBaseBundle(ctx, b, info, session)
-		if err != nil {
-			return schemas.Event{}, err
-		}
-		start.Bundle = &ref
+	start, err := repoStart(ctx, b, info, session)
+	if err != nil {
+		return schemas.Event{}, err
 	}
+	start.Task = task
 	in, err := b.PutArtifact(ctx, session+"/input/task.md", "task.md", strings.NewReader(task))
 	if err != nil {
 		return schemas.Event{}, err
 	}
 	return publishStart(ctx, b, session, now, &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest), Budget: budget, Loops: start})
+}
+
+// inspectRepo checks the repository a session works on ("" for none): a
+// git work tree without uncommitted changes, whose base branch (""
+// for the checked-out one) exists. Errors wrap ErrBadInput.
+func inspectRepo(ctx context.Context, repo, base string) (*gitrepo.RepoInfo, error) {
+	if repo == "" {
+		return nil, nil
+	}
+	info, err := gitrepo.Inspect(ctx, repo, base)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --repo %s: %v", ErrBadInput, repo, err)
+	}
+	if info.Dirty {
+		return nil, fmt.Errorf("%w: --repo %s has uncommitted changes; commit or stash them first (the session starts from the committed %s)", ErrBadInput, repo, info.Base)
+	}
+	return &info, nil
+}
+
+// repoStart stores the base branch of the repository info describes (none
+// when nil) as a bundle and returns what session.started says of it.
+func repoStart(ctx context.Context, b Bus, info *gitrepo.RepoInfo, session string) (*schemas.LoopsStart, error) {
+	start := &schemas.LoopsStart{Target: "loopbus/" + session}
+	if info == nil {
+		return start, nil
+	}
+	start.Repo, start.Base, start.BaseCommit, start.Identity = filepath.Base(info.Dir), info.Base, info.BaseCommit, info.Identity
+	ref, err := storeBaseBundle(ctx, b, *info, session)
+	if err != nil {
+		return nil, err
+	}
+	start.Bundle = &ref
+	return start, nil
 }
 
 // storeBaseBundle stores the base branch's history as a bundle.

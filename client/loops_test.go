@@ -32,7 +32,7 @@ func TestRunTask(t *testing.T) {
 		{name: "too big", p: loops, task: strings.Repeat("x", MaxTaskBytes+1), wantErr: "over the"},
 		{name: "NUL", p: loops, task: "a\x00b", wantErr: "not UTF-8 text"},
 		{name: "pipeline without loops flags", p: pipeline},
-		{name: "pipeline with --repo", p: pipeline, repo: ".", wantErr: "pipeline.yaml is not"},
+		{name: "pipeline with --repo", p: pipeline, repo: ".", wantErr: "pipeline.yaml is neither"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

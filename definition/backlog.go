@@ -33,6 +33,7 @@ func backlogKeys() []string {
 		"kind", "name", "project", "agents", "roles", "schedule",
 		"max_iterations", "max_parallel", "source_files", "summary_iterations",
 		"timeout", "validate", "validate_timeout", "prompts", "budget", "breaker",
+		"workdir", "target",
 	}
 }
 
@@ -106,8 +107,32 @@ func (l *loader) backlog(top yamlread.Map, p *schemas.Pipeline) {
 	if e, ok := top.Get("timeout"); ok {
 		b.TimeoutMs = l.duration(e, b.TimeoutMs)
 	}
+	if e, ok := top.Get("workdir"); ok {
+		if w, ok := l.Str(e); ok {
+			switch w {
+			case schemas.WorkdirRepo:
+				b.Workdir = w
+			case schemas.WorkdirWorkspace:
+			default:
+				l.Errorf(e.ValPos, e.Field, "unknown workdir %q (workdirs: workspace, the default: a fresh directory per run; repo: a git worktree of --repo, merged when the run passes)", w)
+			}
+		}
+	}
+	if e, ok := top.Get("target"); ok {
+		if b.Workdir != schemas.WorkdirRepo {
+			l.Errorf(e.KeyPos, e.Field, "only with workdir: repo")
+		} else {
+			b.Base = l.target(e)
+		}
+	}
 	if e, ok := top.Get("validate"); ok {
-		if argv, ok := l.argv(e); ok {
+		// In a worktree the command runs in the repository: its arguments
+		// are the repository's, kept as written.
+		argv, ok := l.argv(e)
+		if b.Workdir == schemas.WorkdirRepo {
+			argv, ok = l.rawArgv(e)
+		}
+		if ok {
 			b.Validate = argv
 		}
 	}

@@ -272,7 +272,7 @@ func TestChaosProjectorKilledMidUpdate(t *testing.T) {
 	pipe, input := c.writePipeline("diamond", diamondSteps)
 	projector := ps["projector"]
 	k := startKiller(projector, rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())), func(r *rand.Rand) time.Duration {
-		return between(r, 0, 1500*time.Millisecond)
+		return between(r, 0, 600*time.Millisecond)
 	}, 300*time.Millisecond)
 	t.Cleanup(k.halt)
 

@@ -447,3 +447,62 @@ echo "$name" > "$name.txt"
 		t.Errorf("loopbus/kill has %s commits over main, want 4", n)
 	}
 }
+
+// TestBacklogInRepository works a backlog with workdir: repo: each task's
+// agent writes a file in a worktree of the repository, and each passed
+// task run is merged into the session's branch.
+func TestBacklogInRepository(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	writeFiles(t, repo, map[string]string{"test.sh": "ls *.txt >/dev/null 2>&1 || [ \"$LOOPBUS_STEP\" = review ]\n"})
+	git(t, repo, "init", "-q", "-b", "main")
+	git(t, repo, "add", "-A")
+	git(t, repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+	before := repoState(t, repo)
+	writeFiles(t, dir, map[string]string{
+		"agent.sh": `set -eu
+case $LOOPBUS_STEP in
+review) printf '{"task_id": "review", "status": "done", "summary": "all done"}\n' > "$LOOPBUS_OUTPUT_DIR/summary.json" ;;
+*)
+	echo "$LOOPBUS_STEP" > "$LOOPBUS_STEP.txt"
+	printf '{"task_id": "%s", "status": "done", "summary": "wrote %s.txt"}\n' "$LOOPBUS_STEP" "$LOOPBUS_STEP" > "$LOOPBUS_OUTPUT_DIR/summary.json"
+	;;
+esac
+`,
+		"backlog.yaml": `kind: backlog
+name: inrepo
+agents:
+  a: {backend: exec, command: [sh, agent.sh]}
+roles: {iterate: a}
+workdir: repo
+target: {base: main}
+max_parallel: 2
+validate: [sh, test.sh]
+`,
+		"to-do.json": `{"schema_version": 1, "tasks": [{"id": "T1", "title": "one", "status": "todo"}, {"id": "T2", "title": "two", "status": "todo"}]}`,
+	})
+	data := filepath.Join(dir, "data")
+	res := loopbus(t, "run", filepath.Join(dir, "backlog.yaml"), "--tasks", filepath.Join(dir, "to-do.json"), "--repo", repo, "--session", "inrepo", "--data", data)
+	if res.code != 0 {
+		t.Fatalf("run: exit %d\n%s", res.code, res.stderr)
+	}
+	if after := repoState(t, repo); after != before {
+		t.Errorf("the user's branch, index or working tree changed:\nbefore %s\nafter  %s", before, after)
+	}
+	clone := filepath.Join(t.TempDir(), "clone")
+	git(t, filepath.Dir(clone), "clone", "-q", "--branch", "loopbus/inrepo", repo, clone)
+	for _, f := range []string{"T1.txt", "T2.txt"} {
+		if _, err := os.Stat(filepath.Join(clone, f)); err != nil {
+			t.Errorf("loopbus/inrepo lacks %s: %v", f, err)
+		}
+	}
+	if n := git(t, repo, "rev-list", "--count", "main..loopbus/inrepo"); n != "2" {
+		t.Errorf("loopbus/inrepo has %s commits over main, want 2 (one per task)", n)
+	}
+	// Both tasks passed at once from the same head: the second merge
+	// rebased onto the first.
+	if n := count(events(t, []string{"--data", data}, "inrepo"), "loopbus.loop.merged", ""); n != 2 {
+		t.Errorf("%d merges, want 2", n)
+	}
+}

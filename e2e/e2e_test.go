@@ -330,14 +330,12 @@ steps:
 	if n := count(evs, "loopbus.session.completed", ""); n != 1 {
 		t.Errorf("%d session.completed, want 1", n)
 	}
-	redelivered := false
-	for _, e := range evs {
-		if e.Type == "loopbus.job.started" && e.Step == "second" && strings.Contains(string(e.Data), `"delivery":2`) {
-			redelivered = true
-		}
-	}
-	if !redelivered {
-		t.Errorf("the interrupted job was not redelivered (no job.started with delivery 2)")
+	// The interrupted job ran again after the restart. (Its delivery count
+	// may say 1 again: a server killed right after delivering a message
+	// may not have recorded that delivery.)
+	secondRuns, _ := os.ReadFile(filepath.Join(dir, "second.count"))
+	if n := strings.Count(string(secondRuns), "run"); n != 2 {
+		t.Errorf("second step's agent ran %d times, want 2 (interrupted, then run again)", n)
 	}
 }
 

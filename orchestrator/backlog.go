@@ -253,14 +253,14 @@ func (d *decider) finishRun(st *Step) {
 			up.Note += "\n(new tasks not added: " + backlog.FormatErrors(errs) + ")"
 			added = nil
 		}
-		d.emit(schemas.TypeTaskUpdated, name, up, "task", name, "run", run)
+		d.emit(schemas.TypeTaskUpdated, name, up, freeParts(st, "task", name, "run", run)...)
 		d.addTasks(added, st.JobID, "found while working on "+name)
 	}
 	d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 		Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
 		ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: stepSchemaVersion(st.Def),
-	}, roundParts(st, name)...)
-	busy := func(id string) bool { t := d.s.Steps[id]; return t != nil && t.active() }
+	}, freeParts(st, roundParts(st, name)...)...)
+	busy := d.s.busyTask
 	switch {
 	case name == schemas.PhaseBootstrap || name == schemas.PhaseRepair:
 		reason := fmt.Sprintf("%s added %d task(s)", name, len(st.FileTasks)-len(skipped))
@@ -294,6 +294,20 @@ func (d *decider) blockTask(st *Step) {
 	d.emit(schemas.TypeStepFailed, name, &schemas.StepFailed{Step: name, Iterations: st.Iteration, Error: reason}, roundParts(st, name)...)
 }
 
+// busyTask reports whether a task cannot be selected now: its run is
+// running or due, or (workdir: repo) its passed work waits to merge.
+func (s *Session) busyTask(id string) bool {
+	if st := s.Steps[id]; st != nil && st.active() {
+		return true
+	}
+	if s.Loops != nil {
+		if lp := s.Loops.Loops[id]; lp != nil && lp.Status == LoopMerging {
+			return true
+		}
+	}
+	return false
+}
+
 // active reports whether a backlog step is running or due to run.
 func (st *Step) active() bool { return st.Status == StepPending || st.Status == StepRunning }
 
@@ -314,7 +328,7 @@ func (d *decider) backlogFill() bool {
 	changed := false
 	switch b.Phase {
 	case schemas.PhaseIterate:
-		busy := func(id string) bool { st := s.Steps[id]; return st != nil && st.active() }
+		busy := s.busyTask
 		for activeCount < max(b.Def.MaxParallel, 1) {
 			id, why, ok := b.Tasks.Select(busy)
 			if !ok {
@@ -326,7 +340,7 @@ func (d *decider) backlogFill() bool {
 			activeCount++
 			changed = true
 		}
-		if activeCount == 0 {
+		if activeCount == 0 && (s.Loops == nil || s.Loops.idle()) {
 			reason := "no runnable task left"
 			if w := b.Tasks.Waiting(); len(w) > 0 {
 				reason += ": " + strings.Join(w, "; ")
@@ -335,7 +349,8 @@ func (d *decider) backlogFill() bool {
 			changed = true
 		}
 	case schemas.PhaseDone:
-		if activeCount == 0 {
+		// With workdir: repo, the last passed runs are merged first.
+		if activeCount == 0 && (s.Loops == nil || s.Loops.idle()) {
 			d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: []schemas.ArtifactRef{}})
 			changed = true
 		}
@@ -403,12 +418,19 @@ func backlogJobRequest(s *Session, st *Step, iteration, attempt int, feedback []
 	if len(prompt) > MaxPromptBytes {
 		return nil, fmt.Errorf("the rendered prompt is %d bytes, over the %d-byte limit", len(prompt), MaxPromptBytes)
 	}
-	return &schemas.JobRequested{
+	jr := &schemas.JobRequested{
 		JobID: JobID(s.ID, name, iteration, attempt, st.Round), Step: name, Iteration: iteration, Attempt: attempt,
 		Agent: st.Def.Agent, Prompt: prompt, Inputs: inputs, Outputs: st.Def.Outputs,
 		Validate: st.Def.Validate, TimeoutMs: st.Def.TimeoutMs, ValidateTimeoutMs: st.Def.ValidateTimeoutMs,
 		Dir: s.Pipeline.Dir, Feedback: feedback, Round: st.Round, Hints: hints,
-	}, nil
+	}
+	if s.Loops != nil {
+		// workdir: repo: the run works in a worktree at the target's head.
+		if lp := s.Loops.Loops[name]; lp != nil {
+			jr.Worktree = s.Loops.worktreeSpec(s.ID, lp)
+		}
+	}
+	return jr, nil
 }
 
 func orElse(a, b string) string {

@@ -66,6 +66,15 @@ func (d *decider) emit(typ, step string, data any, idParts ...string) {
 	d.out = append(d.out, ev)
 }
 
+// freeParts adds the count of free iterations (after conflicting merges)
+// to an id when there were any: the step passes again.
+func freeParts(st *Step, parts ...string) []string {
+	if st.Free > 0 {
+		parts = append(parts, "free", strconv.Itoa(st.Free))
+	}
+	return parts
+}
+
 // roundParts adds the round to an id when it is not the first.
 func roundParts(st *Step, parts ...string) []string {
 	if st.Round > 0 {
@@ -165,10 +174,7 @@ func (d *decider) decide() {
 				d.finishRun(st)
 				changed = true
 			case st.Status == StepRunning && st.Outcome == outcomePassed:
-				parts := roundParts(st, name)
-				if st.Free > 0 {
-					parts = append(parts, "free", strconv.Itoa(st.Free))
-				}
+				parts := freeParts(st, roundParts(st, name)...)
 				d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 					Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
 					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: stepSchemaVersion(st.Def),
@@ -249,6 +255,9 @@ func (d *decider) decide() {
 		switch {
 		case s.Backlog != nil:
 			if !s.terminal() && d.backlogFill() {
+				changed = true
+			}
+			if s.Loops != nil && !s.terminal() && d.mergeQueue() {
 				changed = true
 			}
 		case s.Loops != nil:
@@ -418,7 +427,7 @@ func (d *decider) answer(p PendingSignal) {
 			return
 		}
 		ack(schemas.SignalApplied, "added to the next prompt of step "+strings.Join(names, ", "))
-	case p.Verb == "invalidate" && s.Loops != nil:
+	case p.Verb == "invalidate" && s.Loops != nil && s.Backlog == nil:
 		if st == nil {
 			ignore("invalidate names a loop: SESSION/LOOP")
 			return

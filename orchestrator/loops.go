@@ -88,8 +88,21 @@ type Loop struct {
 	Parts []string
 }
 
-func newLoopsState(d *schemas.SessionStarted) *LoopsState {
-	l := &LoopsState{Def: *d.Pipeline.Loops, Loops: map[string]*Loop{}}
+// Levels of the loops a backlog with workdir: repo registers: its task runs
+// are merged, its role runs (bootstrap, repair, review) work on the head
+// but are not.
+const (
+	backlogTaskLevel = "task"
+	backlogRoleLevel = "role"
+)
+
+// backlogLoops is the loop levels of a backlog with workdir: repo.
+func backlogLoops() schemas.Loops {
+	return schemas.Loops{Levels: []schemas.LoopLevel{{Name: backlogTaskLevel, Worktree: true}, {Name: backlogRoleLevel, Worktree: true}}}
+}
+
+func newLoopsState(def schemas.Loops, d *schemas.SessionStarted) *LoopsState {
+	l := &LoopsState{Def: def, Loops: map[string]*Loop{}}
 	if d.Loops != nil {
 		l.Start = *d.Loops
 		l.Head = d.Loops.BaseCommit
@@ -138,6 +151,14 @@ func TargetOf(session string) string { return "loopbus/" + session }
 // the step machinery has applied ev.
 func (l *LoopsState) evolve(s *Session, ev schemas.Event) {
 	switch d := ev.Data.(type) {
+	case *schemas.TaskSelected:
+		if s.Steps[d.ID] != nil && s.Backlog != nil {
+			l.Loops[d.ID] = &Loop{ID: d.ID, Level: backlogTaskLevel, Status: LoopRunning, Base: l.Head}
+		}
+	case *schemas.BacklogPhase:
+		if s.Steps[d.Phase] != nil && slices.Contains(roleSteps, d.Phase) {
+			l.Loops[d.Phase] = &Loop{ID: d.Phase, Level: backlogRoleLevel, Status: LoopRunning, Base: l.Head}
+		}
 	case *schemas.LoopSpawned:
 		lv := l.Def.Level(d.Level)
 		if lv == nil {
@@ -177,7 +198,7 @@ func (l *LoopsState) evolve(s *Session, ev schemas.Event) {
 		if lp == nil {
 			return
 		}
-		if lv := l.Def.Level(lp.Level); lv != nil && lv.Worktree && lp.Candidate != nil && lp.Candidate.Changed {
+		if lv := l.Def.Level(lp.Level); lv != nil && lv.Worktree && lp.Level != backlogRoleLevel && lp.Candidate != nil && lp.Candidate.Changed {
 			lp.Status, lp.Passed = LoopMerging, lp.Candidate
 			l.Queue = append(l.Queue, lp.ID)
 			return
@@ -430,6 +451,24 @@ func (d *decider) loopsFill() bool {
 			changed = true
 		}
 	}
+	if d.s.terminal() {
+		return true
+	}
+	if d.mergeQueue() {
+		changed = true
+	}
+	if !changed && l.done() && s.Status == StatusRunning {
+		d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: []schemas.ArtifactRef{}})
+		changed = true
+	}
+	return changed
+}
+
+// mergeQueue acts on the merge job's report and requests the next merge.
+// It reports whether it emitted anything.
+func (d *decider) mergeQueue() bool {
+	s, l := d.s, d.s.Loops
+	changed := false
 	if l.Merging != "" {
 		switch {
 		case l.MergeResult != nil:
@@ -450,12 +489,11 @@ func (d *decider) loopsFill() bool {
 		d.requestMerge(l.Queue[0], 1)
 		changed = true
 	}
-	if !changed && l.done() && s.Status == StatusRunning {
-		d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: []schemas.ArtifactRef{}})
-		changed = true
-	}
 	return changed
 }
+
+// idle reports whether nothing waits to merge.
+func (l *LoopsState) idle() bool { return len(l.Queue) == 0 && l.Merging == "" }
 
 func sortedLoopIDs(l *LoopsState) []string {
 	ids := make([]string, 0, len(l.Loops))
@@ -551,7 +589,10 @@ func (d *decider) loopFailed(st *Step) {
 	l := d.s.Loops
 	lp := l.Loops[st.Def.Name]
 	reason := exhausted(st)
-	parent := l.Loops[lp.Parent]
+	var parent *Loop
+	if lp != nil {
+		parent = l.Loops[lp.Parent]
+	}
 	if parent == nil || parent.ChildErrors >= MaxChildErrors {
 		d.fail(st.Def.Name, st.Iteration, reason)
 		return
@@ -657,14 +698,20 @@ func loopJobRequest(s *Session, st *Step, iteration, attempt int, feedback []sch
 		jr.Files = []schemas.InlineFile{{Name: lp.InputName, Content: lp.Input}}
 	}
 	if lv.Worktree {
-		spec := &schemas.WorktreeSpec{Bundles: slices.Clone(l.Bundles), Base: lp.Base, Branch: BranchOf(s.ID, lp.ID), Identity: l.Start.Identity}
-		if c := lp.Candidate; c != nil && c.Changed {
-			spec.From, spec.FromBase = c.Commit, c.Base
-			spec.Bundles = appendBundle(spec.Bundles, c.Bundle)
-		}
-		jr.Worktree = spec
+		jr.Worktree = l.worktreeSpec(s.ID, lp)
 	}
 	return jr, nil
+}
+
+// worktreeSpec says where a worktree loop's next iteration starts: its
+// base, carrying its previous iteration's commit.
+func (l *LoopsState) worktreeSpec(session string, lp *Loop) *schemas.WorktreeSpec {
+	spec := &schemas.WorktreeSpec{Bundles: slices.Clone(l.Bundles), Base: lp.Base, Branch: BranchOf(session, lp.ID), Identity: l.Start.Identity}
+	if c := lp.Candidate; c != nil && c.Changed {
+		spec.From, spec.FromBase = c.Commit, c.Base
+		spec.Bundles = appendBundle(spec.Bundles, c.Bundle)
+	}
+	return spec
 }
 
 func cancelledLoops(names []string) string {

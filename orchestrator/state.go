@@ -307,7 +307,10 @@ func newSession(ev schemas.Event) *Session {
 		s.Backlog = newBacklogState(d)
 	}
 	if d.Pipeline.Kind == schemas.KindLoops && d.Pipeline.Loops != nil && len(d.Pipeline.Loops.Levels) > 0 {
-		s.Loops = newLoopsState(d)
+		s.Loops = newLoopsState(*d.Pipeline.Loops, d)
+	}
+	if s.Backlog != nil && s.Backlog.Def.Workdir == schemas.WorkdirRepo && d.Loops != nil {
+		s.Loops = newLoopsState(backlogLoops(), d)
 	}
 	return s
 }
@@ -504,7 +507,7 @@ func (s *Session) hintTargets(step string) []*Step {
 	var out []*Step
 	for _, name := range s.stepNames() {
 		st := s.Steps[name]
-		if (step == "" || step == name || s.Loops != nil && strings.HasPrefix(name, step+"-")) && st.Status != StepCompleted && st.Status != StepFailed && st.Status != StepInvalidatedLoop {
+		if (step == "" || step == name || s.Loops != nil && s.Backlog == nil && strings.HasPrefix(name, step+"-")) && st.Status != StepCompleted && st.Status != StepFailed && st.Status != StepInvalidatedLoop {
 			out = append(out, st)
 		}
 	}
@@ -519,7 +522,7 @@ func (s *Session) subtree(st *Step, keep func(*Step) bool) []*Step {
 	if keep(st) {
 		out = append(out, st)
 	}
-	if s.Loops == nil {
+	if s.Loops == nil || s.Backlog != nil {
 		return out
 	}
 	for _, id := range s.Loops.descendants(st.Def.Name) {

@@ -134,7 +134,20 @@ type Backlog struct {
 	// (tests, linters), as for a pipeline step.
 	Validate          []string `json:"validate,omitempty"`
 	ValidateTimeoutMs int64    `json:"validateTimeoutMs,omitempty"`
+	// Workdir is "" (each run in a fresh workspace) or "repo": each run's
+	// agent works in a git worktree of the session's repository, and a
+	// passed task run's commits are merged into the target branch, as a
+	// loops session's code loops are. Base is the branch it starts from
+	// ("" for the repository's current branch).
+	Workdir string `json:"workdir,omitempty"`
+	Base    string `json:"base,omitempty"`
 }
+
+// Workdirs of a backlog.
+const (
+	WorkdirWorkspace = "workspace"
+	WorkdirRepo      = "repo"
+)
 
 // Backlog roles and schedules.
 const (

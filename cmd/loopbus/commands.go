@@ -115,7 +115,7 @@ func submitter(p schemas.Pipeline, input, task, repo, session string, budget *sc
 			return tui.Started(p, session, repo, nil), err
 		}
 		if p.Kind == schemas.KindBacklog {
-			sub, err := client.SubmitBacklog(ctx, b, p, input, session, time.Now(), budget)
+			sub, err := client.SubmitBacklog(ctx, b, p, input, repo, session, time.Now(), budget)
 			return tui.Started(p, session, input, &sub), err
 		}
 		_, err := client.SubmitWithBudget(ctx, b, p, input, session, time.Now(), budget)
