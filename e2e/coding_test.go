@@ -505,4 +505,18 @@ validate: [sh, test.sh]
 	if n := count(events(t, []string{"--data", data}, "inrepo"), "loopbus.loop.merged", ""); n != 2 {
 		t.Errorf("%d merges, want 2", n)
 	}
+	st := loopbus(t, "status", "inrepo", "--data", data, "--json")
+	var m struct {
+		Target struct {
+			Branch string `json:"branch"`
+			Head   string `json:"head"`
+			Merges int    `json:"merges"`
+		} `json:"target"`
+	}
+	if err := json.Unmarshal([]byte(st.stdout), &m); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, st.stdout)
+	}
+	if tip := git(t, repo, "rev-parse", "loopbus/inrepo"); m.Target.Branch != "loopbus/inrepo" || m.Target.Head != tip || m.Target.Merges != 2 {
+		t.Errorf("status target = %+v, want loopbus/inrepo at %s with 2 merges", m.Target, tip)
+	}
 }

@@ -18,13 +18,19 @@ func (m *Manifest) startLoops(session string, d *schemas.SessionStarted) {
 		}
 		m.LoopLevels = append(m.LoopLevels, LoopLevelView{Name: lv.Name, MaxIterations: max(lv.MaxIterations, 1), Worktree: lv.Worktree})
 	}
+	m.startTarget(session, d)
+}
+
+// startTarget sets up the target branch of a session that works on a
+// repository (a loops session, a backlog with workdir: repo).
+func (m *Manifest) startTarget(session string, d *schemas.SessionStarted) {
 	st := d.Loops
 	if st == nil {
 		return
 	}
 	t := &TargetView{Branch: st.Target, Base: st.Base, BaseCommit: st.BaseCommit, Head: st.BaseCommit,
 		Repo: st.Repo, Task: paragraph(firstLine(st.Task))}
-	if t.Branch == "" && d.Pipeline.Loops.NeedsRepo() {
+	if t.Branch == "" && d.Pipeline.Loops != nil && d.Pipeline.Loops.NeedsRepo() {
 		t.Branch = "loopbus/" + session
 	}
 	if st.Bundle != nil && st.Bundle.Object != "" {
@@ -59,11 +65,10 @@ func (m *Manifest) loopSpawned(d *schemas.LoopSpawned) {
 
 // loopMerged records a loop's merge into the target branch.
 func (m *Manifest) loopMerged(d *schemas.LoopMerged) {
-	lp := m.loop(d.Loop)
-	if lp == nil {
-		return
+	// A backlog's task runs are merged without being loops of a tree.
+	if lp := m.loop(d.Loop); lp != nil {
+		lp.Status, lp.MergeCommit = LoopStatusCompleted, d.Head
 	}
-	lp.Status, lp.MergeCommit = LoopStatusCompleted, d.Head
 	if t := m.Target; t != nil {
 		t.Head = orElse(d.Head, t.Head)
 		t.Merges++

@@ -762,6 +762,7 @@ func startManifest(ev schemas.Event) *Manifest {
 	m.SourceHash = d.SourceHash
 	if d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil {
 		m.Kind, m.MaxSummaryIterations = schemas.KindBacklog, d.Pipeline.Backlog.MaxSummaryIterations
+		m.startTarget(ev.Session, d)
 	}
 	if d.Pipeline.Kind == schemas.KindLoops && d.Pipeline.Loops != nil {
 		m.startLoops(ev.Session, d)
