@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"text/template"
 
 	"github.com/goccy/go-yaml/ast"
 
@@ -399,7 +398,7 @@ func (l *loader) prompts(e yamlread.Entry) map[string]string {
 			l.Errorf(pe.ValPos, pe.Field, "must not be empty")
 			continue
 		}
-		if _, err := template.New(pe.Key).Option("missingkey=error").Parse(text); err != nil {
+		if _, err := ParsePrompt(pe.Key, text); err != nil {
 			l.Errorf(pe.ValPos, pe.Field, "invalid template: %w", err)
 			continue
 		}

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"text/template"
 	"unicode"
 
 	"github.com/goccy/go-yaml/ast"
@@ -266,7 +265,7 @@ func (l *loader) promptFile(e yamlread.Entry, level string) (text, path string) 
 		l.Errorf(e.ValPos, e.Field, "prompt file %s is empty (leave prompt out for the built-in prompt)", path)
 		return "", path
 	}
-	if _, err := template.New(path).Option("missingkey=error").Parse(text); err != nil {
+	if _, err := ParsePrompt(path, text); err != nil {
 		l.Errorf(e.ValPos, e.Field, "prompt file %s: invalid template: %w", path, err)
 		return "", path
 	}

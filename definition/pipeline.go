@@ -90,7 +90,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"text/template"
 	"time"
 
 	"github.com/goccy/go-yaml/ast"
@@ -344,7 +343,7 @@ func (l *loader) step(e yamlread.Entry) (schemas.Step, stepInfo) {
 		s.Prompt = text
 		if strings.TrimSpace(text) == "" {
 			l.Errorf(pe.ValPos, pe.Field, "must not be empty")
-		} else if _, err := template.New(e.Key).Option("missingkey=error").Parse(text); err != nil {
+		} else if _, err := ParsePrompt(e.Key, text); err != nil {
 			l.Errorf(pe.ValPos, pe.Field, "invalid template: %w", err)
 		}
 	}

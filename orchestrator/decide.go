@@ -1,14 +1,13 @@
 package orchestrator
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
-	"text/template"
 	"time"
 
+	"github.com/loopbus/loopbus/definition"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -696,14 +695,19 @@ func renderBacklogPrompt(text string, data backlogPromptData) (string, error) {
 }
 
 func renderTemplate(text string, data any, feedback, hints string) (string, error) {
-	t, err := template.New("prompt").Option("missingkey=error").Parse(text)
+	// Bounded: a template that would render without end (huge printf
+	// widths, nested loops, long output) fails its step here instead of
+	// exhausting the orchestrator, on every replay alike.
+	t, err := definition.ParsePrompt("prompt", text)
 	if err != nil {
 		return "", fmt.Errorf("prompt template: %w", err)
 	}
-	var b bytes.Buffer
-	if err := t.Execute(&b, data); err != nil {
+	out, err := definition.RenderPrompt(t, data, MaxPromptBytes)
+	if err != nil {
 		return "", fmt.Errorf("prompt template: %w", err)
 	}
+	var b strings.Builder
+	b.WriteString(out)
 	if feedback != "" && !strings.Contains(text, ".Feedback") {
 		b.WriteString("\n\n## Feedback from earlier iterations\n\n")
 		b.WriteString(feedback)
@@ -713,6 +717,34 @@ func renderTemplate(text string, data any, feedback, hints string) (string, erro
 		b.WriteString(hints)
 	}
 	return b.String(), nil
+}
+
+// SafeDecide is Decide, except that a panic while deciding (a bug, or a
+// session's events the decider cannot handle) does not escape: the
+// session fails with the panic as its reason (see Crashed), so one session
+// can never take the orchestrator down, nor hit it again on a restart.
+func SafeDecide(st *State, trigger schemas.Event, now time.Time) (evs []schemas.Event) {
+	defer func() {
+		if r := recover(); r != nil {
+			evs = Crashed(st, trigger, fmt.Errorf("panic: %v", r), now)
+		}
+	}()
+	return Decide(st, trigger, now)
+}
+
+// Crashed returns the event that ends a session the decider failed on:
+// session.failed naming the event and the cause, under the id of the
+// session's ordinary failure. It reads only the session's id and start.
+func Crashed(st *State, trigger schemas.Event, cause error, now time.Time) []schemas.Event {
+	s := st.Sessions[trigger.Session]
+	if s == nil || s.Status == StatusCompleted || s.Status == StatusFailed {
+		return nil
+	}
+	return []schemas.Event{{
+		ID: schemas.DeterministicID(s.ID, schemas.TypeSessionFailed), Type: schemas.TypeSessionFailed, Session: s.ID,
+		Causation: trigger.ID, Correlation: s.StartID, Time: now,
+		Data: &schemas.SessionFailed{Reason: fmt.Sprintf("the orchestrator could not decide after event %s (%s): %v", trigger.ID, trigger.Type, cause)},
+	}}
 }
 
 // Unrecordable returns the events that end a session whose decision evs

@@ -78,14 +78,28 @@ func TestDecideRetryableAttempts(t *testing.T) {
 
 // TestDecidePromptTooLarge: a prompt over MaxPromptBytes fails the step
 // instead of producing an event that cannot be stored.
+// Templates that would render without bound stop at the limit or are
+// refused before they allocate: the step fails with the reason, and the
+// orchestrator's memory stays small (the first case made a service run out
+// of memory, on every restart, before templates were bounded).
 func TestDecidePromptTooLarge(t *testing.T) {
-	p := promptPipeline(`{{printf "%0300000d" 0}}`, 1)
-	evs := runDecide(t, []schemas.Event{started(p)})
-	if len(evs) != 2 || evs[0].Type != schemas.TypeStepFailed || evs[1].Type != schemas.TypeSessionFailed {
-		t.Fatalf("got %v", types(evs))
-	}
-	if reason := evs[1].Data.(*schemas.SessionFailed).Reason; !strings.Contains(reason, "300000 bytes, over the 131072-byte limit") {
-		t.Errorf("reason: %s", reason)
+	for _, tc := range []struct{ tmpl, want string }{
+		{`{{range 3000}}{{printf "%0100d" 0}}{{end}}`, "renders more than 131072 bytes"},
+		{`{{range 100000}}{{printf "%1000000d" 1}}{{end}}`, "width or precision 1000000 is over 9999"},
+		{`{{printf "%*d" 1000000000 1}}`, "width or precision 1000000000 is over 9999"},
+		{`{{range 1000}}{{range 1001}}{{end}}{{end}}`, "runs over 1000000 times"},
+		{`{{range 10000000000}}{{end}}`, "runs over 1000000 times"},
+	} {
+		t.Run(tc.tmpl, func(t *testing.T) {
+			p := promptPipeline(tc.tmpl, 1)
+			evs := runDecide(t, []schemas.Event{started(p)})
+			if len(evs) != 2 || evs[0].Type != schemas.TypeStepFailed || evs[1].Type != schemas.TypeSessionFailed {
+				t.Fatalf("got %v", types(evs))
+			}
+			if reason := evs[1].Data.(*schemas.SessionFailed).Reason; !strings.Contains(reason, tc.want) {
+				t.Errorf("reason: %s, want %q", reason, tc.want)
+			}
+		})
 	}
 }
 
@@ -110,5 +124,31 @@ func TestUnrecordable(t *testing.T) {
 	done := fold(t, []schemas.Event{started(chain), sessionFailedEv("earlier")})
 	if evs := Unrecordable(done, given[0], evs, errors.New("x"), fixedNow); evs != nil {
 		t.Errorf("ended session: %v", types(evs))
+	}
+}
+
+// TestSafeDecide: a panic while deciding for one session fails that
+// session with the panic as the reason instead of crashing the service.
+func TestSafeDecide(t *testing.T) {
+	st := fold(t, []schemas.Event{started(chainPipeline())})
+	st.Sessions[sess].Steps["broken"] = nil // a state Decide cannot handle
+	evs := SafeDecide(st, schemas.Event{ID: "trigger-1", Type: schemas.TypeJobCompleted, Session: sess}, fixedNow)
+	if len(evs) != 1 || evs[0].Type != schemas.TypeSessionFailed {
+		t.Fatalf("got %v", types(evs))
+	}
+	if r := evs[0].Data.(*schemas.SessionFailed).Reason; !strings.Contains(r, "could not decide after event trigger-1") || !strings.Contains(r, "panic:") {
+		t.Errorf("reason: %s", r)
+	}
+	if got := SafeDecide(fold(t, []schemas.Event{started(chainPipeline())}), schemas.Event{ID: "t", Session: sess}, fixedNow); len(got) == 0 || got[0].Type != schemas.TypeJobRequested {
+		t.Errorf("a sound state decides as Decide does: %v", types(got))
+	}
+}
+
+func TestSafeEvolve(t *testing.T) {
+	// A session.started without its data (never from the bus, which
+	// decodes and checks every event) makes Evolve panic.
+	err := safeEvolve(NewState(), schemas.Event{ID: "e1", Type: schemas.TypeSessionStarted, Session: "s2"})
+	if err == nil || !strings.Contains(err.Error(), "folding event e1 (loopbus.session.started) panicked") {
+		t.Fatalf("err = %v", err)
 	}
 }

@@ -148,7 +148,10 @@ func (s *Service) Run(ctx context.Context) error {
 			// Read dead-letters it and reports it through OnSkip.
 			return fmt.Errorf("%w: %w", bus.ErrMalformed, err)
 		}
-		Evolve(s.state, ev)
+		if err := safeEvolve(s.state, ev); err != nil {
+			s.log.Error().Err(err).Str("session", ev.Session).Str("type", ev.Type).Msg("an event crashed the fold; dead-lettering it")
+			return fmt.Errorf("%w: %w", bus.ErrMalformed, err)
+		}
 		s.trackWait(ev.Session)
 		if s.caughtUp {
 			s.decide(ctx, ev)
@@ -215,7 +218,7 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 	case s.inflight[sess.ID] > sess.LastSeq:
 		return
 	}
-	evs := Decide(s.state, trigger, s.now())
+	evs := SafeDecide(s.state, trigger, s.now())
 	if len(evs) == 0 {
 		return
 	}
@@ -298,4 +301,16 @@ func (s *Service) settled(ctx context.Context, id string, seq uint64) {
 	if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq >= seq {
 		s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
 	}
+}
+
+// safeEvolve is Evolve with a panic returned as an error: the event is
+// dead-lettered with the reason and the service goes on.
+func safeEvolve(st *State, ev schemas.Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("folding event %s (%s) panicked: %v", ev.ID, ev.Type, r)
+		}
+	}()
+	Evolve(st, ev)
+	return nil
 }

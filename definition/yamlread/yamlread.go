@@ -11,6 +11,7 @@
 package yamlread
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -98,6 +99,9 @@ func (r *Reader[S]) Err() error {
 // when the YAML is malformed, holds no document (message Empty) or more
 // than one, or has an alias with no preceding anchor of its name.
 func (r *Reader[S]) Document(data []byte) (body ast.Node, ok bool) {
+	// A UTF-8 byte-order mark may start a YAML stream (YAML 1.2, 5.2);
+	// the parser would read it as part of the first key.
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
 	f, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		var ye yaml.Error

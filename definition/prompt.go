@@ -1,0 +1,175 @@
+package definition
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/template"
+	"text/template/parse"
+)
+
+// Prompt templates are user input run by the orchestrator: one that renders
+// without bound (a huge printf width, ranges nested over large counts, a
+// long output) must fail its step, not exhaust the service's memory or CPU.
+
+// Bounds of a prompt template.
+const (
+	// MaxPrintfWidth bounds a width or precision in printf's format (and
+	// a * argument): wider padding is refused before it is allocated.
+	MaxPrintfWidth = 9999
+	// MaxRangeProduct bounds the product of the integer counts of nested
+	// {{range N}} actions: a template cannot loop that often without
+	// writing, which no output bound would stop.
+	MaxRangeProduct = 1_000_000
+)
+
+// ErrPromptTooLarge: a prompt renders to more bytes than its limit.
+var ErrPromptTooLarge = errors.New("prompt too large")
+
+// ParsePrompt parses a prompt template with missingkey=error and bounded
+// print functions, and refuses a NUL byte and nested {{range N}} loops whose counts
+// multiply beyond MaxRangeProduct.
+func ParsePrompt(name, text string) (*template.Template, error) {
+	if i := strings.IndexByte(text, 0); i >= 0 {
+		return nil, fmt.Errorf("the prompt holds a NUL byte (at byte %d): prompts are text", i)
+	}
+	t, err := template.New(name).Option("missingkey=error").Funcs(template.FuncMap{
+		"printf":  boundedPrintf,
+		"print":   fmt.Sprint,
+		"println": fmt.Sprintln,
+	}).Parse(text)
+	if err != nil {
+		return nil, err
+	}
+	for _, tt := range t.Templates() {
+		if tt.Tree == nil || tt.Root == nil {
+			continue
+		}
+		if err := checkRanges(tt.Root, 1); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// RenderPrompt executes t on data and returns at most limit bytes: a
+// template that writes more stops at the limit with ErrPromptTooLarge.
+func RenderPrompt(t *template.Template, data any, limit int) (string, error) {
+	w := &limitedWriter{limit: limit}
+	if err := t.Execute(w, data); err != nil {
+		if errors.Is(err, ErrPromptTooLarge) {
+			return "", fmt.Errorf("%w: the prompt template renders more than %d bytes; pass large content as artifacts (files in in/) instead", ErrPromptTooLarge, limit)
+		}
+		return "", err
+	}
+	return w.b.String(), nil
+}
+
+type limitedWriter struct {
+	b     strings.Builder
+	limit int
+}
+
+func (w *limitedWriter) Write(p []byte) (int, error) {
+	if w.b.Len()+len(p) > w.limit {
+		return 0, ErrPromptTooLarge
+	}
+	return w.b.Write(p)
+}
+
+// boundedPrintf is fmt.Sprintf refusing widths and precisions over
+// MaxPrintfWidth, written or given as * arguments.
+func boundedPrintf(format string, args ...any) (string, error) {
+	argi := 0
+	for i := 0; i < len(format); i++ {
+		if format[i] != '%' {
+			continue
+		}
+		for i++; i < len(format); i++ {
+			c := format[i]
+			switch {
+			case c >= '0' && c <= '9':
+				j := i
+				for j < len(format) && format[j] >= '0' && format[j] <= '9' {
+					j++
+				}
+				if n, err := strconv.Atoi(format[i:j]); err != nil || n > MaxPrintfWidth {
+					return "", fmt.Errorf("printf: width or precision %s is over %d", format[i:j], MaxPrintfWidth)
+				}
+				i = j - 1
+				continue
+			case c == '*':
+				if argi < len(args) {
+					if n, ok := args[argi].(int); ok && (n > MaxPrintfWidth || n < -MaxPrintfWidth) {
+						return "", fmt.Errorf("printf: width or precision %d is over %d", n, MaxPrintfWidth)
+					}
+				}
+				argi++
+				continue
+			case c == '.' || c == '-' || c == '+' || c == '#' || c == ' ' || c == '[' || c == ']':
+				continue
+			}
+			if c != '%' {
+				argi++
+			}
+			break
+		}
+	}
+	return fmt.Sprintf(format, args...), nil
+}
+
+// checkRanges refuses {{range N}} actions whose integer counts, multiplied
+// along their nesting, exceed MaxRangeProduct.
+func checkRanges(n parse.Node, product int) error {
+	switch n := n.(type) {
+	case *parse.ListNode:
+		if n == nil {
+			return nil
+		}
+		for _, c := range n.Nodes {
+			if err := checkRanges(c, product); err != nil {
+				return err
+			}
+		}
+	case *parse.RangeNode:
+		inner := product
+		if count, ok := rangeCount(n.Pipe); ok {
+			if count > MaxRangeProduct || inner*count > MaxRangeProduct {
+				return fmt.Errorf("line %d: {{range %d}} nested in other loops runs over %d times; prompts must stay small", n.Line, count, MaxRangeProduct)
+			}
+			inner *= max(count, 1)
+		}
+		if err := checkRanges(n.List, inner); err != nil {
+			return err
+		}
+		return checkRanges(n.ElseList, product)
+	case *parse.IfNode:
+		if err := checkRanges(n.List, product); err != nil {
+			return err
+		}
+		return checkRanges(n.ElseList, product)
+	case *parse.WithNode:
+		if err := checkRanges(n.List, product); err != nil {
+			return err
+		}
+		return checkRanges(n.ElseList, product)
+	}
+	return nil
+}
+
+// rangeCount returns the integer a range's pipeline is, when it is a
+// number literal.
+func rangeCount(p *parse.PipeNode) (int, bool) {
+	if p == nil || len(p.Cmds) != 1 || len(p.Cmds[0].Args) != 1 {
+		return 0, false
+	}
+	num, ok := p.Cmds[0].Args[0].(*parse.NumberNode)
+	if !ok || !num.IsInt {
+		return 0, false
+	}
+	if num.Int64 > MaxRangeProduct {
+		return MaxRangeProduct + 1, true
+	}
+	return int(num.Int64), true
+}
