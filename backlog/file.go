@@ -85,11 +85,21 @@ func FileSchema() json.RawMessage {
 // ErrInvalidFile: a task file fails its schema or its dependency checks.
 var ErrInvalidFile = errors.New("invalid task file")
 
+// Bounds of a task file: its tasks travel in session.started, which must
+// stay under the bus's event size limit.
+const (
+	MaxFileBytes = 1 << 20
+	MaxTasks     = 1000
+)
+
 // ParseFile decodes and checks a task file: JSON syntax (with line and
 // column), the schema, unique ids, known dependencies and no dependency
 // cycles. It returns every problem found, each with its JSON pointer; the
 // file is nil when it could not be decoded at all.
 func ParseFile(name string, data []byte) (*File, []schemas.ValidationError) {
+	if len(data) > MaxFileBytes {
+		return nil, []schemas.ValidationError{{Artifact: name, Message: fmt.Sprintf("the task file is %d bytes, over the %d-byte limit", len(data), MaxFileBytes), Source: "schema"}}
+	}
 	if err := syntaxCheck(data); err != nil {
 		return nil, []schemas.ValidationError{{Artifact: name, Message: err.Error(), Source: "schema"}}
 	}
@@ -104,6 +114,9 @@ func ParseFile(name string, data []byte) (*File, []schemas.ValidationError) {
 			errs = append(errs, decodeProblem(name, err))
 		}
 		return nil, errs
+	}
+	if len(f.Tasks) > MaxTasks {
+		return nil, []schemas.ValidationError{{Artifact: name, Pointer: "/tasks", Message: fmt.Sprintf("%d tasks, over the limit of %d a session carries", len(f.Tasks), MaxTasks), Source: "schema"}}
 	}
 	// Dependency problems too, so a repair fixes everything at once; a
 	// pointer the schema already reported is not reported again.

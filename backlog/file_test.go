@@ -3,6 +3,7 @@ package backlog
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -556,5 +557,26 @@ func TestParseFileIntegralFloatPriority(t *testing.T) {
 	}
 	if len(errs) != 1 || errs[0].Pointer != "/tasks/priority" && errs[0].Pointer != "/tasks/0/priority" {
 		t.Errorf("want priority 2 or one problem at the priority, got:\n%s", dump(errs))
+	}
+}
+
+// TestParseFileLimits: a task file too big for a session is refused with
+// the limit, before its tasks are checked one by one.
+func TestParseFileLimits(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"schema_version": 1, "tasks": [`)
+	for i := range MaxTasks + 1 {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `{"id": "T%d", "title": "t", "status": "todo"}`, i)
+	}
+	b.WriteString("]}")
+	if _, errs := ParseFile("to-do.json", []byte(b.String())); len(errs) != 1 || !strings.Contains(errs[0].Message, "1001 tasks, over the limit of 1000") {
+		t.Errorf("errs = %v", errs)
+	}
+	huge := []byte(`{"schema_version": 1, "tasks": [], "x": "` + strings.Repeat("x", MaxFileBytes) + `"}`)
+	if _, errs := ParseFile("to-do.json", huge); len(errs) != 1 || !strings.Contains(errs[0].Message, "over the 1048576-byte limit") {
+		t.Errorf("errs = %v", errs)
 	}
 }

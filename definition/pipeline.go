@@ -106,6 +106,9 @@ const (
 	defaultValidateTimeout = time.Minute
 	maxIterationsLimit     = 100
 
+	// MaxSteps bounds a pipeline's steps.
+	MaxSteps = 200
+
 	// maxSchemaBytes bounds an output schema file.
 	maxSchemaBytes = 1 << 20
 )
@@ -245,6 +248,10 @@ func (l *loader) pipeline(data []byte) schemas.Pipeline {
 	}
 	if len(steps.Entries) == 0 {
 		l.Errorf(se.KeyPos, "steps", "must define at least one step")
+		return p
+	}
+	if len(steps.Entries) > MaxSteps {
+		l.Errorf(se.KeyPos, "steps", "%d steps, over the limit of %d: a session carries its whole pipeline", len(steps.Entries), MaxSteps)
 		return p
 	}
 	infos := make([]stepInfo, 0, len(steps.Entries))

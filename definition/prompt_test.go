@@ -2,8 +2,11 @@ package definition
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/loopbus/loopbus/definition/yamlread"
 )
 
 func TestParsePromptBounds(t *testing.T) {
@@ -73,5 +76,49 @@ func TestParseByteOrderMark(t *testing.T) {
 	p, err := Parse("bom.yaml", []byte(doc), t.TempDir())
 	if err != nil || p.Name != "bom" {
 		t.Fatalf("Parse: %v (name %q)", err, p.Name)
+	}
+}
+
+// TestParseLimits: hostile definition files fail fast with the limit they
+// break (before the limits, 100,000 nested brackets took over 25 s and a
+// 10 MB file 64 s and 2.9 GB), and a file with many problems prints a
+// bounded report.
+func TestParseLimits(t *testing.T) {
+	step := func(i int) string {
+		return fmt.Sprintf("  s%d:\n    agent: {backend: exec, command: [\"true\"]}\n    prompt: p\n    outputs: [{name: o%d.txt}]\n", i, i)
+	}
+	var many strings.Builder
+	many.WriteString("name: many\nsteps:\n")
+	for i := range MaxSteps + 1 {
+		many.WriteString(step(i))
+	}
+	var bad strings.Builder
+	bad.WriteString("name: bad\nsteps:\n")
+	for i := range 30 {
+		fmt.Fprintf(&bad, "  s%d:\n    agent: {backend: exec, command: [\"true\"]}\n    prompt: p\n    outputs: [{name: o.txt}]\n    timeout: soon\n", i)
+	}
+	deep := "name: deep\nsteps:\n" + strings.Repeat(" ", 2*(yamlread.MaxNesting+1)) + "x: 1\n"
+	tests := []struct {
+		name, doc, want string
+		lines           int
+	}{
+		{name: "nested brackets", doc: "name: x\nsteps: " + strings.Repeat("[", 100_000), want: "x.yaml:2: brackets nested 65 levels deep, over the limit of 64"},
+		{name: "deep indentation", doc: deep, want: "x.yaml:3: nested 65 levels deep"},
+		{name: "huge file", doc: "name: x\n# " + strings.Repeat("x", yamlread.MaxFileBytes) + "\n", want: "over the 1048576-byte limit of a definition file"},
+		{name: "too many steps", doc: many.String(), want: "x.yaml:2: steps: 201 steps, over the limit of 200"},
+		{name: "problems capped", doc: bad.String(), want: "more problem(s)", lines: yamlread.MaxShownErrors + 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("x.yaml", []byte(tt.doc), t.TempDir())
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %.300v, want %q", err, tt.want)
+			}
+			if tt.lines > 0 {
+				if n := strings.Count(err.Error(), "\n") + 1; n != tt.lines {
+					t.Errorf("%d lines of problems, want %d", n, tt.lines)
+				}
+			}
+		})
 	}
 }

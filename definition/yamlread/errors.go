@@ -45,9 +45,20 @@ func (e *Error[S]) Error() string {
 	if e.Field != "" {
 		b.WriteString(e.Field + ": ")
 	}
-	b.WriteString(e.Msg)
+	msg := e.Msg
+	if len(msg) > MaxMessageBytes {
+		msg = strings.ToValidUTF8(msg[:MaxMessageBytes], "") + "… (cut)"
+	}
+	b.WriteString(msg)
 	return b.String()
 }
+
+// Bounds of what a file's problems print: a file with thousands of
+// problems (or one quoting a huge value) must not flood a terminal.
+const (
+	MaxShownErrors  = 20
+	MaxMessageBytes = 500
+)
 
 // Unwrap returns S's sentinel error and, when set, the underlying cause Err.
 func (e *Error[S]) Unwrap() []error {
@@ -64,11 +75,16 @@ func (e *Error[S]) Unwrap() []error {
 // finds the first problem) succeed.
 type Errors[S Sentinel] []*Error[S]
 
-// Error returns the problems one per line.
+// Error returns the problems one per line: the first MaxShownErrors, then
+// how many more there are.
 func (es Errors[S]) Error() string {
-	lines := make([]string, len(es))
+	lines := make([]string, 0, min(len(es), MaxShownErrors)+1)
 	for i, e := range es {
-		lines[i] = e.Error()
+		if i == MaxShownErrors {
+			lines = append(lines, fmt.Sprintf("… and %d more problem(s)", len(es)-MaxShownErrors))
+			break
+		}
+		lines = append(lines, e.Error())
 	}
 	return strings.Join(lines, "\n")
 }

@@ -102,6 +102,9 @@ func (r *Reader[S]) Document(data []byte) (body ast.Node, ok bool) {
 	// A UTF-8 byte-order mark may start a YAML stream (YAML 1.2, 5.2);
 	// the parser would read it as part of the first key.
 	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
+	if !r.withinLimits(data) {
+		return nil, false
+	}
 	f, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		var ye yaml.Error
@@ -463,4 +466,67 @@ func (r *Reader[S]) Strings(e Entry, example string) ([]string, []Entry, bool) {
 		out[i] = s
 	}
 	return out, items, ok
+}
+
+// Limits of a definition file, checked before it is parsed: the YAML
+// parser's time and memory grow faster than linearly with deep nesting,
+// and a definition file is written by hand.
+const (
+	MaxFileBytes = 1 << 20
+	MaxNesting   = 64
+)
+
+// withinLimits reports (and says why not) whether data is small and
+// shallow enough to parse: at most MaxFileBytes, and at most MaxNesting
+// levels of flow brackets or of indentation (counted in steps of two
+// spaces).
+func (r *Reader[S]) withinLimits(data []byte) bool {
+	if len(data) > MaxFileBytes {
+		r.Errorf(Pos{}, "", "the file is %d bytes, over the %d-byte limit of a definition file", len(data), MaxFileBytes)
+		return false
+	}
+	depth, line, quote, lineStart := 0, 1, byte(0), true
+	indent := 0
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		if lineStart {
+			if c == ' ' {
+				indent++
+				continue
+			}
+			lineStart = false
+			if indent/2 > MaxNesting && c != '\n' && c != '#' {
+				r.Errorf(Pos{Line: line}, "", "nested %d levels deep (indented %d spaces), over the limit of %d", indent/2, indent, MaxNesting)
+				return false
+			}
+		}
+		switch {
+		case c == '\n':
+			line, lineStart, indent = line+1, true, 0
+			if quote == '\'' {
+				quote = 0 // a single-quoted scalar may span lines; be lenient
+			}
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			} else if c == '\\' && quote == '"' {
+				i++
+			}
+		case c == '"' || c == '\'':
+			quote = c
+		case c == '#' && (i == 0 || data[i-1] == ' ' || data[i-1] == '\t'):
+			for i < len(data) && data[i] != '\n' {
+				i++
+			}
+			i--
+		case c == '[' || c == '{':
+			if depth++; depth > MaxNesting {
+				r.Errorf(Pos{Line: line}, "", "brackets nested %d levels deep, over the limit of %d", depth, MaxNesting)
+				return false
+			}
+		case c == ']' || c == '}':
+			depth = max(depth-1, 0)
+		}
+	}
+	return true
 }
