@@ -21,22 +21,6 @@ import (
 // worktree there; the commit it leaves goes back as a bundle in the object
 // store. No worker needs the user's repository or a disk shared with it.
 
-// cache returns the session's repository cache, shared by the jobs this
-// process runs (its lock serializes their git writes).
-func (s *Service) cache(session string) (*gitrepo.Cache, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c := s.caches[session]; c != nil {
-		return c, nil
-	}
-	c, err := gitrepo.OpenCache(s.cfg.RepoCache, session)
-	if err != nil {
-		return nil, err
-	}
-	s.caches[session] = c
-	return c, nil
-}
-
 // storeBundle stores the commits from base to tip as a bundle artifact.
 func (s *Service) storeBundle(ctx context.Context, c *gitrepo.Cache, ws *workspace.Workspace, jr *schemas.JobRequested, req schemas.Event, delivery uint64, tip, base string) (*schemas.ArtifactRef, error) {
 	path := filepath.Join(ws.Root, "result.bundle")
@@ -105,7 +89,7 @@ func isCommit(c string) bool {
 func (s *Service) merge(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, delivery uint64) (any, error) {
 	spec := jr.Worktree
 	start := time.Now()
-	c, err := s.cache(req.Session)
+	c, err := s.caches.Session(req.Session)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +129,7 @@ type worktree struct {
 // prepareWorktree makes the job's worktree at ws.Root/repo. The note says
 // what the agent should know (work carried over was dropped).
 func (s *Service) prepareWorktree(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace) (*worktree, string, error) {
-	c, err := s.cache(req.Session)
+	c, err := s.caches.Session(req.Session)
 	if err != nil {
 		return nil, "", err
 	}

@@ -185,7 +185,7 @@ type Service struct {
 	// so that the reason is logged once per job.
 	refused map[string]bool
 	// caches are the sessions' repository caches.
-	caches map[string]*gitrepo.Cache
+	caches *gitrepo.Caches
 }
 
 // New returns a worker.
@@ -210,7 +210,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s := &Service{cfg: cfg, bus: b, log: log, now: now, lanes: table, has: map[string]bool{},
-		running: map[string]*runningJob{}, refused: map[string]bool{}, caches: map[string]*gitrepo.Cache{}}
+		running: map[string]*runningJob{}, refused: map[string]bool{}, caches: gitrepo.NewCaches(cfg.RepoCache)}
 	for _, l := range cfg.Lanes {
 		s.has[l] = true
 	}

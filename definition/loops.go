@@ -214,18 +214,7 @@ func (l *loader) level(e yamlread.Entry, def *schemas.AgentSpec, levels []string
 			lv.Validate = argv
 		}
 	}
-	if ie, ok := m.Get("max_iterations"); ok {
-		lv.MaxIterations = l.iterations(ie)
-	}
-	if te, ok := m.Get("timeout"); ok {
-		lv.TimeoutMs = l.duration(te, lv.TimeoutMs)
-	}
-	if te, ok := m.Get("validate_timeout"); ok {
-		lv.ValidateTimeoutMs = l.duration(te, lv.ValidateTimeoutMs)
-	}
-	if be, ok := m.Get("breaker"); ok {
-		lv.Breaker = l.breaker(be)
-	}
+	l.runLimits(m, &lv.MaxIterations, &lv.TimeoutMs, &lv.ValidateTimeoutMs, &lv.Breaker)
 	if ce, ok := m.Get("children"); ok {
 		lv.Children = l.children(ce, &lv, levels, outputsOK, &info)
 	}

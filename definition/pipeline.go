@@ -381,18 +381,7 @@ func (l *loader) step(e yamlread.Entry) (schemas.Step, stepInfo) {
 			s.Validate = argv
 		}
 	}
-	if ie, ok := m.Get("max_iterations"); ok {
-		s.MaxIterations = l.iterations(ie)
-	}
-	if te, ok := m.Get("timeout"); ok {
-		s.TimeoutMs = l.duration(te, s.TimeoutMs)
-	}
-	if te, ok := m.Get("validate_timeout"); ok {
-		s.ValidateTimeoutMs = l.duration(te, s.ValidateTimeoutMs)
-	}
-	if be, ok := m.Get("breaker"); ok {
-		s.Breaker = l.breaker(be)
-	}
+	l.runLimits(m, &s.MaxIterations, &s.TimeoutMs, &s.ValidateTimeoutMs, &s.Breaker)
 	if fe, ok := m.Get("final"); ok {
 		info.final = fe.KeyPos
 		if b, isBool := fe.Val.(*ast.BoolNode); isBool {
@@ -402,6 +391,24 @@ func (l *loader) step(e yamlread.Entry) (schemas.Step, stepInfo) {
 		}
 	}
 	return s, info
+}
+
+// runLimits decodes the keys that bound a step's or a loop level's runs
+// (max_iterations, timeout, validate_timeout, breaker) into their fields,
+// which hold the defaults.
+func (l *loader) runLimits(m yamlread.Map, iterations *int, timeoutMs, validateTimeoutMs *int64, breaker **schemas.Breaker) {
+	if ie, ok := m.Get("max_iterations"); ok {
+		*iterations = l.iterations(ie)
+	}
+	if te, ok := m.Get("timeout"); ok {
+		*timeoutMs = l.duration(te, *timeoutMs)
+	}
+	if te, ok := m.Get("validate_timeout"); ok {
+		*validateTimeoutMs = l.duration(te, *validateTimeoutMs)
+	}
+	if be, ok := m.Get("breaker"); ok {
+		*breaker = l.breaker(be)
+	}
 }
 
 // agent decodes a step's agent.

@@ -31,6 +31,15 @@ func git(t *testing.T, dir string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// commitAll makes dir (holding the test's files) a repository on branch
+// main with one commit.
+func commitAll(t *testing.T, dir string) {
+	t.Helper()
+	git(t, dir, "init", "-q", "-b", "main")
+	git(t, dir, "add", "-A")
+	git(t, dir, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+}
+
 // repoState is what a run must leave untouched in the user's repository.
 func repoState(t *testing.T, dir string) string {
 	t.Helper()
@@ -179,9 +188,7 @@ func newCodingRig(t *testing.T, parts []string, codeScript string) *codingRig {
 	dir := t.TempDir()
 	r := &codingRig{dir: dir, repo: filepath.Join(dir, "repo"), file: filepath.Join(dir, "loops.yaml")}
 	writeFiles(t, r.repo, map[string]string{"NOTES.md": "# notes\n", "test.sh": "test -s NOTES.md\n"})
-	git(t, r.repo, "init", "-q", "-b", "main")
-	git(t, r.repo, "add", "-A")
-	git(t, r.repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+	commitAll(t, r.repo)
 	var plan strings.Builder
 	for _, p := range parts {
 		fmt.Fprintf(&plan, "## %s\\n", p)
@@ -273,9 +280,7 @@ func TestCodingInvalidateSpecRespawnsSubtree(t *testing.T) {
 	release := filepath.Join(dir, "release", "go")
 	repo := filepath.Join(dir, "repo")
 	writeFiles(t, repo, map[string]string{"test.sh": "test -s done.txt\n"})
-	git(t, repo, "init", "-q", "-b", "main")
-	git(t, repo, "add", "-A")
-	git(t, repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+	commitAll(t, repo)
 	writeFiles(t, dir, map[string]string{
 		"plan.sh": `printf '# plan\n## one\n## two\n' > "$LOOPBUS_OUTPUT_DIR/plan.md"` + "\n",
 		"spec.sh": `printf "# spec\n## a\n## b\n" > "$LOOPBUS_OUTPUT_DIR/spec.md"` + "\n",
@@ -456,9 +461,7 @@ func TestBacklogInRepository(t *testing.T) {
 	dir := t.TempDir()
 	repo := filepath.Join(dir, "repo")
 	writeFiles(t, repo, map[string]string{"test.sh": "ls *.txt >/dev/null 2>&1 || [ \"$LOOPBUS_STEP\" = review ]\n"})
-	git(t, repo, "init", "-q", "-b", "main")
-	git(t, repo, "add", "-A")
-	git(t, repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+	commitAll(t, repo)
 	before := repoState(t, repo)
 	writeFiles(t, dir, map[string]string{
 		"agent.sh": `set -eu

@@ -297,3 +297,31 @@ func short(commit string) string {
 	}
 	return commit
 }
+
+// Caches hands out the repository caches under one root, one per session,
+// each opened once per process so that its lock serializes every job's
+// git writes. Safe for concurrent use.
+type Caches struct {
+	root string
+	mu   sync.Mutex
+	m    map[string]*Cache
+}
+
+// NewCaches returns the caches under root.
+func NewCaches(root string) *Caches { return &Caches{root: root, m: map[string]*Cache{}} }
+
+// Session returns the cache of session, opening it (see OpenCache) on
+// first use.
+func (cs *Caches) Session(session string) (*Cache, error) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if c := cs.m[session]; c != nil {
+		return c, nil
+	}
+	c, err := OpenCache(cs.root, session)
+	if err != nil {
+		return nil, err
+	}
+	cs.m[session] = c
+	return c, nil
+}

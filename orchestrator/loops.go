@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -495,14 +496,7 @@ func (d *decider) mergeQueue() bool {
 // idle reports whether nothing waits to merge.
 func (l *LoopsState) idle() bool { return len(l.Queue) == 0 && l.Merging == "" }
 
-func sortedLoopIDs(l *LoopsState) []string {
-	ids := make([]string, 0, len(l.Loops))
-	for id := range l.Loops {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+func sortedLoopIDs(l *LoopsState) []string { return slices.Sorted(maps.Keys(l.Loops)) }
 
 // done reports whether every loop is completed with its children spawned,
 // and nothing waits to merge.

@@ -228,24 +228,14 @@ type LoopInvalidated struct {
 func Title(text string, max int) string {
 	for line := range strings.Lines(text) {
 		if t := strings.TrimSpace(strings.TrimLeft(line, "# ")); t != "" {
-			return cutUTF8(t, max)
+			if len(t) > max {
+				t = strings.ToValidUTF8(t[:max], "")
+			}
+			return t
 		}
 	}
 	return ""
 }
-
-// cutUTF8 cuts s to at most n bytes without splitting a character.
-func cutUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // definitionPath is the shape of DefinitionFile.Path.
 var definitionPath = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$`)

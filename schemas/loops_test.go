@@ -331,3 +331,20 @@ func loopsSessionJSON(t *testing.T, root string) string {
 		`{"name":"leaf","agent":{"backend":"exec"},"prompt":"p","maxIterations":1,"timeoutMs":1}]}},` +
 		`"input":` + string(ref) + `,"sourceHash":"` + ShortHash(in.Digest) + `","loops":{"task":"t"}}`
 }
+
+func TestTitle(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		max  int
+		want string
+	}{
+		{"\n\n## Add greet()\nbody", 72, "Add greet()"},
+		{"# é é é", 4, "é "},
+		{"# ééé", 3, "é"},
+		{"  \n", 10, ""},
+	} {
+		if got := Title(tc.text, tc.max); got != tc.want {
+			t.Errorf("Title(%q, %d) = %q, want %q", tc.text, tc.max, got, tc.want)
+		}
+	}
+}

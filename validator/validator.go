@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -81,8 +80,7 @@ type Service struct {
 	log zerolog.Logger
 	now func() time.Time
 
-	mu     sync.Mutex
-	caches map[string]*gitrepo.Cache
+	caches *gitrepo.Caches
 }
 
 // New returns a validator.
@@ -113,7 +111,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if _, err := workspace.NewSecrets(cfg.Env, cfg.SecretEnv); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return &Service{cfg: cfg, bus: b, log: log, now: now, caches: map[string]*gitrepo.Cache{}}, nil
+	return &Service{cfg: cfg, bus: b, log: log, now: now, caches: gitrepo.NewCaches(cfg.RepoCache)}, nil
 }
 
 // ConsumerName is the durable consumer validator replicas share.
@@ -417,16 +415,9 @@ func retryHint(errs []schemas.ValidationError) string {
 // cannot be had (a verdict error); the error return is for the
 // validator's own failures (retried).
 func (s *Service) checkout(ctx context.Context, session string, ws *workspace.Workspace, jr *schemas.JobRequested, jc *schemas.JobCompleted) (dir string, c *gitrepo.Cache, problem string, err error) {
-	s.mu.Lock()
-	c = s.caches[session]
-	if c == nil {
-		if c, err = gitrepo.OpenCache(s.cfg.RepoCache, session); err != nil {
-			s.mu.Unlock()
-			return "", nil, "", err
-		}
-		s.caches[session] = c
+	if c, err = s.caches.Session(session); err != nil {
+		return "", nil, "", err
 	}
-	s.mu.Unlock()
 	bundles := slices.Clone(jr.Worktree.Bundles)
 	if jc.Git.Bundle != nil {
 		bundles = append(bundles, *jc.Git.Bundle)
