@@ -1,7 +1,9 @@
 // Package agent is the one interface through which loopbus runs an agent: a
 // Backend runs a Job (a prompt, a workspace, an environment) and streams
 // what the agent does as Events; backends live in the packages below
-// (exec, claude, codex) and are found by name in a Registry.
+// (exec, claude, codex run programs; openai and anthropic call a model's
+// API and run its tools through modelapi) and are found by name in a
+// Registry.
 package agent
 
 import (
@@ -37,9 +39,13 @@ type Job struct {
 	// tools. Env and SecretEnv in it are the caller's business: the
 	// agent's environment is Env below.
 	Spec schemas.AgentSpec
-	// Dir is the agent's working directory (the workspace root); it must
-	// exist.
+	// Dir is the agent's working directory (the workspace root, or the
+	// worktree); it must exist.
 	Dir string
+	// Root is the directory the tools of a model-API backend are confined
+	// to: Dir or a directory above it (the workspace that holds a
+	// worktree beside in/ and out/); "" means Dir.
+	Root string
 	// Env is the agent's whole environment (KEY=VALUE).
 	Env []string
 	// Prompt is given to the agent (command-line agents read it on stdin).

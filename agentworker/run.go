@@ -28,7 +28,8 @@ type outcome struct {
 	publishErr error
 }
 
-// runAgent runs jr's agent with backend b under run, in ws with env. Each
+// runAgent runs jr's agent with backend b under run, in dir with env (a
+// model-API backend's tools confined to root, the workspace). Each
 // event it reports is published as it comes (with ctx): tool calls →
 // tool.started/tool.completed with the lane from the lane table, text →
 // agent.message; usage, failures and limits go into the outcome. Every
@@ -37,7 +38,7 @@ type outcome struct {
 // lacks ends run through stop with a *laneError; backends that can are told
 // not to use those tools in the first place. The error is the backend's:
 // the agent could not be started.
-func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFunc, b agent.Backend, req schemas.Event, jr *schemas.JobRequested, dir string, env []string, sec *workspace.Secrets, delivery uint64) (agent.Result, *outcome, error) {
+func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFunc, b agent.Backend, req schemas.Event, jr *schemas.JobRequested, root, dir string, env []string, sec *workspace.Secrets, delivery uint64) (agent.Result, *outcome, error) {
 	out := &outcome{}
 	d := strconv.FormatUint(delivery, 10)
 	publish := func(ctx context.Context, typ string, data any, idParts ...string) {
@@ -90,6 +91,7 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 		case agent.KindUsage:
 			out.hasUsage = true
 			out.usage.InputTokens += o.Usage.InputTokens + o.Usage.CacheReadTokens + o.Usage.CacheWriteTokens
+			out.usage.CachedTokens += o.Usage.CacheReadTokens
 			out.usage.OutputTokens += o.Usage.OutputTokens
 			out.usage.CostUSD += o.Usage.CostUSD
 		case agent.KindRateLimit:
@@ -110,6 +112,7 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 	res, err := b.Run(run, agent.Job{
 		Spec:    jr.Agent,
 		Dir:     dir,
+		Root:    root,
 		Env:     env,
 		Prompt:  jr.Prompt,
 		Timeout: time.Duration(jr.TimeoutMs) * time.Millisecond,

@@ -30,13 +30,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/loopbus/loopbus/agent"
+	"github.com/loopbus/loopbus/agent/anthropic"
 	"github.com/loopbus/loopbus/agent/claude"
 	"github.com/loopbus/loopbus/agent/codex"
 	agentexec "github.com/loopbus/loopbus/agent/exec"
+	"github.com/loopbus/loopbus/agent/openai"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/gitrepo"
 	"github.com/loopbus/loopbus/schemas"
@@ -99,12 +102,15 @@ type Config struct {
 	Backends agent.Registry
 }
 
-// Builtin returns the built-in agent backends: exec, claude and codex.
+// Builtin returns the built-in agent backends: exec, claude, codex,
+// openai and anthropic.
 func Builtin() agent.Registry {
 	return agent.Registry{
-		schemas.BackendExec:   agentexec.Backend{},
-		schemas.BackendClaude: claude.Backend{},
-		schemas.BackendCodex:  codex.Backend{},
+		schemas.BackendExec:      agentexec.Backend{},
+		schemas.BackendClaude:    claude.Backend{},
+		schemas.BackendCodex:     codex.Backend{},
+		schemas.BackendOpenAI:    openai.Backend{},
+		schemas.BackendAnthropic: anthropic.Backend{},
 	}
 }
 
@@ -393,7 +399,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		defer ws.Remove()
 	}
 	env := ws.Env(s.cfg.Env, workspace.Vars{Session: req.Session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env)
-	if sec, err = workspace.NewSecrets(env, append(slices.Clone(s.cfg.SecretEnv), jr.Agent.SecretEnv...)); err != nil {
+	if sec, err = workspace.NewSecrets(env, secretNames(env, s.cfg.SecretEnv, jr.Agent)); err != nil {
 		return fail(err.Error(), -1, 0, "")
 	}
 	// The session's scripts travel with it: the agent runs this worker's
@@ -470,7 +476,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	run := *jr
 	run.Prompt = prompt
 	run.Agent.Command = runnable(jr.Agent.Command)
-	res, out, runErr := s.runAgent(ctx, jctx, stop, backend, req, &run, dir, env, sec, d.NumDelivered)
+	res, out, runErr := s.runAgent(ctx, jctx, stop, backend, req, &run, ws.Root, dir, env, sec, d.NumDelivered)
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: hand the job back
 	}
@@ -553,10 +559,30 @@ func checkRequest(jr *schemas.JobRequested) error {
 			return fmt.Errorf("agent secretEnv: %w", err)
 		}
 	}
+	if n := jr.Agent.APIKeyEnv; n != "" {
+		if err := workspace.ValidateSecretName(n); err != nil {
+			return fmt.Errorf("agent apiKeyEnv: %w", err)
+		}
+	}
 	if jr.Worktree != nil {
 		return checkWorktree(jr.Worktree)
 	}
 	return nil
+}
+
+// secretNames are the variables of env whose values a job's events and
+// logs must never show: the worker's, the agent's, and the API key a
+// model-API backend reads, whatever its name looks like (unless it is too
+// short to be more than a local server's placeholder).
+func secretNames(env, worker []string, a schemas.AgentSpec) []string {
+	names := append(slices.Clone(worker), a.SecretEnv...)
+	if n := a.APIKeyEnv; n != "" && !slices.Contains(names, n) && slices.ContainsFunc(env, func(kv string) bool {
+		v, ok := strings.CutPrefix(kv, n+"=")
+		return ok && len(v) >= workspace.MinSecretLen
+	}) {
+		names = append(names, n)
+	}
+	return names
 }
 
 // outputFault reports whether err is the agent's outputs' fault (the job

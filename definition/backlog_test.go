@@ -382,8 +382,8 @@ roles:
 			wantErr: []string{
 				`p.yaml:4: agents."a.b": invalid agent name "a.b": character '.' not allowed`,
 				`p.yaml:5: agents.c.command: required for the exec backend`,
-				`p.yaml:6: agents.d.backend: unsupported backend "gemini" (supported: exec, claude, codex)`,
-				`p.yaml:6: agents.d.cmd: unknown key "cmd" (allowed: backend, command, env, secret_env, model, permission_mode, allowed_tools, args)`,
+				`p.yaml:6: agents.d.backend: unsupported backend "gemini" (supported: exec, claude, codex, openai, anthropic)`,
+				`p.yaml:6: agents.d.cmd: unknown key "cmd" (allowed: backend, command, env, secret_env, model, permission_mode, allowed_tools, args, base_url, api_key_env, tools, max_turns, max_tokens, price, retry_wait, stream)`,
 				`p.yaml:7: agents.e: want a mapping with keys backend, command`,
 				`p.yaml:8: agents.f.model: not an option of the exec backend`,
 			},

@@ -221,13 +221,23 @@ func (l *loader) level(e yamlread.Entry, def *schemas.AgentSpec, levels []string
 	return lv, info
 }
 
-// cloneAgent returns a copy of a that shares no slice or map with it.
+// cloneAgent returns a copy of a that shares no slice, map or pointer with
+// it.
 func cloneAgent(a schemas.AgentSpec) schemas.AgentSpec {
 	a.Command = slices.Clone(a.Command)
 	a.AllowedTools = slices.Clone(a.AllowedTools)
 	a.Args = slices.Clone(a.Args)
 	a.Env = maps.Clone(a.Env)
 	a.SecretEnv = slices.Clone(a.SecretEnv)
+	a.Tools = slices.Clone(a.Tools)
+	if a.Price != nil {
+		p := *a.Price
+		if p.CachedInputPerMTok != nil {
+			c := *p.CachedInputPerMTok
+			p.CachedInputPerMTok = &c
+		}
+		a.Price = &p
+	}
 	return a
 }
 

@@ -28,6 +28,26 @@
 //	    validate_timeout: 30s
 //	    final: true
 //
+// An agent's backend is exec (command is the argv to run), claude or codex
+// (those CLIs; options model, args, command to run another program, and
+// for claude permission_mode and allowed_tools), or openai or anthropic,
+// which call a model's API themselves and run the tools it asks for (every
+// option is optional):
+//
+//	agent:
+//	  backend: openai                      # or anthropic
+//	  model: gpt-4.1-mini                  # default: the worker's $OPENAI_MODEL ($ANTHROPIC_MODEL)
+//	  base_url: http://127.0.0.1:8000/v1   # default: the worker's $OPENAI_BASE_URL, else the vendor's API
+//	  api_key_env: MY_KEY                  # default: OPENAI_API_KEY (ANTHROPIC_API_KEY)
+//	  tools: [read_file, run]              # default: read_file, write_file, edit_file, list_files, run
+//	  max_turns: 40                        # model calls of a job, 1 to 1000
+//	  max_tokens: 8192                     # output tokens of a call, 1 to 1000000
+//	  price: {input_per_mtok: 0.4, output_per_mtok: 1.6, cached_input_per_mtok: 0.1}
+//	  retry_wait: 30s                      # longest rate-limit wait within a job, at most 1h
+//	  stream: true                         # false asks for whole responses
+//
+// Every backend takes env and secret_env.
+//
 // A file with kind: backlog describes a task backlog instead of steps: the
 // agents that work a task list and how (paths are relative to its
 // directory; every key but name, agents and roles is optional, shown here
@@ -86,6 +106,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -100,7 +121,12 @@ import (
 )
 
 const (
-	backendList = "exec, claude, codex"
+	backendList = "exec, claude, codex, openai, anthropic"
+
+	// Limits of the model-API backends' options.
+	maxTurnsLimit  = 1000
+	maxTokensLimit = 1_000_000
+	maxRetryWait   = time.Hour // retryWait's message says 1h
 
 	defaultTimeout         = 10 * time.Minute
 	defaultValidateTimeout = time.Minute
@@ -384,11 +410,7 @@ func (l *loader) step(e yamlread.Entry) (schemas.Step, stepInfo) {
 	l.runLimits(m, &s.MaxIterations, &s.TimeoutMs, &s.ValidateTimeoutMs, &s.Breaker)
 	if fe, ok := m.Get("final"); ok {
 		info.final = fe.KeyPos
-		if b, isBool := fe.Val.(*ast.BoolNode); isBool {
-			s.Final = b.Value
-		} else {
-			l.Errorf(fe.ValPos, fe.Field, "want true or false, got %s", yamlread.Kind(fe.Val))
-		}
+		s.Final, _ = l.boolean(fe)
 	}
 	return s, info
 }
@@ -414,52 +436,96 @@ func (l *loader) runLimits(m yamlread.Map, iterations *int, timeoutMs, validateT
 // agent decodes a step's agent.
 func (l *loader) agent(e yamlread.Entry) schemas.AgentSpec {
 	var a schemas.AgentSpec
-	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, []string{"backend", "command", "env", "secret_env", "model", "permission_mode", "allowed_tools", "args"})
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, agentKeys())
 	if !ok {
 		return a
 	}
 	if se, ok := m.Get("secret_env"); ok {
 		a.SecretEnv = l.secretEnv(se)
 	}
+	known := false
 	if be, ok := m.Get("backend"); !ok {
 		l.Errorf(e.KeyPos, yamlread.Join(e.Field, "backend"), "required (supported: %s)", backendList)
 	} else if b, ok := l.Str(be); ok {
 		a.Backend = b
-		if b != schemas.BackendExec && b != schemas.BackendClaude && b != schemas.BackendCodex {
+		known = slices.Contains(backends(), b)
+		if !known {
 			l.Errorf(be.ValPos, be.Field, "unsupported backend %q (supported: %s)", b, backendList)
 		}
 	}
-	// Options of the agent CLIs: only where they mean something.
+	// Options of the backends: only where they mean something (and only
+	// checked against a backend that exists).
+	const (
+		exec      = schemas.BackendExec
+		claude    = schemas.BackendClaude
+		codex     = schemas.BackendCodex
+		openai    = schemas.BackendOpenAI
+		anthropic = schemas.BackendAnthropic
+	)
+	api := []string{openai, anthropic}
+	str := func(p *string) func(yamlread.Entry) {
+		return func(oe yamlread.Entry) { *p, _ = l.Str(oe) }
+	}
+	list := func(p *[]string) func(yamlread.Entry) {
+		return func(oe yamlread.Entry) {
+			if vals, _, ok := l.Strings(oe, "[a, b]"); ok {
+				*p = vals
+			}
+		}
+	}
 	for _, o := range []struct {
 		key      string
 		backends []string
-		list     *[]string
-		str      *string
+		decode   func(yamlread.Entry)
 	}{
-		{key: "model", backends: []string{schemas.BackendClaude, schemas.BackendCodex}, str: &a.Model},
-		{key: "permission_mode", backends: []string{schemas.BackendClaude}, str: &a.PermissionMode},
-		{key: "allowed_tools", backends: []string{schemas.BackendClaude}, list: &a.AllowedTools},
-		{key: "args", backends: []string{schemas.BackendClaude, schemas.BackendCodex}, list: &a.Args},
+		{key: "command", backends: []string{exec, claude, codex}, decode: func(ce yamlread.Entry) {
+			if argv, ok := l.argv(ce); ok {
+				a.Command = argv
+			}
+		}},
+		{key: "model", backends: []string{claude, codex, openai, anthropic}, decode: func(me yamlread.Entry) {
+			if s, ok := l.Str(me); ok {
+				a.Model = s
+				if s == "" && slices.Contains(api, a.Backend) {
+					l.Errorf(me.ValPos, me.Field, "must not be empty: name the model to call, or omit model for the worker's $%s_MODEL", strings.ToUpper(a.Backend))
+				}
+			}
+		}},
+		{key: "permission_mode", backends: []string{claude}, decode: str(&a.PermissionMode)},
+		{key: "allowed_tools", backends: []string{claude}, decode: list(&a.AllowedTools)},
+		{key: "args", backends: []string{claude, codex}, decode: list(&a.Args)},
+		{key: "base_url", backends: api, decode: func(ue yamlread.Entry) { a.BaseURL = l.baseURL(ue) }},
+		{key: "api_key_env", backends: api, decode: func(ke yamlread.Entry) {
+			if s, ok := l.Str(ke); ok {
+				if err := workspace.ValidateSecretName(s); err != nil {
+					l.Errorf(ke.ValPos, ke.Field, "%w", err)
+				} else {
+					a.APIKeyEnv = s
+				}
+			}
+		}},
+		{key: "tools", backends: api, decode: func(te yamlread.Entry) { a.Tools = l.modelTools(te) }},
+		{key: "max_turns", backends: api, decode: func(te yamlread.Entry) { a.MaxTurns = int(l.positiveInt(te, maxTurnsLimit)) }},
+		{key: "max_tokens", backends: api, decode: func(te yamlread.Entry) { a.MaxTokens = l.positiveInt(te, maxTokensLimit) }},
+		{key: "price", backends: api, decode: func(pe yamlread.Entry) { a.Price = l.price(pe) }},
+		{key: "retry_wait", backends: api, decode: func(we yamlread.Entry) { a.RetryWaitMs = l.retryWait(we) }},
+		{key: "stream", backends: api, decode: func(se yamlread.Entry) {
+			if b, ok := l.boolean(se); ok {
+				a.NoStream = !b
+			}
+		}},
 	} {
 		oe, ok := m.Get(o.key)
 		if !ok {
 			continue
 		}
-		if a.Backend != "" && !slices.Contains(o.backends, a.Backend) {
-			l.Errorf(oe.KeyPos, oe.Field, "not an option of the %s backend (only of %s)", a.Backend, strings.Join(o.backends, " and "))
+		if known && !slices.Contains(o.backends, a.Backend) {
+			l.Errorf(oe.KeyPos, oe.Field, "not an option of the %s backend (only of %s)", a.Backend, andList(o.backends))
 			continue
 		}
-		if o.str != nil {
-			*o.str, _ = l.Str(oe)
-		} else if vals, _, ok := l.Strings(oe, "[a, b]"); ok {
-			*o.list = vals
-		}
+		o.decode(oe)
 	}
-	if ce, ok := m.Get("command"); ok {
-		if argv, ok := l.argv(ce); ok {
-			a.Command = argv
-		}
-	} else if a.Backend == schemas.BackendExec {
+	if _, ok := m.Get("command"); !ok && a.Backend == exec {
 		l.Errorf(e.KeyPos, yamlread.Join(e.Field, "command"), "required for the exec backend: an argv list such as [sh, agent.sh]")
 	}
 	if ee, ok := m.Get("env"); ok {
@@ -485,6 +551,134 @@ func (l *loader) agent(e yamlread.Entry) schemas.AgentSpec {
 		}
 	}
 	return a
+}
+
+// backends returns the agent backends a file may name.
+func backends() []string {
+	return []string{schemas.BackendExec, schemas.BackendClaude, schemas.BackendCodex, schemas.BackendOpenAI, schemas.BackendAnthropic}
+}
+
+// agentKeys returns the keys of an agent; which of them a backend takes is
+// checked by agent.
+func agentKeys() []string {
+	return []string{
+		"backend", "command", "env", "secret_env", "model", "permission_mode", "allowed_tools", "args",
+		"base_url", "api_key_env", "tools", "max_turns", "max_tokens", "price", "retry_wait", "stream",
+	}
+}
+
+// modelToolNames returns the tools the model-API backends offer a model
+// (schemas.AgentSpec.Tools), in the order agent/modelapi offers them.
+func modelToolNames() []string {
+	return []string{"read_file", "write_file", "edit_file", "list_files", "run"}
+}
+
+// andList joins names for messages: "a", "a and b", "a, b and c".
+func andList(names []string) string {
+	if len(names) <= 1 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+}
+
+// baseURL decodes a model API's base_url: an http or https URL (scheme
+// in lowercase) with a host and without credentials (the URL travels in
+// events), kept as written. It returns "" on error.
+func (l *loader) baseURL(e yamlread.Entry) string {
+	s, ok := l.Str(e)
+	if !ok {
+		return ""
+	}
+	u, err := url.Parse(s)
+	switch {
+	case s == "":
+		l.Errorf(e.ValPos, e.Field, "must not be empty: omit base_url for the backend's default")
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || !strings.HasPrefix(s, u.Scheme+"://") || u.Hostname() == "":
+		l.Errorf(e.ValPos, e.Field, "want an http or https URL such as http://127.0.0.1:8000/v1, got %q", s)
+	case u.User != nil:
+		l.Errorf(e.ValPos, e.Field, "must not hold credentials: the URL travels in events; put the key in the worker's environment and name it in api_key_env")
+	default:
+		return s
+	}
+	return ""
+}
+
+// modelTools decodes the tools a model-API backend offers: a non-empty
+// list of modelToolNames, each listed once.
+func (l *loader) modelTools(e yamlread.Entry) []string {
+	names, items, ok := l.Strings(e, "[read_file, run]")
+	if !ok {
+		return nil
+	}
+	all := modelToolNames()
+	if len(names) == 0 {
+		l.Errorf(e.ValPos, e.Field, "must not be empty: omit tools for all of them (%s)", strings.Join(all, ", "))
+		return nil
+	}
+	var out []string
+	for i, n := range names {
+		switch {
+		case !slices.Contains(all, n):
+			l.Errorf(items[i].ValPos, items[i].Field, "unknown tool %q (tools: %s)", n, strings.Join(all, ", "))
+		case slices.Contains(out, n):
+			l.Errorf(items[i].ValPos, items[i].Field, "%s is listed twice", n)
+		default:
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// price decodes a model's price: input_per_mtok and output_per_mtok
+// (required) and cached_input_per_mtok, US dollars per million tokens,
+// numbers >= 0. It returns nil when the value is not a mapping.
+func (l *loader) price(e yamlread.Entry) *schemas.Price {
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, []string{"input_per_mtok", "output_per_mtok", "cached_input_per_mtok"})
+	if !ok {
+		return nil
+	}
+	var p schemas.Price
+	for _, f := range []struct {
+		key, what string
+		v         *float64
+	}{
+		{"input_per_mtok", "input", &p.InputPerMTok},
+		{"output_per_mtok", "output", &p.OutputPerMTok},
+	} {
+		if fe, ok := m.Get(f.key); ok {
+			*f.v = l.nonNegativeNumber(fe)
+		} else {
+			l.Errorf(e.KeyPos, yamlread.Join(e.Field, f.key), "required: US dollars per million %s tokens", f.what)
+		}
+	}
+	if ce, ok := m.Get("cached_input_per_mtok"); ok {
+		v := l.nonNegativeNumber(ce)
+		p.CachedInputPerMTok = &v
+	}
+	return &p
+}
+
+// retryWait decodes retry_wait, a duration (see duration) of at most
+// maxRetryWait, into milliseconds; it returns 0 on error.
+func (l *loader) retryWait(e yamlread.Entry) int64 {
+	ms := l.duration(e, 0)
+	if ms > maxRetryWait.Milliseconds() {
+		text, _ := yamlread.Scalar(e.Val)
+		l.Errorf(e.ValPos, e.Field, "must be at most 1h, got %q", text)
+		return 0
+	}
+	return ms
+}
+
+// boolean decodes true or false; ok is false, and the problem reported,
+// for anything else.
+func (l *loader) boolean(e yamlread.Entry) (v, ok bool) {
+	b, isBool := e.Val.(*ast.BoolNode)
+	if !isBool {
+		l.Errorf(e.ValPos, e.Field, "want true or false, got %s", yamlread.Kind(e.Val))
+		return false, false
+	}
+	return b.Value, true
 }
 
 // secretEnv decodes secret_env: a list of environment variable names (see
@@ -742,23 +936,44 @@ func (l *loader) positiveInt(e yamlread.Entry, limit int64) int64 {
 
 // positiveNumber decodes a finite number > 0; it returns 0 on error.
 func (l *loader) positiveNumber(e yamlread.Entry) float64 {
+	if v, ok := number(e.Val); ok && v > 0 {
+		return v
+	}
+	l.Errorf(e.ValPos, e.Field, "want a number > 0, got %s", describeValue(e.Val))
+	return 0
+}
+
+// nonNegativeNumber decodes a finite number >= 0; it returns 0 on error.
+func (l *loader) nonNegativeNumber(e yamlread.Entry) float64 {
+	if v, ok := number(e.Val); ok && v >= 0 {
+		return v
+	}
+	l.Errorf(e.ValPos, e.Field, "want a number >= 0, got %s", describeValue(e.Val))
+	return 0
+}
+
+// number returns the value of a finite integer or float node.
+func number(n ast.Node) (float64, bool) {
 	var v float64
-	switch n := e.Val.(type) {
+	switch n := n.(type) {
 	case *ast.IntegerNode:
 		switch x := n.Value.(type) {
 		case int64:
 			v = float64(x)
 		case uint64:
 			v = float64(x)
+		default:
+			return 0, false
 		}
 	case *ast.FloatNode:
 		v = n.Value
+	default:
+		return 0, false
 	}
-	if v > 0 && !math.IsInf(v, 0) {
-		return v
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return 0, false
 	}
-	l.Errorf(e.ValPos, e.Field, "want a number > 0, got %s", describeValue(e.Val))
-	return 0
+	return v, true
 }
 
 // describeValue shows a resolved value for messages about numbers: a

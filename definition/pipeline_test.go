@@ -274,7 +274,7 @@ steps:
     prompt: go
     outputs: [{name: a.txt}]
 `,
-			wantErr: `p.yaml:6: steps.a.agent.cmd: unknown key "cmd" (allowed: backend, command, env, secret_env, model, permission_mode, allowed_tools, args)`,
+			wantErr: `p.yaml:6: steps.a.agent.cmd: unknown key "cmd" (allowed: backend, command, env, secret_env, model, permission_mode, allowed_tools, args, base_url, api_key_env, tools, max_turns, max_tokens, price, retry_wait, stream)`,
 		},
 		{
 			name: "unknown output key",
@@ -358,7 +358,7 @@ steps:
     prompt: go
     outputs: [{name: a.txt}]
 `,
-			wantErr: `p.yaml:4: steps.a.agent.backend: required (supported: exec, claude, codex)`,
+			wantErr: `p.yaml:4: steps.a.agent.backend: required (supported: exec, claude, codex, openai, anthropic)`,
 		},
 		{
 			name: "unsupported backend",
@@ -369,7 +369,7 @@ steps:
     prompt: go
     outputs: [{name: a.txt}]
 `,
-			wantErr: `p.yaml:4: steps.a.agent.backend: unsupported backend "gemini" (supported: exec, claude, codex)`,
+			wantErr: `p.yaml:4: steps.a.agent.backend: unsupported backend "gemini" (supported: exec, claude, codex, openai, anthropic)`,
 		},
 		{
 			name: "claude option on the exec backend",
@@ -380,7 +380,7 @@ steps:
     prompt: go
     outputs: [{name: a.txt}]
 `,
-			wantErr: `p.yaml:4: steps.a.agent.model: not an option of the exec backend (only of claude and codex)`,
+			wantErr: `p.yaml:4: steps.a.agent.model: not an option of the exec backend (only of claude, codex, openai and anthropic)`,
 		},
 		{
 			name: "claude-only option on codex",
@@ -1121,6 +1121,7 @@ steps:
 		"name: p\nbudget: {max_cost_usd: 0.5, max_tokens: 9223372036854775808, max_iterations: .inf}\nbreaker: {no_progress: 1}\nsteps:\n  a: {breaker: {identical_failures: -1}}\n",
 		"kind: backlog\nname: b\nagents: {a: &a {backend: claude}, b: *a}\nroles: {iterate: [a, b], review: b}\nschedule: odd-even\nmax_parallel: 2\nsource_files: [s.json, /]\nprompts: {iterate: \"{{.Task.ID}}\"}\nsteps: {}\n",
 		"kind: [x]\n",
+		"name: p\nsteps:\n  a:\n    agent: {backend: openai, model: m, base_url: \"http://[::1]:8000/v1\", api_key_env: K, tools: [run, run], max_turns: 1000, max_tokens: 0, price: {input_per_mtok: .nan, output_per_mtok: 1e400}, retry_wait: 1h0m0.001s, stream: false}\n    prompt: go\n    outputs: [{name: a.txt}]\n",
 	} {
 		f.Add([]byte(seed))
 	}

@@ -178,6 +178,7 @@ func (s *Session) Spent() schemas.Usage {
 	for _, id := range slices.Sorted(maps.Keys(s.Usage)) {
 		j := s.Usage[id]
 		u.InputTokens += j.InputTokens
+		u.CachedTokens += j.CachedTokens
 		u.OutputTokens += j.OutputTokens
 		u.CostUSD = math.Round((u.CostUSD+j.CostUSD)*1e9) / 1e9
 	}

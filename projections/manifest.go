@@ -901,6 +901,7 @@ func (m *Manifest) sumUsage(step string) {
 
 func addUsage(sum *schemas.Usage, u schemas.Usage) {
 	sum.InputTokens += u.InputTokens
+	sum.CachedTokens += u.CachedTokens
 	sum.OutputTokens += u.OutputTokens
 	c := finite(sum.CostUSD + u.CostUSD)
 	if math.Abs(c) < 1e9 {

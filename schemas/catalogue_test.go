@@ -59,6 +59,13 @@ func samples(t *testing.T) map[string]any {
 		Command: []string{"./agents/write.sh", "--model", "small"},
 		Env:     map[string]string{"LOOPBUS_MODE": "test"},
 	}
+	cachedPrice := 0.1
+	apiAgent := AgentSpec{
+		Backend: BackendOpenAI, Model: "gpt-4.1-mini", BaseURL: "http://127.0.0.1:8000/v1", APIKeyEnv: "LOCAL_KEY",
+		Tools: []string{"read_file", "write_file", "run"}, MaxTurns: 40, MaxTokens: 8192,
+		Price:       &Price{InputPerMTok: 0.4, OutputPerMTok: 1.6, CachedInputPerMTok: &cachedPrice},
+		RetryWaitMs: 30000, NoStream: true, SecretEnv: []string{"LOCAL_KEY"},
+	}
 	outlineSchema := json.RawMessage(`{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","required":["title","sections"],"properties":{"title":{"type":"string"},"sections":{"type":"array","items":{"type":"string"}}}}`)
 	created := time.Date(2026, 11, 20, 9, 30, 0, 0, time.UTC)
 	outlineErrors := []ValidationError{
@@ -84,7 +91,7 @@ func samples(t *testing.T) map[string]any {
 					},
 					{
 						Name:              "draft",
-						Agent:             AgentSpec{Backend: "exec", Command: []string{"./agents/draft.sh"}},
+						Agent:             apiAgent,
 						Prompt:            "Write the report.",
 						Requires:          []string{"outline"},
 						Outputs:           []Output{{Name: "draft.json", Schema: json.RawMessage(`true`), Report: true}, {Name: "notes.txt"}},
@@ -106,7 +113,7 @@ func samples(t *testing.T) map[string]any {
 			Step:      "outline",
 			Iteration: 2,
 			Attempt:   1,
-			Agent:     agent,
+			Agent:     apiAgent,
 			Prompt:    "Outline a report from brief.md.",
 			Inputs:    []ArtifactRef{input},
 			Outputs:   []Output{{Name: "outline.json", SchemaPath: "schemas/outline.json", Schema: outlineSchema, SchemaVersion: SchemaVersionOf(outlineSchema)}},
@@ -130,7 +137,7 @@ func samples(t *testing.T) map[string]any {
 			DurationMs: 12345,
 			Artifacts:  []ArtifactRef{outline},
 			OutputTail: "wrote outline.json\n",
-			Usage:      &Usage{InputTokens: 1200, OutputTokens: 340, CostUSD: 0.0042},
+			Usage:      &Usage{InputTokens: 1200, CachedTokens: 800, OutputTokens: 340, CostUSD: 0.0042},
 		},
 		TypeJobFailed: &JobFailed{
 			JobID:      "job-2",
@@ -328,6 +335,24 @@ func TestCatalogueDecode(t *testing.T) {
 			raw:  verdict,
 			want: &Verdict{JobID: "j", Step: "s", Iteration: 1, Artifacts: []ArtifactRef{{Name: "a.json", Object: "o", Digest: digest}}},
 		},
+		{
+			name: "model-API agent",
+			typ:  TypeJobRequested,
+			raw:  `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"anthropic","model":"m","baseUrl":"https://[::1]:8443","apiKeyEnv":"K","tools":["run"],"maxTurns":3,"maxTokens":100,"price":{"inputPerMTok":0,"outputPerMTok":15},"retryWaitMs":1000,"noStream":true},"prompt":"p","inputs":[],"timeoutMs":1}`,
+			want: &JobRequested{
+				JobID: "j", Step: "s", Iteration: 1, Prompt: "p", Inputs: []ArtifactRef{}, TimeoutMs: 1,
+				Agent: AgentSpec{
+					Backend: "anthropic", Model: "m", BaseURL: "https://[::1]:8443", APIKeyEnv: "K", Tools: []string{"run"},
+					MaxTurns: 3, MaxTokens: 100, Price: &Price{OutputPerMTok: 15}, RetryWaitMs: 1000, NoStream: true,
+				},
+			},
+		},
+		{
+			name: "usage with cached tokens",
+			typ:  TypeJobFailed,
+			raw:  `{"jobId":"j","step":"s","iteration":1,"worker":"w","exitCode":1,"durationMs":1,"error":"e","usage":{"inputTokens":10,"cachedTokens":5}}`,
+			want: &JobFailed{JobID: "j", Step: "s", Iteration: 1, Worker: "w", ExitCode: 1, DurationMs: 1, Error: "e", Usage: &Usage{InputTokens: 10, CachedTokens: 5}},
+		},
 		{name: "missing required field", typ: TypeJobStarted, raw: `{"jobId":"j","delivery":1}`, wantErr: ErrInvalidData},
 		{name: "missing required array", typ: TypeSessionCompleted, raw: `{}`, wantErr: ErrInvalidData},
 		{name: "missing required nested field", typ: TypeArtifactStored, raw: `{"jobId":"j","artifact":{"name":"a.json","object":"o","size":1}}`, wantErr: ErrInvalidData},
@@ -350,6 +375,13 @@ func TestCatalogueDecode(t *testing.T) {
 		{name: "bad feedback kind", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":2,"attempt":0,"agent":{"backend":"exec"},"prompt":"p","inputs":[],"timeoutMs":1,"feedback":[{"iteration":1,"kind":"timeout"}]}`, wantErr: ErrInvalidData},
 		{name: "bad validation error source", typ: TypeValidationFailed, raw: strings.Replace(verdict, `}]}`, `}],"errors":[{"pointer":"","message":"m","source":"agent"}]}`, 1), wantErr: ErrInvalidData},
 		{name: "output schema is a string", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"exec"},"prompt":"p","inputs":[],"timeoutMs":1,"outputs":[{"name":"o.json","schema":"{}"}]}`, wantErr: ErrInvalidData},
+		{name: "unknown model tool", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"openai","model":"m","tools":["bash"]},"prompt":"p","inputs":[],"timeoutMs":1}`, wantErr: ErrInvalidData},
+		{name: "price without output", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"openai","model":"m","price":{"inputPerMTok":1}},"prompt":"p","inputs":[],"timeoutMs":1}`, wantErr: ErrInvalidData},
+		{name: "negative price", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"openai","model":"m","price":{"inputPerMTok":1,"outputPerMTok":-1}},"prompt":"p","inputs":[],"timeoutMs":1}`, wantErr: ErrInvalidData},
+		{name: "base URL with credentials", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"openai","model":"m","baseUrl":"https://k:s@example.com/v1"},"prompt":"p","inputs":[],"timeoutMs":1}`, wantErr: ErrInvalidData},
+		{name: "base URL not http", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"openai","model":"m","baseUrl":"ftp://example.com"},"prompt":"p","inputs":[],"timeoutMs":1}`, wantErr: ErrInvalidData},
+		{name: "API key variable of loopbus", typ: TypeJobRequested, raw: `{"jobId":"j","step":"s","iteration":1,"attempt":0,"agent":{"backend":"anthropic","model":"m","apiKeyEnv":"LOOPBUS_KEY"},"prompt":"p","inputs":[],"timeoutMs":1}`, wantErr: ErrInvalidData},
+		{name: "negative cached tokens", typ: TypeJobFailed, raw: `{"jobId":"j","step":"s","iteration":1,"worker":"w","exitCode":1,"durationMs":1,"error":"e","usage":{"cachedTokens":-1}}`, wantErr: ErrInvalidData},
 		{name: "bad content hash", typ: TypeStepCompleted, raw: `{"step":"s","jobId":"j","iterations":1,"artifacts":[],"contentHash":"xyz"}`, wantErr: ErrInvalidData},
 		{name: "not JSON", typ: TypeJobStarted, raw: `{"jobId":`, wantErr: ErrInvalidData},
 		{name: "not JSON at all", typ: TypeJobStarted, raw: "\xff\xfe", wantErr: ErrInvalidData},
@@ -544,6 +576,67 @@ func TestSchemaFilesRequired(t *testing.T) {
 				t.Errorf("properties = %v, want %v", gotProps, all)
 			}
 		})
+	}
+}
+
+// TestSchemaFileDefs checks the $defs that describe Go types against their
+// json tags, as TestSchemaFilesRequired does for the files themselves:
+// every field a property, the fields without omitempty required. Each $def
+// is checked in every file that holds it.
+func TestSchemaFileDefs(t *testing.T) {
+	defs := map[string]reflect.Type{
+		"agentSpec": reflect.TypeFor[AgentSpec](),
+		"price":     reflect.TypeFor[Price](),
+		"usage":     reflect.TypeFor[Usage](),
+	}
+	found := make(map[string]int)
+	for typ := range catalogueEntries() {
+		doc := readSchemaFile(t, typ)
+		all, _ := doc["$defs"].(map[string]any)
+		for name, rt := range defs {
+			def, ok := all[name].(map[string]any)
+			if !ok {
+				continue
+			}
+			found[name]++
+			t.Run(typ+"/"+name, func(t *testing.T) {
+				var want, wantProps []string
+				for i := range rt.NumField() {
+					tag, opts, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+					wantProps = append(wantProps, tag)
+					if !strings.Contains(","+opts+",", ",omitempty,") {
+						want = append(want, tag)
+					}
+				}
+				var got, gotProps []string
+				if req, ok := def["required"].([]any); ok {
+					for _, r := range req {
+						got = append(got, r.(string))
+					}
+				}
+				props, _ := def["properties"].(map[string]any)
+				for p, v := range props {
+					gotProps = append(gotProps, p)
+					if d, _ := v.(map[string]any)["description"].(string); d == "" {
+						t.Errorf("property %s has no description", p)
+					}
+				}
+				for _, l := range [][]string{got, want, gotProps, wantProps} {
+					sort.Strings(l)
+				}
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("required = %v, want %v", got, want)
+				}
+				if !reflect.DeepEqual(gotProps, wantProps) {
+					t.Errorf("properties = %v, want %v", gotProps, wantProps)
+				}
+			})
+		}
+	}
+	for name := range defs {
+		if found[name] == 0 {
+			t.Errorf("no schema file defines %s", name)
+		}
 	}
 }
 

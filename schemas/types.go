@@ -146,6 +146,43 @@ type AgentSpec struct {
 	// are secret: the worker masks them in everything it publishes or logs
 	// and refuses outputs that contain them. Only the names travel.
 	SecretEnv []string `json:"secretEnv,omitempty"`
+
+	// The options below are those of the model-API backends (openai,
+	// anthropic), which call the model themselves and run its tools.
+
+	// BaseURL is the API's address as the vendor's SDK takes it (OpenAI:
+	// ending in /v1; Anthropic: the host root); "" means the worker's
+	// $OPENAI_BASE_URL or $ANTHROPIC_BASE_URL, else the public API.
+	BaseURL string `json:"baseUrl,omitempty"`
+	// APIKeyEnv names the worker's environment variable holding the API
+	// key; "" means OPENAI_API_KEY or ANTHROPIC_API_KEY. Only the name
+	// travels; the worker masks the value as a secret.
+	APIKeyEnv string `json:"apiKeyEnv,omitempty"`
+	// Tools are the tools the model may call (read_file, write_file,
+	// edit_file, list_files, run); empty means all of them.
+	Tools []string `json:"tools,omitempty"`
+	// MaxTurns bounds the model calls of one job; 0 means 40.
+	MaxTurns int `json:"maxTurns,omitempty"`
+	// MaxTokens bounds the output tokens of one model call; 0 means 8192.
+	MaxTokens int64 `json:"maxTokens,omitempty"`
+	// Price turns the API's token counts into a cost; nil means none.
+	Price *Price `json:"price,omitempty"`
+	// RetryWaitMs is the longest rate-limit wait (Retry-After) waited out
+	// inside the job; a longer one fails the job as rate limited. 0 means
+	// 30 seconds.
+	RetryWaitMs int64 `json:"retryWaitMs,omitempty"`
+	// NoStream asks for whole responses instead of streamed ones (for
+	// servers whose streaming of tool calls is broken).
+	NoStream bool `json:"noStream,omitempty"`
+}
+
+// Price is what a model's tokens cost, in US dollars per million.
+type Price struct {
+	InputPerMTok  float64 `json:"inputPerMTok"`
+	OutputPerMTok float64 `json:"outputPerMTok"`
+	// CachedInputPerMTok prices input tokens read from the prompt cache;
+	// nil means InputPerMTok.
+	CachedInputPerMTok *float64 `json:"cachedInputPerMTok,omitempty"`
 }
 
 // Agent backends (AgentSpec.Backend).
@@ -153,6 +190,10 @@ const (
 	BackendExec   = "exec"
 	BackendClaude = "claude"
 	BackendCodex  = "codex"
+	// BackendOpenAI and BackendAnthropic call a model's API themselves and
+	// run the tools it asks for.
+	BackendOpenAI    = "openai"
+	BackendAnthropic = "anthropic"
 )
 
 // Output declares one artifact a step must produce.
@@ -298,7 +339,11 @@ type ArtifactStored struct {
 
 // Usage is the resources an agent run reported.
 type Usage struct {
-	InputTokens  int64   `json:"inputTokens,omitempty"`
+	// InputTokens counts every input token, cached ones included.
+	InputTokens int64 `json:"inputTokens,omitempty"`
+	// CachedTokens are the input tokens read from the API's prompt cache,
+	// when it says.
+	CachedTokens int64   `json:"cachedTokens,omitempty"`
 	OutputTokens int64   `json:"outputTokens,omitempty"`
 	CostUSD      float64 `json:"costUsd,omitempty"`
 }

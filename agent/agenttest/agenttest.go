@@ -1,7 +1,8 @@
 // Package agenttest is the conformance suite of agent.Backend: each
 // backend's own tests call RunConformance with fake agents (small
-// executables printing the real output formats), and it checks what every
-// backend must do.
+// executables printing the real output formats, or a scripted model server
+// speaking the vendor's wire format), and it checks what every backend
+// must do.
 package agenttest
 
 import (
@@ -26,7 +27,8 @@ import (
 // Fixture is one fake agent run.
 type Fixture struct {
 	// Spec runs the fake: Backend and Command at least (a command-line
-	// backend runs Command in place of its program).
+	// backend runs Command in place of its program), or Backend and
+	// BaseURL (a model-API backend calls a scripted server).
 	Spec schemas.AgentSpec
 	// Env is added to the run's environment, which holds PATH,
 	// LOOPBUS_OUTPUT_DIR (an empty directory) and AGENTTEST_PIDFILE (see
@@ -48,7 +50,8 @@ type Fixtures struct {
 	// Failure fails: it exits non-zero or reports a failure.
 	Failure Fixture
 	// Hang writes the pid of a process it started in the background to
-	// $AGENTTEST_PIDFILE, then blocks until it is killed.
+	// $AGENTTEST_PIDFILE, then blocks until it is killed (a model-API
+	// backend's model has its run tool do this).
 	Hang Fixture
 	// Usage reports token usage (it may be Success again).
 	Usage Fixture
@@ -60,6 +63,9 @@ type Fixtures struct {
 	// Large prints a tool output and a message each longer than
 	// agent.MaxSummary, and more output than Job.TailBytes.
 	Large Fixture
+	// StartFailure cannot start. When zero, it is Success with a program
+	// that does not exist as its Command (for command-line backends).
+	StartFailure Fixture
 }
 
 // The limits of the suite's waits; generous for -race on a busy machine.
@@ -84,8 +90,8 @@ const (
 //   - Cancel: cancelling ctx makes Run return promptly with
 //     Result.Canceled, and kills the whole process group;
 //   - Timeout: Job.Timeout makes Run return with Result.TimedOut;
-//   - StartFailure: a program that does not exist makes Run return an
-//     error.
+//   - StartFailure: an agent that cannot start (a program that does not
+//     exist) makes Run return an error.
 //
 // Every run's events must be well formed: emit is never called
 // concurrently nor after Run returned, every KindToolEnd has an earlier
@@ -242,11 +248,14 @@ func RunConformance(t *testing.T, newBackend func() agent.Backend, f Fixtures) {
 	})
 	t.Run("StartFailure", func(t *testing.T) {
 		t.Parallel()
-		fx := f.Success
-		fx.Spec.Command = []string{filepath.Join(t.TempDir(), "no-such-agent")}
+		fx := f.StartFailure
+		if !fx.set() {
+			fx = f.Success
+			fx.Spec.Command = []string{filepath.Join(t.TempDir(), "no-such-agent")}
+		}
 		r := run(t, newBackend(), fx, nil)
 		if r.err == nil {
-			t.Errorf("Run of a program that does not exist: no error (%+v): %s", r.res, r)
+			t.Errorf("Run of an agent that cannot start: no error (%+v): %s", r.res, r)
 		}
 		if r.res.ExitCode == 0 {
 			t.Errorf("exit code 0 for a program that did not start")

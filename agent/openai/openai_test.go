@@ -1,0 +1,19 @@
+package openai
+
+import (
+	"testing"
+	"time"
+
+	"github.com/loopbus/loopbus/agent"
+	"github.com/loopbus/loopbus/agent/modelapi"
+	"github.com/loopbus/loopbus/internal/modelserver"
+)
+
+// TestBackend runs the conformance suite and the model-API scenarios
+// against a scripted server speaking OpenAI's wire format, streaming and
+// not.
+func TestBackend(t *testing.T) {
+	modelserver.RunSuite(t, modelserver.OpenAI, func() agent.Backend {
+		return Backend{Loop: modelapi.Config{Backoff: time.Millisecond}}
+	})
+}
