@@ -50,7 +50,7 @@ type Server struct {
 // script is a Script with the server's bookkeeping for it.
 type script struct {
 	Script
-	attempts map[int]int // per turn: requests answered so far, for Fail and Drop
+	attempts map[[2]int]int // per variant (0: Replies) and turn: requests answered so far, for Fail and Drop
 	reqs     []Request
 }
 
@@ -60,10 +60,21 @@ type script struct {
 // the text "done." and no tool call.
 type Script struct {
 	Replies []Reply
+	// Variants, when one's Contains is in the conversation's first user
+	// message (the prompt), answer in place of Replies: the first that
+	// matches. A job's later iterations, whose prompts carry feedback,
+	// can so be answered otherwise than the first.
+	Variants []Variant
 	// Key, when set, must be the request's API key ("Authorization: Bearer
 	// KEY", as both SDKs send it; Anthropic's "x-api-key: KEY" too);
 	// otherwise the answer is 401 in the vendor's error format.
 	Key string
+}
+
+// Variant is a script's replies for prompts that contain a text.
+type Variant struct {
+	Contains string
+	Replies  []Reply
 }
 
 // Reply is the model's answer for one turn.
@@ -113,6 +124,7 @@ type Failure struct {
 type Request struct {
 	Vendor    string // "openai" or "anthropic"
 	Turn      int
+	Prompt    string // the first user message's text
 	Stream    bool
 	Model     string
 	APIKey    string          // the key the request carried
@@ -172,7 +184,7 @@ func (s *Server) Add(name string, sc Script) {
 		s.t.Fatalf("modelserver: duplicate script name %q", name)
 	}
 	sc.Replies = slices.Clone(sc.Replies)
-	s.scripts[name] = &script{Script: sc, attempts: map[int]int{}}
+	s.scripts[name] = &script{Script: sc, attempts: map[[2]int]int{}}
 }
 
 // Requests returns copies of every request received for the named script, in arrival order.
@@ -253,13 +265,21 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	replies, variant := sc.Replies, 0
+	for i, v := range sc.Variants {
+		if strings.Contains(req.Prompt, v.Contains) {
+			replies, variant = v.Replies, i+1
+			break
+		}
+	}
 	reply := Reply{Text: "done."}
-	if req.Turn < len(sc.Replies) {
-		reply = sc.Replies[req.Turn]
+	if req.Turn < len(replies) {
+		reply = replies[req.Turn]
 	}
 	s.mu.Lock()
-	attempt := sc.attempts[req.Turn]
-	sc.attempts[req.Turn]++
+	key := [2]int{variant, req.Turn}
+	attempt := sc.attempts[key]
+	sc.attempts[key]++
 	s.mu.Unlock()
 	firstAnswered := 0
 	if f := reply.Fail; f != nil {
@@ -427,6 +447,10 @@ func (wr *wireRequest) request(vendor string, body []byte) Request {
 			last = i
 		case "system", "developer":
 			system = append(system, text(m.Content))
+		case "user":
+			if req.Prompt == "" {
+				req.Prompt = text(m.Content)
+			}
 		}
 	}
 	req.System = strings.Join(system, "\n")
