@@ -1,6 +1,7 @@
 // Package bench holds loopbus's end-to-end benchmarks (in its _test.go
 // files: append, dispatch latency, pipeline throughput, manifest rebuild,
-// orchestrator memory; see docs/PERFORMANCE.md) and Summary, which turns
+// orchestrator memory, merges, model-API tool calls; see
+// docs/PERFORMANCE.md) and Summary, which turns
 // their `go test -bench` output into one line.
 package bench
 
@@ -36,13 +37,14 @@ func summaryFields() []summaryField {
 		{"rebuild_events_per_s", "BenchmarkRebuild/fsync=default", "events/s", 0},
 		{"rebuild_ratio", "BenchmarkRebuild/fsync=default", "rebuild_ratio", 3},
 		{"pass_to_merge_p50_ms", "BenchmarkMerge/fsync=default", "pass_to_merge_p50_ms", 1},
+		{"tool_overhead_us", "BenchmarkToolCall/fsync=default", "overhead_us/call", 0},
 	}
 }
 
 // Summary reads the output of `go test -bench` over this package and
 // returns "append_ratio=X dispatch_p50_ms=X dispatch_p99_ms=X
 // steps_per_s=X rebuild_events_per_s=X rebuild_ratio=X
-// pass_to_merge_p50_ms=X" from the
+// pass_to_merge_p50_ms=X tool_overhead_us=X" from the
 // default-fsync results. It fails, wrapping ErrFailed, if the output
 // reports a failure, and names any figure it did not find.
 func Summary(r io.Reader) (string, error) {
