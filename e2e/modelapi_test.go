@@ -113,3 +113,71 @@ func TestModelAPIExample(t *testing.T) {
 		t.Errorf("summary.md = %q, %v; want the edited summary", b, err)
 	}
 }
+
+// TestModelAPICodeLoop: a code loop in a git worktree worked by a model
+// behind an API. The model reads the repository's test, tries a path out
+// of the job's workspace (refused: the model is told, nothing is read),
+// reads its part of the plan beside the worktree (../in), writes the code
+// and runs the test; the loop's commit is merged into the session's
+// branch.
+func TestModelAPICodeLoop(t *testing.T) {
+	t.Parallel()
+	ms := modelserver.New(t)
+	ms.Add("coder", modelserver.Script{Replies: []modelserver.Reply{
+		{Text: "Looking at the repository.", Calls: []modelserver.Call{
+			{Name: "list_files", Args: `{"path":"."}`},
+			{Name: "read_file", Args: `{"path":"test.sh"}`},
+			{Name: "read_file", Args: `{"path":"../in/plan.md"}`},
+			{Name: "read_file", Args: `{"path":"../../../../etc/hostname"}`},
+		}},
+		{Calls: []modelserver.Call{
+			{Name: "write_file", Args: `{"path":"add.sh","content":"echo $(($1 + $2))\n"}`},
+		}},
+		{Calls: []modelserver.Call{{Name: "run", Args: `{"command":"sh test.sh && echo tests pass"}`}}},
+		{Text: "add.sh is written and the test passes."},
+	}})
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	writeFiles(t, repo, map[string]string{"test.sh": "test \"$(sh add.sh 2 3)\" = 5\n"})
+	commitAll(t, repo)
+	writeFiles(t, dir, map[string]string{"loops.yaml": `kind: loops
+name: model-code
+levels:
+  plan:
+    agent: {backend: exec, command: [sh, -c, "printf '# plan\n## add\nWrite add.sh: it prints the sum of its two arguments.\n' > \"$LOOPBUS_OUTPUT_DIR/plan.md\""]}
+    outputs: [{name: plan.md}]
+    children: {level: code, from: plan.md, split: headings}
+  code:
+    agent: {backend: openai, model: test-model, base_url: ` + ms.OpenAIURL("coder") + `}
+    worktree: true
+    validate: [sh, test.sh]
+    max_iterations: 1
+`})
+	data := filepath.Join(dir, "data")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "run", filepath.Join(dir, "loops.yaml"), "--repo", repo, "--task", "Add add.sh",
+		"--session", "mc", "--data", data)
+	cmd.Env = testEnv(t)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out)
+	}
+	if got := git(t, repo, "show", "loopbus/mc:add.sh"); got != "echo $(($1 + $2))" {
+		t.Errorf("add.sh on loopbus/mc = %q", got)
+	}
+	reqs := ms.Requests("coder")
+	if len(reqs) != 4 || len(reqs[1].Results) != 4 {
+		t.Fatalf("%d model calls, want 4, the second answering 4 calls", len(reqs))
+	}
+	listing, test, plan, escape := reqs[1].Results[0].Content, reqs[1].Results[1].Content, reqs[1].Results[2].Content, reqs[1].Results[3].Content
+	if !strings.Contains(listing, "test.sh") || !strings.Contains(test, "sh add.sh 2 3") || !strings.Contains(plan, "## add") {
+		t.Errorf("the first turn's answers: listing %q, test %q, plan %q", listing, test, plan)
+	}
+	if !strings.Contains(escape, "outside the working directory") {
+		t.Errorf("a path out of the workspace was answered %q", escape)
+	}
+	if run := reqs[3].Results[0].Content; !strings.Contains(run, "exit code 0") || !strings.Contains(run, "tests pass") {
+		t.Errorf("run answered %q", run)
+	}
+}
