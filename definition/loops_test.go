@@ -530,9 +530,9 @@ func FuzzParseLoops(f *testing.F) {
 }
 
 // TestLoadCodingExamples holds the example loops files to the parser: the
-// scripted one and the one documented for Claude Code.
+// scripted one and those documented for Claude Code and for a model API.
 func TestLoadCodingExamples(t *testing.T) {
-	for _, name := range []string{"loops.yaml", "loops-claude.yaml"} {
+	for _, name := range []string{"loops.yaml", "loops-claude.yaml", "loops-model.yaml"} {
 		t.Run(name, func(t *testing.T) {
 			p, err := Load(filepath.Join("..", "examples", "coding", name))
 			if err != nil {
