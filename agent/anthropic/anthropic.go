@@ -23,10 +23,6 @@ import (
 // vendor is the backend's name and the variables it reads by default.
 var vendor = modelapi.Vendor{Name: schemas.BackendAnthropic, KeyEnv: "ANTHROPIC_API_KEY", BaseURLEnv: "ANTHROPIC_BASE_URL", ModelEnv: "ANTHROPIC_MODEL"}
 
-// MaxReplyBytes bounds the bytes of one streamed reply: a server that
-// streams without end fails the call instead of filling the worker.
-const MaxReplyBytes = 16 << 20
-
 // Backend calls Anthropic's Messages API. The zero value is ready to use.
 type Backend struct {
 	// HTTPClient makes the API's requests; nil means a default client.
@@ -70,9 +66,7 @@ func (b Backend) Run(ctx context.Context, job agent.Job, emit func(agent.Event))
 		// WithAPIKey sends the key as "Authorization: Bearer"; send none.
 		opts = append(opts, option.WithHeaderDel("Authorization"), option.WithHeaderDel("X-Api-Key"))
 	}
-	if b.HTTPClient != nil {
-		opts = append(opts, option.WithHTTPClient(b.HTTPClient))
-	}
+	opts = append(opts, option.WithHTTPClient(modelapi.HTTPClient(b.HTTPClient)))
 	s := job.Spec
 	maxTokens := s.MaxTokens
 	if maxTokens <= 0 {
@@ -113,10 +107,13 @@ func (m *model) Answer(results []modelapi.Answer) {
 }
 
 func (m *model) Next(ctx context.Context, text func(string)) (modelapi.Turn, error) {
-	var msg sdk.Message
+	var (
+		msg     sdk.Message
+		unknown []string
+	)
 	if m.stream {
 		var err error
-		if msg, err = m.streamed(ctx, text); err != nil {
+		if msg, unknown, err = m.streamed(ctx, text); err != nil {
 			return modelapi.Turn{}, err
 		}
 	} else {
@@ -134,7 +131,7 @@ func (m *model) Next(ctx context.Context, text func(string)) (modelapi.Turn, err
 			}
 		}
 	}
-	t := modelapi.Turn{Truncated: msg.StopReason == sdk.StopReasonMaxTokens, Usage: agent.Usage{
+	t := modelapi.Turn{Truncated: msg.StopReason == sdk.StopReasonMaxTokens, Unknown: unknown, Usage: agent.Usage{
 		InputTokens:      msg.Usage.InputTokens,
 		CacheReadTokens:  msg.Usage.CacheReadInputTokens,
 		CacheWriteTokens: msg.Usage.CacheCreationInputTokens,
@@ -142,7 +139,12 @@ func (m *model) Next(ctx context.Context, text func(string)) (modelapi.Turn, err
 	}}
 	for _, c := range msg.Content {
 		if c.Type != "tool_use" {
-			continue // text was reported; other blocks are the API's own
+			// Text was reported; thinking is the model's own; other
+			// blocks are counted, and sent back as they came.
+			if !knownBlocks[c.Type] {
+				t.Unknown = append(t.Unknown, "block:"+c.Type)
+			}
+			continue
 		}
 		args := string(c.Input)
 		if strings.TrimSpace(args) == "" {
@@ -154,44 +156,55 @@ func (m *model) Next(ctx context.Context, text func(string)) (modelapi.Turn, err
 	return t, nil
 }
 
+// knownBlocks are the content block types the backend understands.
+var knownBlocks = map[string]bool{"text": true, "tool_use": true, "thinking": true, "redacted_thinking": true}
+
+// knownEvents are the stream event types the backend understands.
+var knownEvents = map[string]bool{"message_start": true, "message_delta": true, "message_stop": true,
+	"content_block_start": true, "content_block_delta": true, "content_block_stop": true, "ping": true, "error": true}
+
 // streamed asks for a streamed reply and returns it accumulated, calling
-// text with each text block's text as the block stops. Events and blocks
-// of types the SDK does not know are carried along, never reported.
-func (m *model) streamed(ctx context.Context, text func(string)) (sdk.Message, error) {
+// text with each text block's text as the block stops, and the types of
+// the events it skipped as unknown.
+func (m *model) streamed(ctx context.Context, text func(string)) (sdk.Message, []string, error) {
 	stream := m.client.Messages.NewStreaming(ctx, m.params)
 	defer stream.Close()
-	var msg sdk.Message
-	size, started, stopped := 0, false, false
+	var (
+		msg     sdk.Message
+		unknown []string
+	)
+	started, stopped := false, false
 	reported := map[int64]bool{}
 	for stream.Next() {
 		ev := stream.Current()
-		if size += len(ev.RawJSON()); size > MaxReplyBytes {
-			return sdk.Message{}, fmt.Errorf("the streamed reply exceeds %d bytes", MaxReplyBytes)
-		}
 		switch ev.Type {
 		case "message_start":
 			started = true
 		case "message_stop":
 			stopped = true
 		}
+		if !knownEvents[ev.Type] && len(unknown) < 100 {
+			unknown = append(unknown, ev.Type)
+		}
 		if !started {
 			continue // nothing to add to before message_start
 		}
 		if err := msg.Accumulate(ev); err != nil {
-			return sdk.Message{}, fmt.Errorf("the API streamed an event that does not fit the reply so far: %w", err)
+			return sdk.Message{}, nil, fmt.Errorf("the API streamed an event that does not fit the reply so far: %w", err)
 		}
-		if ev.Type == "content_block_stop" && msg.Content[ev.Index].Type == "text" && !reported[ev.Index] {
+		if ev.Type == "content_block_stop" && ev.Index >= 0 && ev.Index < int64(len(msg.Content)) &&
+			msg.Content[ev.Index].Type == "text" && !reported[ev.Index] {
 			text(msg.Content[ev.Index].Text)
 			reported[ev.Index] = true
 		}
 	}
 	if err := stream.Err(); err != nil {
-		return sdk.Message{}, apiError(err)
+		return sdk.Message{}, nil, apiError(err)
 	}
 	if !started || !stopped {
 		// A reply cut short is a dropped connection: its last tool call
 		// may be half written.
-		return sdk.Message{}, errors.New("the API's stream ended before the reply did")
+		return sdk.Message{}, nil, errors.New("the API's stream ended before the reply did")
 	}
 	for i, c := range msg.Content {
 		if c.Type == "text" && !reported[int64(i)] {
@@ -201,7 +214,7 @@ func (m *model) streamed(ctx context.Context, text func(string)) (sdk.Message, e
 	// A block whose start event carried none has nothing to send back,
 	// and would fail every later request.
 	msg.Content = slices.DeleteFunc(msg.Content, func(c sdk.ContentBlockUnion) bool { return c.RawJSON() == "" })
-	return msg, nil
+	return msg, unknown, nil
 }
 
 // streamStatus is the HTTP status of an error event in a stream, which

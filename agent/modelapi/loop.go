@@ -46,6 +46,10 @@ type Turn struct {
 	Usage agent.Usage
 	// Truncated reports that the reply stopped at MaxTokens.
 	Truncated bool
+	// Unknown are the types of the reply's parts (stream events, content
+	// blocks) the backend does not know and skipped: each is a KindUnknown
+	// event, never fatal.
+	Unknown []string
 }
 
 // Call is one tool call of a turn.
@@ -220,7 +224,7 @@ func Run(ctx context.Context, cfg Config, job agent.Job, m Model, tb *Toolbox, e
 		defer cancel()
 	}
 	r := &runner{cfg: cfg, m: m, tb: tb, emit: emit, tail: newTail(job.TailBytes)}
-	exit := r.loop(ctx)
+	exit := r.contained(ctx)
 	res := agent.Result{ExitCode: exit, Duration: cfg.Now().Sub(start), Tail: r.tail.String()}
 	if ctx.Err() != nil {
 		res.ExitCode = -1
@@ -249,6 +253,18 @@ func (r *runner) send(ev agent.Event) {
 	r.emit(ev)
 }
 
+// contained runs loop, turning a panic (a reply no one foresaw) into the
+// job's failure rather than the worker's end.
+func (r *runner) contained(ctx context.Context) (exit int) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.fail(fmt.Sprintf("internal error in the model loop: %v", p))
+			exit = 1
+		}
+	}()
+	return r.loop(ctx)
+}
+
 // loop runs the turns and returns the exit code: 0 when the model is done
 // or out of turns, 1 when the API failed the run.
 func (r *runner) loop(ctx context.Context) int {
@@ -256,6 +272,9 @@ func (r *runner) loop(ctx context.Context) int {
 		t, ok := r.next(ctx)
 		if !ok {
 			return 1
+		}
+		for _, typ := range t.Unknown {
+			r.send(agent.Event{Kind: agent.KindUnknown, Raw: typ})
 		}
 		if t.Usage != (agent.Usage{}) {
 			t.Usage.CostUSD = Cost(t.Usage, r.cfg.Price)
@@ -303,6 +322,9 @@ func (r *runner) next(ctx context.Context) (Turn, bool) {
 		isAPI := errors.As(err, &ae)
 		var wait time.Duration
 		switch {
+		case errors.Is(err, ErrReplyTooLarge):
+			r.fail(err.Error())
+			return Turn{}, false
 		case isAPI && ae.rateLimited() && ae.RetryAfter > 0:
 			if ae.RetryAfter > r.cfg.RetryWait || waits >= maxLimitWaits {
 				r.limit(ae, ae.RetryAfter)
@@ -391,7 +413,7 @@ func (r *runner) runTools(ctx context.Context, turn int, calls []Call) []Answer 
 		go func() {
 			defer wg.Done()
 			began := time.Now()
-			o := r.tb.Call(ctx, c.Name, c.Args)
+			o := r.tb.contained(ctx, c.Name, c.Args)
 			answers[i] = Answer{CallID: c.ID, Name: c.Name, Output: o.Output, IsError: o.IsError}
 			r.tail.add(fmt.Sprintf("[%s] %s\n", c.Name, o.Output))
 			ev := agent.Event{Kind: agent.KindToolEnd, ToolID: ids[i], Name: c.Name, Category: Category(c.Name),

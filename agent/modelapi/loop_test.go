@@ -300,3 +300,15 @@ func TestRunBoundsCallsPerTurn(t *testing.T) {
 		t.Errorf("answers: %d, last %+v; want every call answered, the extra ones with an error", len(a), a[len(a)-1])
 	}
 }
+
+func TestRunContainsAPanic(t *testing.T) {
+	s := &script{steps: []func(context.Context) (Turn, error){func(context.Context) (Turn, error) {
+		var content []string
+		_ = content[3] // a reply no one foresaw
+		return Turn{}, nil
+	}}}
+	res, r := runScript(t, context.Background(), Config{}, agent.Job{}, s)
+	if f := r.of(agent.KindFailure); res.ExitCode != 1 || len(f) != 1 || !strings.Contains(f[0].Text, "internal error") {
+		t.Errorf("exit %d, failures %+v; want the panic as the job's failure", res.ExitCode, f)
+	}
+}

@@ -250,6 +250,17 @@ func (t *Toolbox) Call(ctx context.Context, name, args string) Outcome {
 	return failed("missing argument(s): %s", strings.Join(missing, ", "))
 }
 
+// contained is Call with a panic turned into an error outcome: a tool runs
+// on its own goroutine, where a panic would end the worker.
+func (t *Toolbox) contained(ctx context.Context, name, args string) (o Outcome) {
+	defer func() {
+		if p := recover(); p != nil {
+			o = failed("internal error in %s: %v", name, p)
+		}
+	}()
+	return t.Call(ctx, name, args)
+}
+
 // ErrOutside is why a path is refused: it leads out of the working tree.
 var ErrOutside = errors.New("outside the working directory")
 

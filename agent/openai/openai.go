@@ -8,7 +8,6 @@ package openai
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -23,10 +22,6 @@ import (
 
 // vendor is the backend's name and the variables it reads by default.
 var vendor = modelapi.Vendor{Name: schemas.BackendOpenAI, KeyEnv: "OPENAI_API_KEY", BaseURLEnv: "OPENAI_BASE_URL", ModelEnv: "OPENAI_MODEL"}
-
-// MaxReplyBytes bounds the bytes of one streamed reply: a server that
-// streams without end fails the call instead of filling the worker.
-const MaxReplyBytes = 16 << 20
 
 // Backend calls an OpenAI-compatible API. The zero value is ready to use.
 type Backend struct {
@@ -67,9 +62,7 @@ func (b Backend) Run(ctx context.Context, job agent.Job, emit func(agent.Event))
 	if setup.Endpoint.APIKey == "" {
 		opts = append(opts, option.WithHeaderDel("Authorization"))
 	}
-	if b.HTTPClient != nil {
-		opts = append(opts, option.WithHTTPClient(b.HTTPClient))
-	}
+	opts = append(opts, option.WithHTTPClient(modelapi.HTTPClient(b.HTTPClient)))
 	s := job.Spec
 	params := oai.ChatCompletionNewParams{
 		Model:    shared.ChatModel(setup.Model),
@@ -165,12 +158,9 @@ func (m *model) streamed(ctx context.Context, text func(string)) (oai.ChatComple
 	stream := m.client.Chat.Completions.NewStreaming(ctx, m.params)
 	defer stream.Close()
 	var acc oai.ChatCompletionAccumulator
-	size, reported := 0, false
+	reported := false
 	for stream.Next() {
 		chunk := stream.Current()
-		if size += len(chunk.RawJSON()); size > MaxReplyBytes {
-			return oai.ChatCompletionMessage{}, oai.CompletionUsage{}, "", fmt.Errorf("the streamed reply exceeds %d bytes", MaxReplyBytes)
-		}
 		if !acc.AddChunk(chunk) {
 			return oai.ChatCompletionMessage{}, oai.CompletionUsage{}, "", errors.New("the API streamed a chunk that does not fit the reply so far")
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/loopbus/loopbus/agent"
 	"github.com/loopbus/loopbus/agent/agenttest"
+	"github.com/loopbus/loopbus/agent/modelapi"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -89,6 +90,12 @@ func (s *Server) fixtures(t *testing.T, vendor, mode string, whole bool) agentte
 			}},
 			{Text: "Done.", Usage: Usage{Input: 10, Output: 1}},
 		}}, msg, usage, start, end, msg, usage),
+	}
+	if vendor == Anthropic && !whole {
+		// Only Anthropic's stream has event types to be new to.
+		f.Unknown = fixture("unknown", Script{Replies: []Reply{
+			{Text: "Something new.", Unknown: true, Usage: Usage{Input: 10, Output: 3}},
+		}}, msg, agent.KindUnknown, agent.KindUnknown, usage)
 	}
 	f.StartFailure = f.Success
 	f.StartFailure.Spec.APIKeyEnv = "AGENTTEST_NO_SUCH_KEY"
@@ -207,6 +214,19 @@ func (s *Server) scenarios(t *testing.T, vendor, mode string, whole bool, newBac
 		r := runJob(ctx, t, newBackend(), spec, key)
 		if r.err != nil || r.res.ExitCode != 0 || len(s.Requests(mode+"-drop")) != 2 {
 			t.Fatalf("result %+v, %v after %d requests", r.res, r.err, len(s.Requests(mode+"-drop")))
+		}
+	})
+
+	t.Run("ReplyTooLarge", func(t *testing.T) {
+		t.Parallel()
+		spec := add("huge", Script{Replies: []Reply{{Text: strings.Repeat("x", modelapi.MaxReplyBytes+1024)}}})
+		r := runJob(ctx, t, newBackend(), spec, key)
+		f := r.of(agent.KindFailure)
+		if r.err != nil || len(f) != 1 || !strings.Contains(f[0].Text, "exceeds 16 MiB") {
+			t.Fatalf("result %+v, %v, failures %+v; want the job failed on the answer's size", r.res, r.err, f)
+		}
+		if n := len(s.Requests(mode + "-huge")); n != 1 {
+			t.Errorf("%d requests, want 1: an answer too large is not asked again", n)
 		}
 	})
 
