@@ -3,6 +3,7 @@ package definition
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"text/template"
@@ -22,10 +23,24 @@ const (
 	// {{range N}} actions: a template cannot loop that often without
 	// writing, which no output bound would stop.
 	MaxRangeProduct = 1_000_000
+	// MaxRangeRuns bounds the runs of every {{range}} of one rendering
+	// together, whatever they range over (a number in the data, a list,
+	// nested or through {{template}} calls): the same bound, at run time.
+	MaxRangeRuns = 1_000_000
 )
 
 // ErrPromptTooLarge: a prompt renders to more bytes than its limit.
 var ErrPromptTooLarge = errors.New("prompt too large")
+
+// ErrPromptLoops: a prompt's {{range}} actions ran more than MaxRangeRuns
+// times in one rendering.
+var ErrPromptLoops = fmt.Errorf("the prompt template's {{range}} loops run more than %d times", MaxRangeRuns)
+
+// rangeBudget names the function ParsePrompt puts at the end of every
+// {{range}} pipeline: it counts the runs about to happen and stops the
+// rendering past MaxRangeRuns. Its name cannot clash with a user's: users
+// name no functions.
+const rangeBudget = "loopbus_range_budget"
 
 // ParsePrompt parses a prompt template with missingkey=error and bounded
 // print functions, and refuses a NUL byte and nested {{range N}} loops whose counts
@@ -34,11 +49,17 @@ func ParsePrompt(name, text string) (*template.Template, error) {
 	if i := strings.IndexByte(text, 0); i >= 0 {
 		return nil, fmt.Errorf("the prompt holds a NUL byte (at byte %d): prompts are text", i)
 	}
-	t, err := template.New(name).Option("missingkey=error").Funcs(template.FuncMap{
-		"printf":  boundedPrintf,
-		"print":   fmt.Sprint,
-		"println": fmt.Sprintln,
-	}).Parse(text)
+	funcs := template.FuncMap{
+		"printf":    boundedPrintf,
+		"print":     fmt.Sprint,
+		"println":   fmt.Sprintln,
+		rangeBudget: passThrough,
+	}
+	t, err := template.New(name).Option("missingkey=error").Funcs(funcs).Parse(text)
+	if err != nil {
+		return nil, err
+	}
+	budget, err := budgetCommand(funcs)
 	if err != nil {
 		return nil, err
 	}
@@ -49,17 +70,87 @@ func ParsePrompt(name, text string) (*template.Template, error) {
 		if err := checkRanges(tt.Root, 1); err != nil {
 			return nil, err
 		}
+		countRanges(tt.Root, budget)
 	}
 	return t, nil
 }
 
+func passThrough(v any) any { return v }
+
+// budgetCommand returns the command "loopbus_range_budget", parsed, to be
+// appended to range pipelines.
+func budgetCommand(funcs template.FuncMap) (*parse.CommandNode, error) {
+	t, err := template.New("budget").Funcs(funcs).Parse("{{" + rangeBudget + "}}")
+	if err != nil {
+		return nil, err
+	}
+	return t.Root.Nodes[0].(*parse.ActionNode).Pipe.Cmds[0], nil
+}
+
+// countRanges appends cmd to the pipeline of every {{range}} under n, so
+// that each hands what it ranges over to the budget first.
+func countRanges(n parse.Node, cmd *parse.CommandNode) {
+	switch n := n.(type) {
+	case *parse.ListNode:
+		if n == nil {
+			return
+		}
+		for _, c := range n.Nodes {
+			countRanges(c, cmd)
+		}
+	case *parse.RangeNode:
+		n.Pipe.Cmds = append(n.Pipe.Cmds, cmd)
+		countRanges(n.List, cmd)
+		countRanges(n.ElseList, cmd)
+	case *parse.IfNode:
+		countRanges(n.List, cmd)
+		countRanges(n.ElseList, cmd)
+	case *parse.WithNode:
+		countRanges(n.List, cmd)
+		countRanges(n.ElseList, cmd)
+	}
+}
+
+// runsOf returns how often a {{range}} over v runs: an integer's value, a
+// list's or map's length.
+func runsOf(v any) int {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return int(min(max(rv.Int(), 0), MaxRangeRuns+1))
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return int(min(rv.Uint(), MaxRangeRuns+1))
+	case reflect.Slice, reflect.Array, reflect.Map, reflect.String:
+		return rv.Len()
+	}
+	return 0
+}
+
 // RenderPrompt executes t on data and returns at most limit bytes: a
 // template that writes more stops at the limit with ErrPromptTooLarge.
+//
+// The {{range}} actions of a template from ParsePrompt run at most
+// MaxRangeRuns times in all; past that the rendering stops with
+// ErrPromptLoops.
 func RenderPrompt(t *template.Template, data any, limit int) (string, error) {
 	w := &limitedWriter{limit: limit}
+	runs := 0
+	t, err := t.Clone()
+	if err != nil {
+		return "", err
+	}
+	t.Funcs(template.FuncMap{rangeBudget: func(v any) (any, error) {
+		if runs += runsOf(v); runs > MaxRangeRuns {
+			return nil, ErrPromptLoops
+		}
+		return v, nil
+	}})
 	if err := t.Execute(w, data); err != nil {
-		if errors.Is(err, ErrPromptTooLarge) {
+		switch {
+		case errors.Is(err, ErrPromptTooLarge):
 			return "", fmt.Errorf("%w: the prompt template renders more than %d bytes; pass large content as artifacts (files in in/) instead", ErrPromptTooLarge, limit)
+		case errors.Is(err, ErrPromptLoops):
+			return "", fmt.Errorf("%w; prompts must stay small", ErrPromptLoops)
 		}
 		return "", err
 	}

@@ -32,7 +32,8 @@ func TestParsePromptBounds(t *testing.T) {
 }
 
 func TestRenderPromptBounds(t *testing.T) {
-	data := map[string]any{"Name": "talk.md", "List": []string{"a", "b"}}
+	data := map[string]any{"Name": "talk.md", "List": []string{"a", "b"}, "Size": int64(1) << 40,
+		"Thousand": make([]int, 1000), "Small": 3, "Empty": []string{}}
 	tests := []struct {
 		name, text, want, wantErr string
 		limit                     int
@@ -45,6 +46,11 @@ func TestRenderPromptBounds(t *testing.T) {
 		{name: "wide precision", text: `{{printf "%.20000f" 1.0}}`, limit: 128 << 10, wantErr: "width or precision 20000 is over 9999"},
 		{name: "star width", text: `{{printf "%*d" 100000 1}}`, limit: 128 << 10, wantErr: "width or precision 100000 is over 9999"},
 		{name: "missing key", text: `{{.Nope}}`, limit: 100, wantErr: "map has no entry"},
+		// Loops that write nothing, over counts the parser cannot see.
+		{name: "range over a number in the data", text: `{{range .Size}}{{end}}`, limit: 100, wantErr: "loops run more than 1000000 times"},
+		{name: "nested ranges over lists", text: `{{range .Thousand}}{{range $.Thousand}}{{range $.List}}{{end}}{{end}}{{end}}`, limit: 100, wantErr: "loops run more than 1000000 times"},
+		{name: "a range through a template call", text: `{{define "t"}}{{range $.Thousand}}{{end}}{{end}}{{range .Thousand}}{{template "t" $}}{{range $.Thousand}}{{end}}{{end}}`, limit: 100, wantErr: "loops run more than 1000000 times"},
+		{name: "ranges within the bound", text: `{{range $i, $x := .List}}{{$i}}{{$x}}{{end}}{{range .Small}}.{{end}}{{range .Thousand}}{{end}}{{range .Empty}}x{{else}}none{{end}}`, limit: 100, want: "0a1b...none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,6 +65,9 @@ func TestRenderPromptBounds(t *testing.T) {
 				}
 				if strings.Contains(tt.wantErr, "renders more") && !errors.Is(err, ErrPromptTooLarge) {
 					t.Errorf("err %v does not wrap ErrPromptTooLarge", err)
+				}
+				if strings.Contains(tt.wantErr, "loops run") && !errors.Is(err, ErrPromptLoops) {
+					t.Errorf("err %v does not wrap ErrPromptLoops", err)
 				}
 				return
 			}

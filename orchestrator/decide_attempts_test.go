@@ -89,6 +89,9 @@ func TestDecidePromptTooLarge(t *testing.T) {
 		{`{{printf "%*d" 1000000000 1}}`, "width or precision 1000000000 is over 9999"},
 		{`{{range 1000}}{{range 1001}}{{end}}{{end}}`, "runs over 1000000 times"},
 		{`{{range 10000000000}}{{end}}`, "runs over 1000000 times"},
+		// Counts the parser cannot see: the session input's size in bytes
+		// (9), nested 8 deep: 43 million runs that write nothing.
+		{strings.Repeat(`{{range $.Input.Size}}`, 8) + strings.Repeat(`{{end}}`, 8), "loops run more than 1000000 times"},
 	} {
 		t.Run(tc.tmpl, func(t *testing.T) {
 			p := promptPipeline(tc.tmpl, 1)
