@@ -47,9 +47,9 @@ type Spec struct {
 	// Dir is the working directory; it must exist. Empty means the working
 	// directory of this process.
 	Dir string
-	// Env is the full environment (KEY=VALUE). Nil means an empty
-	// environment plus PATH and HOME of this process; a non-nil empty slice
-	// means an empty environment.
+	// Env is the full environment (KEY=VALUE), to which Run adds
+	// RunIDVar. Nil means an empty environment plus PATH and HOME of this
+	// process; a non-nil empty slice means an empty environment.
 	Env []string
 	// Stdin is written to stdin, then stdin is closed. Nil or empty gives
 	// the process an empty stdin.
@@ -108,8 +108,11 @@ type Result struct {
 // Once the process has exited, for whatever reason, every process still in
 // its group gets SIGKILL, so grandchildren (say `sh -c "sleep 100 &"`) never
 // outlive Run, and Run does not wait for them to close the output pipes.
-// Processes that left the group (setsid, setpgid) are out of its reach; Run
-// stops reading the pipes they hold a second after the process has exited.
+// Processes that left the group (setsid, setpgid) are killed too: every
+// process of the run carries RunIDVar in its environment, and Run kills
+// whatever still carries it (see sweep); one that also cleared its
+// environment escapes, and Run stops reading the pipes it holds a second
+// after the process has exited.
 // If ctx is already done, nothing is started and Result.Canceled is set.
 //
 // Run returns an error, wrapping ErrStart, only when the process could not be
@@ -142,6 +145,8 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 			}
 		}
 	}
+	runID := newRunID()
+	env = append(env[:len(env):len(env)], RunIDVar+"="+runID)
 	path, err := resolve(s.Argv[0], env)
 	if err != nil {
 		return res, fmt.Errorf("%w %q: %v", ErrStart, s.Argv[0], err)
@@ -237,6 +242,10 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	// SIGTERM, is killed now.
 	signalGroup(pgid, syscall.SIGKILL)
 	<-exited
+	// Those that left the group are found by their mark.
+	if n := sweep(runID); n > 0 {
+		_, _ = fmt.Fprintf(tail, "\nprocrun: killed %d process(es) that left the process group and outlived the run\n", n)
+	}
 	if !reaped {
 		waitErr = cmd.Wait()
 	}

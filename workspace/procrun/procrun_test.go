@@ -113,9 +113,9 @@ func TestRun(t *testing.T) {
 			want: want{exitCode: 0, stdout: "bar baz|unset", checkStdout: true},
 		},
 		{
-			name: "nil env has only PATH and HOME",
+			name: "nil env has only PATH and HOME, and the run id",
 			spec: Spec{Argv: []string{"sh", "-c", `env | grep -v '^PWD=' | grep -v '^SHLVL=' | grep -v '^_=' | cut -d= -f1 | sort | tr '\n' ' '`}},
-			want: want{exitCode: 0, stdout: "HOME PATH ", checkStdout: true},
+			want: want{exitCode: 0, stdout: "HOME LOOPBUS_RUN_ID PATH ", checkStdout: true},
 		},
 		{
 			name: "nil env passes HOME of the parent",
@@ -307,6 +307,19 @@ func TestRunKillsGroup(t *testing.T) {
 			name:   "background leftovers die after a normal exit",
 			script: `sleep 60 & echo $! > "$1"; echo done; exit 4`,
 			want:   want{exitCode: 4, stdout: "done\n", checkStdout: true},
+		},
+		{
+			// The pid file is written from the new session: the script
+			// ends only once its child has left the group.
+			name:   "a process in a session of its own dies after a normal exit",
+			script: `setsid sh -c 'echo $$ > "$1.tmp"; mv "$1.tmp" "$1"; exec sleep 60' sh "$1" & while [ ! -e "$1" ]; do sleep 0.01; done; echo done`,
+			want:   want{exitCode: 0, stdout: "done\n", checkStdout: true},
+		},
+		{
+			name:    "a process in a session of its own dies at the timeout",
+			script:  `setsid sh -c 'echo $$ > "$1.tmp"; mv "$1.tmp" "$1"; exec sleep 60' sh "$1" & sleep 60`,
+			timeout: time.Second,
+			want:    want{exitCode: -1, timedOut: true},
 		},
 	}
 	for _, tt := range tests {
