@@ -398,8 +398,7 @@ func (l *loader) prompts(e yamlread.Entry) map[string]string {
 			l.Errorf(pe.ValPos, pe.Field, "must not be empty")
 			continue
 		}
-		if _, err := ParsePrompt(pe.Key, text); err != nil {
-			l.Errorf(pe.ValPos, pe.Field, "invalid template: %w", err)
+		if !l.prompt(pe.ValPos, pe.Field, pe.Key, "", text) {
 			continue
 		}
 		if out == nil {

@@ -264,8 +264,7 @@ func (l *loader) promptFile(e yamlread.Entry, level string) (text, path string) 
 		l.Errorf(e.ValPos, e.Field, "prompt file %s is empty (leave prompt out for the built-in prompt)", path)
 		return "", path
 	}
-	if _, err := ParsePrompt(path, text); err != nil {
-		l.Errorf(e.ValPos, e.Field, "prompt file %s: invalid template: %w", path, err)
+	if !l.prompt(e.ValPos, e.Field, path, "prompt file "+path+": ", text) {
 		return "", path
 	}
 	return text, path

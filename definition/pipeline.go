@@ -115,6 +115,7 @@ import (
 
 	"github.com/goccy/go-yaml/ast"
 
+	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/definition/yamlread"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/workspace"
@@ -137,7 +138,41 @@ const (
 
 	// maxSchemaBytes bounds an output schema file.
 	maxSchemaBytes = 1 << 20
+
+	// MaxDefinitionBytes bounds a definition as a session carries it (its
+	// JSON in session.started, beside the input's reference and the
+	// definition files' list), leaving room within bus.MaxEventBytes.
+	MaxDefinitionBytes = bus.MaxEventBytes - 64<<10
 )
+
+// part is a sizeable piece of a definition (a prompt, a schema), kept with
+// its place for the message that the whole is too large.
+type part struct {
+	pos   yamlread.Pos
+	field string
+	what  string
+	size  int
+}
+
+// checkSize refuses a definition whose JSON is over MaxDefinitionBytes, at
+// the place of its largest part.
+func (l *loader) checkSize(p schemas.Pipeline) {
+	raw, err := json.Marshal(p)
+	if err != nil || len(raw) <= MaxDefinitionBytes || len(l.parts) == 0 {
+		if err == nil && len(raw) > MaxDefinitionBytes {
+			l.Errorf(yamlread.Pos{Line: 1}, "", "the definition is %d bytes as a session carries it, over the limit of %d", len(raw), MaxDefinitionBytes)
+		}
+		return
+	}
+	big := l.parts[0]
+	for _, pt := range l.parts[1:] {
+		if pt.size > big.size {
+			big = pt
+		}
+	}
+	l.Errorf(big.pos, big.field, "the definition is %d bytes as a session carries it, over the limit of %d (an event's size, less room for the rest); its largest part is this %s, %d bytes: move long text into input files the agent reads",
+		len(raw), MaxDefinitionBytes, big.what, big.size)
+}
 
 // Load reads the pipeline file at path and returns its normalized
 // definition; see Parse. Relative paths in the file resolve against the
@@ -187,6 +222,9 @@ func Parse(name string, data []byte, dir string) (schemas.Pipeline, error) {
 	l.File = name
 	l.Empty = "file is empty: want a mapping with name and steps"
 	p := l.pipeline(data)
+	if len(l.Errs) == 0 {
+		l.checkSize(p)
+	}
 	for _, e := range l.Errs {
 		e.Msg = oneLine(e.Msg)
 	}
@@ -202,6 +240,8 @@ func Parse(name string, data []byte, dir string) (schemas.Pipeline, error) {
 type loader struct {
 	yamlread.Reader[invalid]
 	dir string
+	// parts are the definition's prompts and schemas, for checkSize.
+	parts []part
 }
 
 // oneLine joins the lines of a multi-line message (such as a schema
@@ -376,8 +416,8 @@ func (l *loader) step(e yamlread.Entry) (schemas.Step, stepInfo) {
 		s.Prompt = text
 		if strings.TrimSpace(text) == "" {
 			l.Errorf(pe.ValPos, pe.Field, "must not be empty")
-		} else if _, err := ParsePrompt(e.Key, text); err != nil {
-			l.Errorf(pe.ValPos, pe.Field, "invalid template: %w", err)
+		} else {
+			l.prompt(pe.ValPos, pe.Field, e.Key, "", text)
 		}
 	}
 
@@ -811,7 +851,25 @@ func (l *loader) schema(e yamlread.Entry, path string, out *schemas.Output) {
 	}
 	out.SchemaPath = path
 	out.Schema = json.RawMessage(compact.Bytes())
+	l.parts = append(l.parts, part{pos: e.ValPos, field: e.Field, what: "schema", size: compact.Len()})
 	out.SchemaVersion = schemas.SchemaVersionOf(raw)
+}
+
+// prompt checks a prompt template (its size, then ParsePrompt; name names
+// it in the template's messages, and prefix starts the message of a
+// problem) and keeps its size for checkSize. It reports whether the
+// template is good.
+func (l *loader) prompt(pos yamlread.Pos, field, name, prefix, text string) bool {
+	if len(text) > MaxPromptBytes {
+		l.Errorf(pos, field, "%sthe template is %d bytes; a prompt renders to at most %d: move long text into input files the agent reads", prefix, len(text), MaxPromptBytes)
+		return false
+	}
+	if _, err := ParsePrompt(name, text); err != nil {
+		l.Errorf(pos, field, "%sinvalid template: %w", prefix, err)
+		return false
+	}
+	l.parts = append(l.parts, part{pos: pos, field: field, what: "prompt", size: len(text)})
+	return true
 }
 
 // readSchema reads a schema file (or a loop level's prompt file), refusing

@@ -27,6 +27,9 @@ const (
 	// together, whatever they range over (a number in the data, a list,
 	// nested or through {{template}} calls): the same bound, at run time.
 	MaxRangeRuns = 1_000_000
+	// MaxPromptBytes bounds a rendered prompt, and so a prompt template:
+	// the job.requested carrying it must fit in an event.
+	MaxPromptBytes = 128 << 10
 )
 
 // ErrPromptTooLarge: a prompt renders to more bytes than its limit.

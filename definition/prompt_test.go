@@ -107,21 +107,32 @@ func TestParseLimits(t *testing.T) {
 		fmt.Fprintf(&bad, "  s%d:\n    agent: {backend: exec, command: [\"true\"]}\n    prompt: p\n    outputs: [{name: o.txt}]\n    timeout: soon\n", i)
 	}
 	deep := "name: deep\nsteps:\n" + strings.Repeat(" ", 2*(yamlread.MaxNesting+1)) + "x: 1\n"
+	// Prompts each within their limit that together make a session.started
+	// over the event limit; the third is the largest.
+	var wide strings.Builder
+	wide.WriteString("name: wide\nsteps:\n")
+	for i, kib := range []int{100, 110, 120, 100, 100} {
+		fmt.Fprintf(&wide, "  s%d:\n    agent: {backend: exec, command: [\"true\"]}\n    prompt: %s\n    outputs: [{name: o%d.txt}]\n    final: %v\n", i, strings.Repeat("p", kib<<10), i, i == 4)
+	}
 	tests := []struct {
-		name, doc, want string
-		lines           int
+		name, doc, want, also string
+		lines                 int
 	}{
 		{name: "nested brackets", doc: "name: x\nsteps: " + strings.Repeat("[", 100_000), want: "x.yaml:2: brackets nested 65 levels deep, over the limit of 64"},
 		{name: "deep indentation", doc: deep, want: "x.yaml:3: nested 65 levels deep"},
 		{name: "huge file", doc: "name: x\n# " + strings.Repeat("x", yamlread.MaxFileBytes) + "\n", want: "over the 1048576-byte limit of a definition file"},
 		{name: "too many steps", doc: many.String(), want: "x.yaml:2: steps: 201 steps, over the limit of 200"},
 		{name: "problems capped", doc: bad.String(), want: "more problem(s)", lines: yamlread.MaxShownErrors + 1},
+		{name: "a prompt over what a prompt renders", doc: "name: x\nsteps:\n  a:\n    agent: {backend: exec, command: [\"true\"]}\n    prompt: " + strings.Repeat("p", MaxPromptBytes+1) + "\n    outputs: [{name: o.txt}]\n",
+			want: "x.yaml:5: steps.a.prompt: the template is 131073 bytes; a prompt renders to at most 131072"},
+		{name: "a definition over an event", doc: wide.String(),
+			want: "x.yaml:15: steps.s2.prompt: the definition is ", also: "over the limit of 458752 (an event's size, less room for the rest); its largest part is this prompt, 122880 bytes", lines: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse("x.yaml", []byte(tt.doc), t.TempDir())
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err = %.300v, want %q", err, tt.want)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), tt.also) {
+				t.Fatalf("err = %.300v, want %q and %q", err, tt.want, tt.also)
 			}
 			if tt.lines > 0 {
 				if n := strings.Count(err.Error(), "\n") + 1; n != tt.lines {

@@ -617,7 +617,7 @@ const MaxAttempts = 3
 // JSON-escaped, with bounded feedback, must stay under bus.MaxEventBytes
 // (512 KiB). A prompt with many characters JSON escapes six-fold can still
 // exceed it: the session then fails with the reason (see Unrecordable).
-const MaxPromptBytes = 128 << 10
+const MaxPromptBytes = definition.MaxPromptBytes
 
 // JobID names a job: session, step and iteration, then the attempt and the
 // round when they are not the first.
