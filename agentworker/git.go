@@ -162,7 +162,7 @@ func (s *Service) commitWork(ctx context.Context, w *worktree, req schemas.Event
 		}
 	}
 	msg := fmt.Sprintf("%s: %s", jr.Step, title)
-	head, err := gitrepo.Commit(ctx, w.dir, identity(w.spec), msg, [][2]string{
+	head, err := w.cache.Commit(ctx, w.dir, identity(w.spec), msg, [][2]string{
 		{gitrepo.TrailerSession, req.Session}, {gitrepo.TrailerLoop, jr.Step}, {gitrepo.TrailerJob, jr.JobID},
 	})
 	if err != nil {

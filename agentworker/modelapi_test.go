@@ -45,7 +45,7 @@ func TestModelAPIJob(t *testing.T) {
 				{Text: "Done: out/out.txt holds the summary.", Usage: modelserver.Usage{Input: 600, Output: 10}},
 			}})
 			b, _ := testnats.Bus(t)
-			startWorker(t, b, agentworker.Config{ID: "w1", Env: baseEnv("MODEL_KEY=" + apiKey)})
+			startWorker(t, b, agentworker.Config{ID: "w1", Env: baseEnv("MODEL_KEY=" + apiKey), ModelKeyEnv: []string{"MODEL_KEY"}})
 			jr := modelRequest(ms, backend, "s1.step.1", "write", "out.txt")
 			publishRequest(t, b, jr)
 			evs, res := waitResult(t, b, jr.JobID)
@@ -102,7 +102,7 @@ func TestModelAPIJobEnds(t *testing.T) {
 	ms.Add("limit", modelserver.Script{Replies: []modelserver.Reply{{Fail: &modelserver.Failure{Status: 429, RetryAfter: "600", Message: "requests per day exceeded"}}}})
 	ms.Add("stall", modelserver.Script{Replies: []modelserver.Reply{{Stall: true, Text: "Let me think about this for a long while."}}})
 	b, _ := testnats.Bus(t)
-	startWorker(t, b, agentworker.Config{ID: "w1", Concurrency: 2, Env: baseEnv("MODEL_KEY=" + apiKey)})
+	startWorker(t, b, agentworker.Config{ID: "w1", Concurrency: 2, Env: baseEnv("MODEL_KEY=" + apiKey), ModelKeyEnv: []string{"MODEL_KEY"}})
 
 	limited := modelRequest(ms, schemas.BackendOpenAI, "s1.limited.1", "limit", "out.txt")
 	limited.Step = "limited"
@@ -132,5 +132,35 @@ func TestModelAPIJobEnds(t *testing.T) {
 	assertCancelledOnce(t, b, stalled.JobID, "stop signal: wrong brief", 1)
 	if took := time.Since(began); took > killDeadline {
 		t.Errorf("the job ended %s after job.cancelled, want within %s", took, killDeadline)
+	}
+}
+
+// TestModelAPIKeysStayWithTheWorker: a pipeline cannot have the worker send
+// one of its other secrets as an API key, nor, where the worker names its
+// servers, send its key to another server.
+func TestModelAPIKeysStayWithTheWorker(t *testing.T) {
+	t.Parallel()
+	ms := modelserver.New(t)
+	ms.Add("any", modelserver.Script{Replies: []modelserver.Reply{{Text: "Fine."}}})
+	b, _ := testnats.Bus(t)
+	startWorker(t, b, agentworker.Config{ID: "w1", Env: baseEnv("AWS_SECRET_ACCESS_KEY=aws-secret-0123456789", "OPENAI_API_KEY="+apiKey),
+		ModelBaseURLs: []string{"https://api.openai.com/"}})
+	other := modelRequest(ms, schemas.BackendOpenAI, "s1.other.1", "any", "out.txt")
+	other.Step, other.Agent.APIKeyEnv = "other", "AWS_SECRET_ACCESS_KEY"
+	publishRequest(t, b, other)
+	elsewhere := modelRequest(ms, schemas.BackendOpenAI, "s1.elsewhere.1", "any", "out.txt")
+	elsewhere.Step, elsewhere.Agent.APIKeyEnv = "elsewhere", ""
+	publishRequest(t, b, elsewhere)
+	for _, c := range []struct{ job, want string }{
+		{other.JobID, "api_key_env AWS_SECRET_ACCESS_KEY is not a variable this worker lends to model APIs"},
+		{elsewhere.JobID, "is not a server this worker calls (https://api.openai.com/; agentworker --model-base-url)"},
+	} {
+		_, res := waitResult(t, b, c.job)
+		if jf, ok := res.Data.(*schemas.JobFailed); !ok || !strings.Contains(jf.Error, c.want) {
+			t.Errorf("%s: %s %+v, want job.failed: %q", c.job, res.Type, res.Data, c.want)
+		}
+	}
+	if n := len(ms.Requests("any")); n != 0 {
+		t.Errorf("%d requests reached the server", n)
 	}
 }

@@ -100,6 +100,15 @@ type Config struct {
 	// Backends are the agent backends this worker runs, by name; nil means
 	// the built-in ones (see Builtin).
 	Backends agent.Registry
+	// ModelKeyEnv names the variables of Env a job's model-API agent may
+	// name as its api_key_env; nil means OPENAI_API_KEY and
+	// ANTHROPIC_API_KEY. A pipeline cannot make the worker send another
+	// of its secrets to a server.
+	ModelKeyEnv []string
+	// ModelBaseURLs, when not empty, are the only base URLs (prefixes) a
+	// job's model-API agent may name: on a shared worker, a pipeline
+	// cannot send the worker's key to a server of its choosing.
+	ModelBaseURLs []string
 }
 
 // Builtin returns the built-in agent backends: exec, claude, codex,
@@ -130,6 +139,16 @@ func (c Config) Validate() error {
 	for _, l := range c.Lanes {
 		if err := agent.CheckLane(l); err != nil {
 			return fmt.Errorf("%w: lanes: %w", ErrInvalidConfig, err)
+		}
+	}
+	for _, n := range c.ModelKeyEnv {
+		if err := workspace.ValidateSecretName(n); err != nil {
+			return fmt.Errorf("%w: model key env: %w", ErrInvalidConfig, err)
+		}
+	}
+	for _, u := range c.ModelBaseURLs {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return fmt.Errorf("%w: model base URL %q: want an http or https URL", ErrInvalidConfig, u)
 		}
 	}
 	if _, err := agent.NewLaneTable(c.LaneTable); err != nil {
@@ -169,6 +188,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Backends == nil {
 		c.Backends = Builtin()
+	}
+	if c.ModelKeyEnv == nil {
+		c.ModelKeyEnv = []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY"}
 	}
 	return c
 }
@@ -390,6 +412,9 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	if err := checkRequest(jr); err != nil {
 		return fail("refusing the job request: "+err.Error(), -1, 0, "")
 	}
+	if err := s.checkModelAPI(jr.Agent); err != nil {
+		return fail("refusing the job request: "+err.Error(), -1, 0, "")
+	}
 
 	ws, err := workspace.Create(s.cfg.WorkDir, req.Session, fmt.Sprintf("%s-%s-%d", jr.Step, strconv.Itoa(jr.Iteration), d.NumDelivered))
 	if err != nil {
@@ -566,6 +591,26 @@ func checkRequest(jr *schemas.JobRequested) error {
 	}
 	if jr.Worktree != nil {
 		return checkWorktree(jr.Worktree)
+	}
+	return nil
+}
+
+// checkModelAPI refuses a model-API agent that names a key variable or a
+// server this worker does not lend its keys to.
+func (s *Service) checkModelAPI(a schemas.AgentSpec) error {
+	if a.Backend != schemas.BackendOpenAI && a.Backend != schemas.BackendAnthropic {
+		return nil
+	}
+	if a.MaxTurns < 0 || a.MaxTurns > 1000 || a.MaxTokens < 0 || a.MaxTokens > 1_000_000 || a.RetryWaitMs < 0 || a.RetryWaitMs > time.Hour.Milliseconds() {
+		return errors.New("agent maxTurns, maxTokens or retryWaitMs out of range")
+	}
+	if n := a.APIKeyEnv; n != "" && !slices.Contains(s.cfg.ModelKeyEnv, n) {
+		return fmt.Errorf("api_key_env %s is not a variable this worker lends to model APIs (%s; agentworker --model-key-env)",
+			n, strings.Join(s.cfg.ModelKeyEnv, ", "))
+	}
+	if u := a.BaseURL; u != "" && len(s.cfg.ModelBaseURLs) > 0 && !slices.ContainsFunc(s.cfg.ModelBaseURLs, func(p string) bool { return strings.HasPrefix(u, p) }) {
+		return fmt.Errorf("base_url %s is not a server this worker calls (%s; agentworker --model-base-url)",
+			u, strings.Join(s.cfg.ModelBaseURLs, ", "))
 	}
 	return nil
 }

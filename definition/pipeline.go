@@ -607,12 +607,6 @@ func agentKeys() []string {
 	}
 }
 
-// modelToolNames returns the tools the model-API backends offer a model
-// (schemas.AgentSpec.Tools), in the order agent/modelapi offers them.
-func modelToolNames() []string {
-	return []string{"read_file", "write_file", "edit_file", "list_files", "run"}
-}
-
 // andList joins names for messages: "a", "a and b", "a, b and c".
 func andList(names []string) string {
 	if len(names) <= 1 {
@@ -644,13 +638,13 @@ func (l *loader) baseURL(e yamlread.Entry) string {
 }
 
 // modelTools decodes the tools a model-API backend offers: a non-empty
-// list of modelToolNames, each listed once.
+// list of schemas.ModelTools, each listed once.
 func (l *loader) modelTools(e yamlread.Entry) []string {
 	names, items, ok := l.Strings(e, "[read_file, run]")
 	if !ok {
 		return nil
 	}
-	all := modelToolNames()
+	all := schemas.ModelTools()
 	if len(names) == 0 {
 		l.Errorf(e.ValPos, e.Field, "must not be empty: omit tools for all of them (%s)", strings.Join(all, ", "))
 		return nil

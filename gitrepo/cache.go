@@ -25,6 +25,10 @@ type Cache struct {
 	// fetched holds the digests of the bundle artifacts already in the
 	// cache (see FetchArtifacts); guarded by mu.
 	fetched map[string]bool
+	// admin maps each worktree this cache made (its absolute path) to its
+	// git directory, read when it was made: what the worktree's .git file
+	// says later is the agent's to change. Guarded by mu.
+	admin map[string]string
 }
 
 // OpenCache opens the cache of session under root, creating root and the
@@ -113,12 +117,45 @@ func (c *Cache) addWorktree(ctx context.Context, dir, commit string, mode ...str
 		return err
 	}
 	args := append([]string{"worktree", "add", "-q", "-f"}, mode...)
-	_, err := c.git().run(ctx, append(args, dir, commit)...)
-	return err
+	if _, err := c.git().run(ctx, append(args, dir, commit)...); err != nil {
+		return err
+	}
+	gitDir, err := (gitCmd{dir: dir, isolated: true}).run(ctx, "rev-parse", "--absolute-git-dir")
+	if err != nil {
+		return err
+	}
+	if c.admin == nil {
+		c.admin = map[string]string{}
+	}
+	c.admin[dir] = gitDir
+	return nil
+}
+
+// Commit commits everything uncommitted in dir, a worktree this cache made
+// (git add -A: new files included, .gitignore respected), as one commit
+// authored and committed by id (missing fields from DefaultIdentity), with
+// message followed by a blank line and the trailers in order as "Key:
+// value" lines. When nothing is uncommitted it makes no commit. It returns
+// HEAD afterwards. The user's global git configuration, hooks and any
+// fsmonitor are ignored, and git is pointed at the worktree's own git
+// directory: a .git file the agent rewrote (to a directory of its own,
+// whose configuration would run its commands) is not read.
+func (c *Cache) Commit(ctx context.Context, dir string, id schemas.GitIdentity, message string, trailers [][2]string) (head string, err error) {
+	if dir, err = filepath.Abs(dir); err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	gitDir, ok := c.admin[dir]
+	c.mu.Unlock()
+	if !ok {
+		return "", fmt.Errorf("gitrepo: %s is not a worktree of this cache", dir)
+	}
+	return commit(ctx, gitCmd{dir: dir, gitDir: gitDir, workTree: dir, isolated: true, id: &id}, message, trailers)
 }
 
 // removeWorktree is RemoveWorktree without the lock.
 func (c *Cache) removeWorktree(ctx context.Context, dir string) error {
+	delete(c.admin, dir)
 	if _, err := c.git().run(ctx, "worktree", "remove", "--force", "--force", dir); err != nil {
 		if _, serr := os.Stat(dir); !errors.Is(serr, fs.ErrNotExist) {
 			return err

@@ -74,8 +74,9 @@ func identity(id *schemas.GitIdentity) schemas.GitIdentity {
 
 // gitCmd describes how git is run.
 type gitCmd struct {
-	dir    string // working directory; "" for the current one
-	gitDir string // --git-dir (the bare cache)
+	dir      string // working directory; "" for the current one
+	gitDir   string // --git-dir (the bare cache, or a worktree's own)
+	workTree string // --work-tree, with gitDir: git reads no .git in it
 	// isolated ignores the user's global configuration and all hooks and
 	// sets an identity: used for the cache and its worktrees, where
 	// results must not depend on who runs them.
@@ -92,8 +93,11 @@ func (g gitCmd) run(ctx context.Context, args ...string) (string, error) {
 	if g.gitDir != "" {
 		argv = append(argv, "--git-dir="+g.gitDir)
 	}
+	if g.workTree != "" {
+		argv = append(argv, "--work-tree="+g.workTree)
+	}
 	if g.isolated {
-		argv = append(argv, "-c", "core.hooksPath="+os.DevNull)
+		argv = append(argv, "-c", "core.hooksPath="+os.DevNull, "-c", "core.fsmonitor=false")
 	}
 	argv = append(argv, args...)
 	cmd := exec.CommandContext(ctx, "git", argv...)
@@ -307,13 +311,9 @@ func writeBundle(ctx context.Context, src gitCmd, path, tip, base string) error 
 	return err
 }
 
-// Commit commits everything uncommitted in the worktree dir (git add -A:
-// new files included, .gitignore respected) as one commit authored and
-// committed by id (missing fields from DefaultIdentity), with message
-// followed by a blank line and the trailers in order as "Key: value"
-// lines. When nothing is uncommitted it makes no commit. It returns HEAD
-// afterwards. The user's global git configuration and hooks are ignored.
-func Commit(ctx context.Context, dir string, id schemas.GitIdentity, message string, trailers [][2]string) (head string, err error) {
+// commit commits everything uncommitted in w's worktree (see
+// Cache.Commit).
+func commit(ctx context.Context, w gitCmd, message string, trailers [][2]string) (head string, err error) {
 	msg := strings.TrimSpace(message)
 	if msg == "" {
 		msg = "loopbus"
@@ -327,7 +327,6 @@ func Commit(ctx context.Context, dir string, id schemas.GitIdentity, message str
 			msg += "\n" + t[0] + ": " + t[1]
 		}
 	}
-	w := gitCmd{dir: dir, isolated: true, id: &id}
 	if _, err := w.run(ctx, "add", "-A"); err != nil {
 		return "", err
 	}

@@ -118,7 +118,7 @@ func iterate(t *testing.T, c *Cache, spec schemas.WorktreeSpec, job string, file
 	for name, content := range files {
 		write(t, filepath.Join(dir, name), content)
 	}
-	head, err := Commit(ctx, dir, identity(spec.Identity), "iteration", workerTrailers(job))
+	head, err := c.Commit(ctx, dir, identity(spec.Identity), "iteration", workerTrailers(job))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,14 +186,14 @@ func TestPrepareCommit(t *testing.T) {
 		t.Fatalf("branch = %s", got)
 	}
 	// Nothing to commit: no commit.
-	head, err := Commit(ctx, dir, schemas.GitIdentity{}, "nothing", nil)
+	head, err := c.Commit(ctx, dir, schemas.GitIdentity{}, "nothing", nil)
 	if err != nil || head != base {
 		t.Fatalf("empty Commit = %s, %v", head, err)
 	}
 	write(t, filepath.Join(dir, "new", "c.txt"), "gamma\n")
 	write(t, filepath.Join(dir, "a.txt"), "alpha 2\n")
 	write(t, filepath.Join(dir, "debug.log"), "ignored\n")
-	head, err = Commit(ctx, dir, schemas.GitIdentity{}, "Do the thing\n\nBody.", workerTrailers("j1"))
+	head, err = c.Commit(ctx, dir, schemas.GitIdentity{}, "Do the thing\n\nBody.", workerTrailers("j1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,12 +209,12 @@ func TestPrepareCommit(t *testing.T) {
 	if got := git(t, dir, "show", "--name-only", "--format=", "HEAD"); got != "a.txt\nnew/c.txt" {
 		t.Errorf("committed files = %q", got)
 	}
-	if _, err := Commit(ctx, dir, schemas.GitIdentity{}, "x", [][2]string{{"Bad Key", "v"}}); err == nil {
+	if _, err := c.Commit(ctx, dir, schemas.GitIdentity{}, "x", [][2]string{{"Bad Key", "v"}}); err == nil {
 		t.Error("Commit accepted a bad trailer key")
 	}
 	id := schemas.GitIdentity{Name: "Ada", Email: "ada@example.com"}
 	write(t, filepath.Join(dir, "d.txt"), "delta\n")
-	if _, err := Commit(ctx, dir, id, "by ada", nil); err != nil {
+	if _, err := c.Commit(ctx, dir, id, "by ada", nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := git(t, dir, "log", "-1", "--format=%an <%ae>|%cn"); got != "Ada <ada@example.com>|Ada" {
@@ -247,7 +247,7 @@ func TestPrepareFrom(t *testing.T) {
 	git(t, dir, "commit", "-q", "-m", "agent commit")
 	agent := git(t, dir, "rev-parse", "HEAD")
 	write(t, filepath.Join(dir, "worker.txt"), "left uncommitted\n")
-	from, err := Commit(ctx, dir, DefaultIdentity(), "iteration 1", workerTrailers("j1"))
+	from, err := a.Commit(ctx, dir, DefaultIdentity(), "iteration 1", workerTrailers("j1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestPrepareFrom(t *testing.T) {
 		t.Errorf("status = %q, want worker.txt uncommitted", got)
 	}
 	// The next Commit makes one commit on the agent's.
-	head, err := Commit(ctx, dir2, DefaultIdentity(), "iteration 2", workerTrailers("j2"))
+	head, err := b.Commit(ctx, dir2, DefaultIdentity(), "iteration 2", workerTrailers("j2"))
 	if err != nil || git(t, dir2, "rev-parse", "HEAD~1") != agent {
 		t.Fatalf("Commit = %s, %v", head, err)
 	}
@@ -565,7 +565,7 @@ func TestConcurrent(t *testing.T) {
 				if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d.txt", i)), []byte("x\n"), 0o644); err != nil {
 					return err
 				}
-				head, err := Commit(ctx, dir, DefaultIdentity(), "work", workerTrailers(fmt.Sprint(i)))
+				head, err := c.Commit(ctx, dir, DefaultIdentity(), "work", workerTrailers(fmt.Sprint(i)))
 				if err != nil {
 					return err
 				}
@@ -582,5 +582,38 @@ func TestConcurrent(t *testing.T) {
 		if err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestCommitIgnoresARewrittenGitFile: an agent that points the worktree's
+// .git file at a git directory of its own, whose configuration runs a
+// command, gets neither its command run nor its directory committed to:
+// Commit uses the git directory the worktree was made with.
+func TestCommitIgnoresARewrittenGitFile(t *testing.T) {
+	t.Parallel()
+	c, base, _ := newCache(t, newRepo(t))
+	dir := filepath.Join(t.TempDir(), "wt")
+	if _, err := c.Prepare(ctx, dir, schemas.WorktreeSpec{Base: base, Branch: "loopbus/s/l1"}); err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(t.TempDir(), "fake.git")
+	git(t, t.TempDir(), "init", "-q", fake)
+	pwned := filepath.Join(t.TempDir(), "pwned")
+	git(t, fake, "config", "core.fsmonitor", "touch "+pwned+"; false")
+	git(t, fake, "config", "core.hooksPath", filepath.Dir(pwned))
+	write(t, filepath.Join(dir, ".git"), "gitdir: "+filepath.Join(fake, ".git")+"\n")
+	write(t, filepath.Join(dir, "work.txt"), "done\n")
+	head, err := c.Commit(ctx, dir, DefaultIdentity(), "work", workerTrailers("j1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(pwned); err == nil {
+		t.Fatal("the agent's git configuration ran its command")
+	}
+	if !c.Has(ctx, head) || head == base {
+		t.Errorf("the commit %s is not in the cache", head)
+	}
+	if _, err := c.Commit(ctx, t.TempDir(), DefaultIdentity(), "x", nil); err == nil {
+		t.Error("Commit in a directory the cache did not make succeeded")
 	}
 }

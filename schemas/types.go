@@ -176,6 +176,12 @@ type AgentSpec struct {
 	NoStream bool `json:"noStream,omitempty"`
 }
 
+// ModelTools returns the tools the model-API backends offer a model
+// (AgentSpec.Tools), in the order they offer them.
+func ModelTools() []string {
+	return []string{"read_file", "write_file", "edit_file", "list_files", "run"}
+}
+
 // Price is what a model's tokens cost, in US dollars per million.
 type Price struct {
 	InputPerMTok  float64 `json:"inputPerMTok"`

@@ -67,14 +67,9 @@ func (b Backend) Run(ctx context.Context, job agent.Job, emit func(agent.Event))
 		opts = append(opts, option.WithHeaderDel("Authorization"), option.WithHeaderDel("X-Api-Key"))
 	}
 	opts = append(opts, option.WithHTTPClient(modelapi.HTTPClient(b.HTTPClient)))
-	s := job.Spec
-	maxTokens := s.MaxTokens
-	if maxTokens <= 0 {
-		maxTokens = modelapi.DefaultMaxTokens
-	}
 	params := sdk.MessageNewParams{
 		Model:     setup.Model,
-		MaxTokens: maxTokens,
+		MaxTokens: setup.MaxTokens,
 		System:    []sdk.TextBlockParam{{Text: setup.System}},
 		Messages:  []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock(job.Prompt))},
 	}
@@ -85,10 +80,8 @@ func (b Backend) Run(ctx context.Context, job agent.Job, emit func(agent.Event))
 			Name: d.Name, Description: sdk.String(d.Description), InputSchema: schema,
 		}})
 	}
-	cfg := modelapi.ConfigOf(s)
-	cfg.Retries, cfg.Backoff, cfg.Now = b.Loop.Retries, b.Loop.Backoff, b.Loop.Now
-	m := &model{client: sdk.NewClient(opts...), params: params, stream: !s.NoStream}
-	return modelapi.Run(ctx, cfg, job, m, setup.Tools, emit), nil
+	m := &model{client: sdk.NewClient(opts...), params: params, stream: !job.Spec.NoStream}
+	return modelapi.Run(ctx, setup.Retrying(b.Loop), job, m, setup.Tools, emit), nil
 }
 
 // model is one conversation: params holds its messages so far.

@@ -9,6 +9,8 @@ package modelapi
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -138,6 +140,9 @@ const (
 	// MaxCallsPerTurn bounds the tool calls of one turn that are run; the
 	// others are answered with an error.
 	MaxCallsPerTurn = 64
+	// maxMessagesPerTurn bounds the agent.message events of one turn;
+	// later texts of the turn make one more.
+	maxMessagesPerTurn = 16
 )
 
 // Config of a Run. The zero value is usable.
@@ -158,6 +163,9 @@ type Config struct {
 	Price *schemas.Price
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Secret, when set, is replaced by "[api key]" in every text the run
+	// reports (an API's error may quote the key it refused).
+	Secret string
 }
 
 func (c Config) withDefaults() Config {
@@ -177,11 +185,6 @@ func (c Config) withDefaults() Config {
 		c.Now = time.Now
 	}
 	return c
-}
-
-// ConfigOf returns the loop's configuration for an agent spec.
-func ConfigOf(s schemas.AgentSpec) Config {
-	return Config{MaxTurns: s.MaxTurns, RetryWait: time.Duration(s.RetryWaitMs) * time.Millisecond, Price: s.Price}
 }
 
 // Cost returns what u costs at p.
@@ -225,7 +228,7 @@ func Run(ctx context.Context, cfg Config, job agent.Job, m Model, tb *Toolbox, e
 	}
 	r := &runner{cfg: cfg, m: m, tb: tb, emit: emit, tail: newTail(job.TailBytes)}
 	exit := r.contained(ctx)
-	res := agent.Result{ExitCode: exit, Duration: cfg.Now().Sub(start), Tail: r.tail.String()}
+	res := agent.Result{ExitCode: exit, Duration: cfg.Now().Sub(start), Tail: r.redact(r.tail.String())}
 	if ctx.Err() != nil {
 		res.ExitCode = -1
 		if errors.Is(context.Cause(ctx), errTimeout) {
@@ -242,15 +245,26 @@ type runner struct {
 	m    Model
 	tb   *Toolbox
 	tail *tail
+	// answered counts the bytes of the tools' answers so far.
+	answered int
 	// mu serializes emit: tools of one turn end concurrently.
 	mu   sync.Mutex
 	emit func(agent.Event)
 }
 
 func (r *runner) send(ev agent.Event) {
+	ev.Text, ev.Output, ev.Error = r.redact(ev.Text), r.redact(ev.Output), r.redact(ev.Error)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.emit(ev)
+}
+
+// redact replaces the API key in s.
+func (r *runner) redact(s string) string {
+	if r.cfg.Secret == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, r.cfg.Secret, "[api key]")
 }
 
 // contained runs loop, turning a panic (a reply no one foresaw) into the
@@ -277,6 +291,11 @@ func (r *runner) loop(ctx context.Context) int {
 			r.send(agent.Event{Kind: agent.KindUnknown, Raw: typ})
 		}
 		if t.Usage != (agent.Usage{}) {
+			// A server's counts are not trusted to be sane: a negative
+			// one would lower what the budget sees as spent.
+			u := &t.Usage
+			u.InputTokens, u.OutputTokens = max(u.InputTokens, 0), max(u.OutputTokens, 0)
+			u.CacheReadTokens, u.CacheWriteTokens = max(u.CacheReadTokens, 0), max(u.CacheWriteTokens, 0)
 			t.Usage.CostUSD = Cost(t.Usage, r.cfg.Price)
 			r.send(agent.Event{Kind: agent.KindUsage, Usage: t.Usage})
 		}
@@ -290,6 +309,13 @@ func (r *runner) loop(ctx context.Context) int {
 		if ctx.Err() != nil {
 			return -1
 		}
+		for _, a := range answers {
+			r.answered += len(a.Output)
+		}
+		if r.answered > MaxConversationBytes {
+			r.fail(fmt.Sprintf("the tools' answers of this job exceed %d MiB: the conversation, sent whole with every request, would grow without end", MaxConversationBytes>>20))
+			return 1
+		}
 		if turn >= r.cfg.MaxTurns {
 			r.tail.add(fmt.Sprintf("\n[max_turns (%d) reached: the job ends here]\n", r.cfg.MaxTurns))
 			return 0
@@ -302,17 +328,41 @@ func (r *runner) loop(ctx context.Context) int {
 // retrying server errors and dropped connections; ok is false when the
 // run must end (the reason was emitted, or ctx ended).
 func (r *runner) next(ctx context.Context) (Turn, bool) {
+	// sent are the texts emitted for this turn: an attempt asked again
+	// after a dropped stream repeats them, and is not shown twice. Past
+	// maxMessagesPerTurn, texts are joined into one message at the end.
+	var (
+		sent     []string
+		overflow strings.Builder
+		k        int
+	)
 	text := func(s string) {
 		if strings.TrimSpace(s) == "" {
 			return
 		}
+		defer func() { k++ }()
+		if k < len(sent) && sent[k] == s {
+			return
+		}
 		r.tail.add(s + "\n")
+		if len(sent) >= maxMessagesPerTurn {
+			if overflow.Len() < agent.MaxSummary {
+				overflow.WriteString(s + "\n")
+			}
+			return
+		}
+		sent = append(sent, s)
 		r.send(agent.Event{Kind: agent.KindMessage, Text: agent.Truncate(s)})
 	}
 	retries, waits := 0, 0
 	for {
+		k = 0
+		overflow.Reset()
 		t, err := r.m.Next(ctx, text)
 		if err == nil {
+			if overflow.Len() > 0 {
+				r.send(agent.Event{Kind: agent.KindMessage, Text: agent.Truncate(overflow.String())})
+			}
 			return t, true
 		}
 		if ctx.Err() != nil {
@@ -404,8 +454,8 @@ func (r *runner) runTools(ctx context.Context, turn int, calls []Call) []Answer 
 	ids := make([]string, len(calls))
 	// Every call starts before any ends: the turn's calls run together.
 	for i, c := range calls {
-		ids[i] = fmt.Sprintf("t%d-%d-%s", turn, i+1, c.ID)
-		r.send(agent.Event{Kind: agent.KindToolStart, ToolID: ids[i], Name: c.Name, Category: Category(c.Name), Input: summary(c.Name, c.Args)})
+		ids[i] = fmt.Sprintf("t%d-%d-%s", turn, i+1, shortID(c.ID))
+		r.send(agent.Event{Kind: agent.KindToolStart, ToolID: ids[i], Name: shortName(c.Name), Category: Category(c.Name), Input: summary(c.Name, c.Args)})
 	}
 	var wg sync.WaitGroup
 	for i, c := range calls {
@@ -416,7 +466,7 @@ func (r *runner) runTools(ctx context.Context, turn int, calls []Call) []Answer 
 			o := r.tb.contained(ctx, c.Name, c.Args)
 			answers[i] = Answer{CallID: c.ID, Name: c.Name, Output: o.Output, IsError: o.IsError}
 			r.tail.add(fmt.Sprintf("[%s] %s\n", c.Name, o.Output))
-			ev := agent.Event{Kind: agent.KindToolEnd, ToolID: ids[i], Name: c.Name, Category: Category(c.Name),
+			ev := agent.Event{Kind: agent.KindToolEnd, ToolID: ids[i], Name: shortName(c.Name), Category: Category(c.Name),
 				Output: agent.Truncate(o.Output), IsError: o.IsError, Duration: time.Since(began), TimedOut: o.TimedOut}
 			if c.Name == ToolRun {
 				ev.ExitCode = o.ExitCode
@@ -429,6 +479,28 @@ func (r *runner) runTools(ctx context.Context, turn int, calls []Call) []Answer 
 	}
 	wg.Wait()
 	return answers
+}
+
+// maxNameBytes bounds a tool name and a call id as events carry them: a
+// server's are not trusted to be short.
+const maxNameBytes = 64
+
+// shortName is a tool name cut to maxNameBytes (a tool of that name is not
+// offered anyway).
+func shortName(name string) string {
+	if len(name) <= maxNameBytes {
+		return name
+	}
+	return strings.ToValidUTF8(name[:maxNameBytes], "") + "…"
+}
+
+// shortID is a call id, or a digest of one over maxNameBytes.
+func shortID(id string) string {
+	if len(id) <= maxNameBytes {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "sha256-" + hex.EncodeToString(sum[:12])
 }
 
 // tail keeps the end of a run's transcript (text, tool results, retries)

@@ -116,9 +116,10 @@ func TestRunParallelCalls(t *testing.T) {
 	if got, want := r.kinds(), "usage tool-start tool-start tool-start tool-end tool-end tool-end message"; got != want {
 		t.Errorf("events %s, want %s", got, want)
 	}
-	// The slow call ends last: ends come as calls finish.
-	if ev := r.events[6]; ev.Name != ToolRun || ev.ExitCode != 0 || !strings.Contains(ev.Output, "slow") {
-		t.Errorf("last tool end %+v, want the run call", ev)
+	for _, ev := range r.of(agent.KindToolEnd) {
+		if ev.Name == ToolRun && (ev.ExitCode != 0 || !strings.Contains(ev.Output, "slow")) {
+			t.Errorf("the run call's end %+v", ev)
+		}
 	}
 	if len(s.answers) != 1 || len(s.answers[0]) != 3 {
 		t.Fatalf("answers %+v, want one turn of three", s.answers)
@@ -246,13 +247,19 @@ func TestRunCancelAndTimeout(t *testing.T) {
 	})
 	t.Run("a rate-limit wait ends with ctx", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
 		s := &script{steps: []func(context.Context) (Turn, error){func(context.Context) (Turn, error) {
-			cancel()
+			// Cancelled once the loop waits out the 20 s.
+			time.AfterFunc(100*time.Millisecond, cancel)
 			return Turn{}, &APIError{Status: 429, RetryAfter: 20 * time.Second}
 		}}}
-		res, _ := runScript(t, ctx, Config{}, agent.Job{}, s)
-		if !res.Canceled {
-			t.Errorf("result %+v, want canceled", res)
+		began := time.Now()
+		res, _ := runScript(t, ctx, Config{RetryWait: time.Minute}, agent.Job{}, s)
+		if !res.Canceled || s.calls != 1 {
+			t.Errorf("result %+v after %d calls, want canceled after 1", res, s.calls)
+		}
+		if took := time.Since(began); took > 15*time.Second {
+			t.Errorf("Run returned %s after the cancel: the wait ignored it", took)
 		}
 	})
 }

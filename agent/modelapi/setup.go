@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/loopbus/loopbus/agent"
 )
@@ -39,6 +40,10 @@ type Setup struct {
 	Endpoint Endpoint
 	// Model is the spec's model, or the worker's $ModelEnv.
 	Model string
+	// MaxTokens is the spec's, or DefaultMaxTokens.
+	MaxTokens int64
+	// Loop is the loop's configuration from the spec.
+	Loop  Config
 	Tools *Toolbox
 	// System is the system prompt: the job's layout and how to use the
 	// tools.
@@ -89,7 +94,21 @@ func Prepare(job agent.Job, v Vendor) (*Setup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", v.Name, err)
 	}
-	return &Setup{Endpoint: Endpoint{BaseURL: base, APIKey: key}, Model: model, Tools: tb, System: instructions(job, tb)}, nil
+	maxTokens := s.MaxTokens
+	if maxTokens <= 0 {
+		maxTokens = DefaultMaxTokens
+	}
+	return &Setup{Endpoint: Endpoint{BaseURL: base, APIKey: key}, Model: model, MaxTokens: maxTokens,
+		Loop:  Config{MaxTurns: s.MaxTurns, RetryWait: time.Duration(s.RetryWaitMs) * time.Millisecond, Price: s.Price, Secret: key},
+		Tools: tb, System: instructions(job, tb)}, nil
+}
+
+// Retrying returns the loop's configuration with the retry settings of o
+// (Retries, Backoff, Now): a backend's, for tests that retry quickly.
+func (s *Setup) Retrying(o Config) Config {
+	c := s.Loop
+	c.Retries, c.Backoff, c.Now = o.Retries, o.Backoff, o.Now
+	return c
 }
 
 // Offered returns the tools named (every tool when none is) less those

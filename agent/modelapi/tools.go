@@ -13,9 +13,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/loopbus/loopbus/agent"
+	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/workspace/procrun"
 )
 
@@ -28,10 +30,9 @@ const (
 	ToolRun       = "run"
 )
 
-// ToolNames returns every tool, in the order they are offered to a model.
-func ToolNames() []string {
-	return []string{ToolReadFile, ToolWriteFile, ToolEditFile, ToolListFiles, ToolRun}
-}
+// ToolNames returns every tool, in the order they are offered to a model
+// (schemas.ModelTools).
+func ToolNames() []string { return schemas.ModelTools() }
 
 // Limits of what one tool call reads, lists or returns, so that a model's
 // request cannot make the worker hold more than this.
@@ -306,26 +307,53 @@ func unwrapPath(err error) error {
 	return err
 }
 
+// open opens the regular file rp for reading (flag 0) or writing without
+// blocking on a FIFO or a device, and refuses anything else.
+func (t *Toolbox) open(p, rp string, flag int) (*os.File, os.FileInfo, *Outcome) {
+	f, err := t.root.OpenFile(rp, flag|syscall.O_NONBLOCK, 0o644)
+	if err != nil {
+		o := t.refused(p, err)
+		return nil, nil, &o
+	}
+	info, err := f.Stat()
+	switch {
+	case err != nil:
+		o := t.refused(p, err)
+		f.Close()
+		return nil, nil, &o
+	case info.IsDir():
+		f.Close()
+		o := failed("%s is a directory: use list_files", p)
+		return nil, nil, &o
+	case !info.Mode().IsRegular():
+		f.Close()
+		o := failed("%s is not a regular file", p)
+		return nil, nil, &o
+	}
+	return f, info, nil
+}
+
+// gitDir reports whether rp is in a .git directory or is a .git file: the
+// worker's git reads them, so the model may not change them.
+func gitDir(rp string) bool {
+	for _, c := range strings.Split(filepath.ToSlash(rp), "/") {
+		if strings.EqualFold(c, ".git") {
+			return true
+		}
+	}
+	return false
+}
+
 func (t *Toolbox) read(p string) Outcome {
 	rp, err := t.resolve(p)
 	if err != nil {
 		return failed("%v", err)
 	}
-	f, err := t.root.Open(rp)
-	if err != nil {
-		return t.refused(p, err)
+	f, info, bad := t.open(p, rp, os.O_RDONLY)
+	if bad != nil {
+		return *bad
 	}
 	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return t.refused(p, err)
-	}
-	if info.IsDir() {
-		return failed("%s is a directory: use list_files", p)
-	}
-	if !info.Mode().IsRegular() {
-		return failed("%s is not a regular file", p)
-	}
 	b, err := io.ReadAll(io.LimitReader(f, MaxReadBytes+1))
 	if err != nil {
 		return t.refused(p, err)
@@ -344,28 +372,39 @@ func (t *Toolbox) write(p, content string) Outcome {
 	if err != nil {
 		return failed("%v", err)
 	}
+	if gitDir(rp) {
+		return failed("%s: git's own files are not written with tools", p)
+	}
 	if dir := filepath.Dir(rp); dir != "." {
 		if err := t.root.MkdirAll(dir, 0o755); err != nil {
 			return t.refused(p, err)
 		}
 	}
-	if err := t.writeFile(rp, []byte(content)); err != nil {
-		return t.refused(p, err)
+	if bad := t.writeFile(p, rp, []byte(content)); bad != nil {
+		return *bad
 	}
 	return Outcome{Output: fmt.Sprintf("wrote %s (%d bytes)", p, len(content))}
 }
 
-// writeFile replaces the content of rp, keeping its mode when it exists.
-func (t *Toolbox) writeFile(rp string, b []byte) error {
-	f, err := t.root.OpenFile(rp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+// writeFile replaces the content of the regular file rp (created when
+// missing, keeping its mode when not).
+func (t *Toolbox) writeFile(p, rp string, b []byte) *Outcome {
+	f, _, bad := t.open(p, rp, os.O_WRONLY|os.O_CREATE)
+	if bad != nil {
+		return bad
+	}
+	err := f.Truncate(0)
+	if err == nil {
+		_, err = f.Write(b)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
-		return err
+		o := t.refused(p, err)
+		return &o
 	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return nil
 }
 
 func (t *Toolbox) edit(p, old, repl string) Outcome {
@@ -376,19 +415,21 @@ func (t *Toolbox) edit(p, old, repl string) Outcome {
 	if err != nil {
 		return failed("%v", err)
 	}
-	info, err := t.root.Stat(rp)
+	if gitDir(rp) {
+		return failed("%s: git's own files are not edited with tools", p)
+	}
+	f, info, bad := t.open(p, rp, os.O_RDONLY)
+	if bad != nil {
+		return *bad
+	}
+	// Read once, within the bound, whatever the file became since.
+	b, err := io.ReadAll(io.LimitReader(f, MaxEditBytes+1))
+	f.Close()
 	if err != nil {
 		return t.refused(p, err)
 	}
-	if !info.Mode().IsRegular() {
-		return failed("%s is not a regular file", p)
-	}
-	if info.Size() > MaxEditBytes {
-		return failed("%s has %d bytes: edit_file changes files of at most %d; use run", p, info.Size(), MaxEditBytes)
-	}
-	b, err := t.root.ReadFile(rp)
-	if err != nil {
-		return t.refused(p, err)
+	if len(b) > MaxEditBytes {
+		return failed("%s has over %d bytes (%d when looked at): edit_file changes files of at most %d; use run", p, MaxEditBytes, info.Size(), MaxEditBytes)
 	}
 	switch n := strings.Count(string(b), old); n {
 	case 1:
@@ -397,8 +438,8 @@ func (t *Toolbox) edit(p, old, repl string) Outcome {
 	default:
 		return failed("old_string occurs %d times in %s: include more of the surrounding text so that it occurs once", n, p)
 	}
-	if err := t.writeFile(rp, []byte(strings.Replace(string(b), old, repl, 1))); err != nil {
-		return t.refused(p, err)
+	if bad := t.writeFile(p, rp, []byte(strings.Replace(string(b), old, repl, 1))); bad != nil {
+		return *bad
 	}
 	return Outcome{Output: fmt.Sprintf("edited %s", p)}
 }

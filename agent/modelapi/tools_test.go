@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -190,5 +191,63 @@ func TestOffered(t *testing.T) {
 	}
 	if got := strings.Join(Offered([]string{"run", "read_file"}, []string{"r*"}), ","); got != "" {
 		t.Errorf("Offered(run read_file, -r*) = %q", got)
+	}
+}
+
+// TestToolboxRefusesWhatWouldHangOrRunCode: a FIFO (which open would
+// block on, past any cancel) is refused at once, and git's own files are
+// not written: the worker's git reads them.
+func TestToolboxRefusesWhatWouldHangOrRunCode(t *testing.T) {
+	tb, _ := newBox(t)
+	repo := filepath.Join(tb.rootDir, "repo")
+	if err := syscall.Mkfifo(filepath.Join(repo, "pipe"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repo, ".git"), []byte("gitdir: /somewhere\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tests := []struct{ tool, args, want string }{
+		{ToolReadFile, `{"path":"pipe"}`, "not a regular file"},
+		{ToolWriteFile, `{"path":"pipe","content":"x"}`, "pipe"},
+		{ToolEditFile, `{"path":"pipe","old_string":"a","new_string":"b"}`, "not a regular file"},
+		{ToolWriteFile, `{"path":".git","content":"gitdir: ../out/evil\n"}`, "git's own files"},
+		{ToolWriteFile, `{"path":"sub/.GIT/config","content":"[core]\n"}`, "git's own files"},
+		{ToolEditFile, `{"path":".git","old_string":"somewhere","new_string":"evil"}`, "git's own files"},
+	}
+	for _, tt := range tests {
+		done := make(chan Outcome, 1)
+		go func() { done <- tb.Call(ctx, tt.tool, tt.args) }()
+		select {
+		case o := <-done:
+			if !o.IsError || !strings.Contains(o.Output, tt.want) {
+				t.Errorf("%s %s = %+v, want an error containing %q", tt.tool, tt.args, o, tt.want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s %s blocks", tt.tool, tt.args)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(repo, ".git")); string(b) != "gitdir: /somewhere\n" {
+		t.Errorf(".git = %q: changed", b)
+	}
+	big := filepath.Join(repo, "big.txt")
+	if err := os.WriteFile(big, make([]byte, MaxEditBytes+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if o := tb.Call(ctx, ToolEditFile, `{"path":"big.txt","old_string":"a","new_string":"b"}`); !o.IsError || !strings.Contains(o.Output, "at most") {
+		t.Errorf("edit of a file over the bound = %+v", o)
+	}
+}
+
+// TestEveryToolIsDefined: the tools the definition files accept
+// (schemas.ModelTools) are the ones the toolbox has.
+func TestEveryToolIsDefined(t *testing.T) {
+	for _, n := range ToolNames() {
+		if _, ok := toolDefs[n]; !ok {
+			t.Errorf("tool %s has no definition", n)
+		}
+	}
+	if len(toolDefs) != len(ToolNames()) {
+		t.Errorf("%d definitions for %d tools", len(toolDefs), len(ToolNames()))
 	}
 }

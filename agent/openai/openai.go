@@ -7,7 +7,9 @@ package openai
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/loopbus/loopbus/schemas"
 	oai "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/openai/openai-go/v3/shared"
 )
 
@@ -55,29 +58,28 @@ func (b Backend) Run(ctx context.Context, job agent.Job, emit func(agent.Event))
 		return agent.Result{ExitCode: -1}, err
 	}
 	defer setup.Tools.Close()
-	opts := []option.RequestOption{option.WithMaxRetries(0), option.WithAPIKey(setup.Endpoint.APIKey)}
-	if setup.Endpoint.BaseURL != "" {
-		opts = append(opts, option.WithBaseURL(setup.Endpoint.BaseURL))
+	base := setup.Endpoint.BaseURL
+	if base == "" {
+		base = publicAPI
 	}
-	if setup.Endpoint.APIKey == "" {
-		opts = append(opts, option.WithHeaderDel("Authorization"))
-	}
-	opts = append(opts, option.WithHTTPClient(modelapi.HTTPClient(b.HTTPClient)))
+	// The SDK also reads the worker process's own OPENAI_* variables (a
+	// base URL, an organization, a project, extra headers): the job's
+	// setup decides alone, so the base URL is always given, and only the
+	// headers the SDK itself sets go out.
+	opts := []option.RequestOption{option.WithMaxRetries(0), option.WithBaseURL(base), option.WithAPIKey(setup.Endpoint.APIKey),
+		option.WithMiddleware(ownHeadersOnly(setup.Endpoint.APIKey != "")),
+		option.WithHTTPClient(modelapi.HTTPClient(b.HTTPClient))}
 	s := job.Spec
 	params := oai.ChatCompletionNewParams{
 		Model:    shared.ChatModel(setup.Model),
 		Messages: []oai.ChatCompletionMessageParamUnion{oai.SystemMessage(setup.System), oai.UserMessage(job.Prompt)},
 	}
-	maxTokens := s.MaxTokens
-	if maxTokens <= 0 {
-		maxTokens = modelapi.DefaultMaxTokens
-	}
 	// OpenAI's own API wants max_completion_tokens (its reasoning models
 	// refuse max_tokens); compatible servers know max_tokens.
-	if setup.Endpoint.BaseURL == "" || strings.Contains(setup.Endpoint.BaseURL, "api.openai.com") {
-		params.MaxCompletionTokens = oai.Int(maxTokens)
+	if strings.HasPrefix(base, publicAPI) {
+		params.MaxCompletionTokens = oai.Int(setup.MaxTokens)
 	} else {
-		params.MaxTokens = oai.Int(maxTokens)
+		params.MaxTokens = oai.Int(setup.MaxTokens)
 	}
 	for _, d := range setup.Tools.Defs() {
 		params.Tools = append(params.Tools, oai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
@@ -87,10 +89,29 @@ func (b Backend) Run(ctx context.Context, job agent.Job, emit func(agent.Event))
 	if !s.NoStream {
 		params.StreamOptions = oai.ChatCompletionStreamOptionsParam{IncludeUsage: oai.Bool(true)}
 	}
-	cfg := modelapi.ConfigOf(s)
-	cfg.Retries, cfg.Backoff, cfg.Now = b.Loop.Retries, b.Loop.Backoff, b.Loop.Now
 	m := &model{client: oai.NewClient(opts...), params: params, stream: !s.NoStream}
-	return modelapi.Run(ctx, cfg, job, m, setup.Tools, emit), nil
+	return modelapi.Run(ctx, setup.Retrying(b.Loop), job, m, setup.Tools, emit), nil
+}
+
+// publicAPI is OpenAI's API, the SDK's default base URL.
+const publicAPI = "https://api.openai.com/v1/"
+
+// ownHeadersOnly is a middleware that lets through only the headers the
+// SDK sets for a request (and the key's, when there is one), so that none
+// the worker's environment added (OPENAI_ORG_ID, OPENAI_PROJECT_ID,
+// OPENAI_CUSTOM_HEADERS) reaches a pipeline's server.
+func ownHeadersOnly(withKey bool) option.Middleware {
+	return func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		for name := range r.Header {
+			switch c := http.CanonicalHeaderKey(name); {
+			case c == "Authorization" && withKey, c == "Content-Type", c == "Content-Length", c == "Accept",
+				c == "Accept-Encoding", c == "User-Agent", c == "Idempotency-Key", strings.HasPrefix(c, "X-Stainless-"):
+			default:
+				r.Header.Del(name)
+			}
+		}
+		return next(r)
+	}
 }
 
 // model is one conversation: params holds its messages so far.
@@ -142,12 +163,18 @@ func (m *model) Next(ctx context.Context, text func(string)) (modelapi.Turn, err
 		CacheReadTokens: usage.PromptTokensDetails.CachedTokens,
 		OutputTokens:    usage.CompletionTokens,
 	}}
+	calls := msg.ToolCalls[:0]
 	for _, tc := range msg.ToolCalls {
 		if tc.Type != "" && tc.Type != "function" {
 			continue // custom tools are never offered
 		}
+		// Servers that leave the type out would get the call back as
+		// null, which they refuse.
+		tc.Type = "function"
+		calls = append(calls, tc)
 		t.Calls = append(t.Calls, modelapi.Call{ID: tc.ID, Name: tc.Function.Name, Args: tc.Function.Arguments})
 	}
+	msg.ToolCalls = calls
 	m.params.Messages = append(m.params.Messages, msg.ToParam())
 	return t, nil
 }
@@ -176,6 +203,11 @@ func (m *model) streamed(ctx context.Context, text func(string)) (oai.ChatComple
 		return oai.ChatCompletionMessage{}, oai.CompletionUsage{}, "", errors.New("the API's stream ended without a reply")
 	}
 	c := acc.Choices[0]
+	if c.FinishReason == "" {
+		// Cut short: its text or a tool call's arguments may be half
+		// written. Asked again, like a dropped connection.
+		return oai.ChatCompletionMessage{}, oai.CompletionUsage{}, "", errors.New("the API's stream ended before the reply did (no finish_reason)")
+	}
 	// Some servers end a stream without the chunk that finishes its
 	// content.
 	if !reported && c.Message.Content != "" {
@@ -187,6 +219,10 @@ func (m *model) streamed(ctx context.Context, text func(string)) (oai.ChatComple
 // apiError turns the SDK's error answer into a *modelapi.APIError; other
 // errors (the connection's) are returned as they are.
 func apiError(err error) error {
+	var se *ssestream.StreamError
+	if errors.As(err, &se) {
+		return streamError(se)
+	}
 	var e *oai.Error
 	if !errors.As(err, &e) {
 		return err
@@ -199,4 +235,31 @@ func apiError(err error) error {
 		ae.RetryAfter = modelapi.RetryAfter(e.Response.Header, time.Now())
 	}
 	return ae
+}
+
+// streamError reads an error the API sent in the middle of a stream, after
+// the 200 that began it, as the error answer it stands for.
+func streamError(se *ssestream.StreamError) error {
+	var body struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    any    `json:"code"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(se.Event.Data, &body)
+	e := body.Error
+	code := fmt.Sprint(e.Code)
+	status := http.StatusInternalServerError
+	switch {
+	case code == "rate_limit_exceeded" || e.Type == "rate_limit_error" || e.Type == "requests" || e.Type == "tokens" || code == "429":
+		status = http.StatusTooManyRequests
+	case e.Type == "invalid_request_error" || code == "context_length_exceeded" || code == "400":
+		status = http.StatusBadRequest
+	}
+	msg := e.Message
+	if msg == "" {
+		msg = agent.Truncate(string(se.Event.Data))
+	}
+	return &modelapi.APIError{Status: status, Message: msg}
 }

@@ -588,6 +588,8 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")
 	cmd.Flags().Int64Var(&cfg.MaxOutputBytes, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
 	cmd.Flags().StringArrayVar(&cfg.SecretEnv, "secret-env", nil, secretEnvUsage)
+	cmd.Flags().StringArrayVar(&cfg.ModelKeyEnv, "model-key-env", nil, "a variable a job's model-API agent may name as api_key_env (repeatable; default OPENAI_API_KEY and ANTHROPIC_API_KEY)")
+	cmd.Flags().StringArrayVar(&cfg.ModelBaseURLs, "model-base-url", nil, "a base URL (prefix) a job's model-API agent may call (repeatable; default any): on a shared worker, keeps pipelines from sending its key elsewhere")
 	cmd.Flags().String("lanes", "", "tool lanes this worker runs, comma-separated: no-net, net, heavy (default all; also worker-lanes in config files, "+config.WorkerLanesEnv+"); jobs needing others are left to other workers")
 	return cmd
 }

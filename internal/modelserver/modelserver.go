@@ -52,6 +52,7 @@ type script struct {
 	Script
 	attempts map[[2]int]int // per variant (0: Replies) and turn: requests answered so far, for Fail and Drop
 	reqs     []Request
+	stalls   int // handlers that began to block (Stall)
 }
 
 // Script is a model's replies, turn by turn. The turn of a request is the
@@ -97,6 +98,19 @@ type Reply struct {
 	// and a content block of an unknown type ("server_future_block") among the
 	// known ones, as a newer API would; OpenAI and non-streaming ignore it.
 	Unknown bool
+	// Cut makes the first attempt of this turn that Fail does not answer
+	// a stream that ends cleanly before its end: no finish reason, no
+	// usage, no [DONE] (OpenAI), no message_delta and message_stop
+	// (Anthropic). Later attempts answer normally.
+	Cut bool
+	// StreamError, streaming, makes every attempt of this turn send the
+	// first part and then an error event with this error type
+	// ("rate_limit_error", "invalid_request_error", "server_error"), as an
+	// API does when it fails after its 200.
+	StreamError string
+	// NoType leaves the "type" of OpenAI tool calls out, as some
+	// compatible servers do.
+	NoType bool
 	// Finish overrides the stop/finish reason. Either vendor's spelling works
 	// for both ("length" and "max_tokens" are the same reason); others are sent
 	// as given. Default: tool calls → "tool_calls"/"tool_use", else "stop"/"end_turn".
@@ -133,6 +147,7 @@ type Request struct {
 	System    string          // OpenAI: the system (or developer) messages' text; Anthropic: the system field's text
 	Results   []Result        // the tool results after the last assistant message (the answers to the previous turn), in order
 	Body      json.RawMessage // the raw body
+	Header    http.Header     // the request's headers
 }
 
 // Result is a tool result sent back to the model. OpenAI tool messages carry
@@ -185,6 +200,18 @@ func (s *Server) Add(name string, sc Script) {
 	}
 	sc.Replies = slices.Clone(sc.Replies)
 	s.scripts[name] = &script{Script: sc, attempts: map[[2]int]int{}}
+}
+
+// Stalled returns how many requests of the named script have been answered
+// in part and now block (Reply.Stall): a test awaits it to act in the
+// middle of a reply.
+func (s *Server) Stalled(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sc := s.scripts[name]; sc != nil {
+		return sc.stalls
+	}
+	return 0
 }
 
 // Requests returns copies of every request received for the named script, in arrival order.
@@ -253,6 +280,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	req := wire.request(vendor, body)
 	req.APIKey = apiKey(vendor, r)
+	req.Header = r.Header.Clone()
 	s.mu.Lock()
 	sc.reqs = append(sc.reqs, req)
 	s.mu.Unlock()
@@ -261,7 +289,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if sc.Key != "" && req.APIKey != sc.Key {
-		writeError(w, vendor, http.StatusUnauthorized, "", "invalid API key")
+		// As OpenAI's API does, the answer quotes the key it refused.
+		writeError(w, vendor, http.StatusUnauthorized, "", "Incorrect API key provided: "+req.APIKey)
 		return
 	}
 
@@ -294,6 +323,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		firstAnswered = f.Times
 	}
 	drop := reply.Drop && attempt == firstAnswered
+	cut := reply.Cut && attempt == firstAnswered
 
 	a := answer{Reply: reply, vendor: vendor, turn: req.Turn, model: wire.Model,
 		created: time.Now().Unix(), seq: s.seq.Add(1), includeUsage: wire.StreamOptions.IncludeUsage}
@@ -303,7 +333,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		case drop:
 			hangUp(rc)
 		case reply.Stall:
-			s.block(r)
+			s.block(r, sc)
 		default:
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write(marshal(a.message()))
@@ -311,8 +341,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	events, firstPart := a.events()
-	if drop || reply.Stall {
+	switch {
+	case drop || reply.Stall:
 		events = events[:firstPart]
+	case reply.StreamError != "":
+		events = append(events[:firstPart:firstPart], a.streamError(reply.StreamError))
+	case cut:
+		events = events[:a.lastPart]
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -330,13 +365,16 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	case drop:
 		hangUp(rc)
 	case reply.Stall:
-		s.block(r)
+		s.block(r, sc)
 	}
 }
 
 // block waits for the client to give up, or for the server to close so that
 // httptest's Close, which waits for handlers, does not hang.
-func (s *Server) block(r *http.Request) {
+func (s *Server) block(r *http.Request, sc *script) {
+	s.mu.Lock()
+	sc.stalls++
+	s.mu.Unlock()
 	s.note("stall")
 	select {
 	case <-r.Context().Done():
@@ -516,6 +554,8 @@ type answer struct {
 	turn          int
 	created, seq  int64
 	includeUsage  bool
+	// lastPart is how many events a cut stream sends (set by events).
+	lastPart int
 }
 
 func (a *answer) calls() []Call {
@@ -636,12 +676,16 @@ func (a *answer) openAIEvents() ([]event, int) {
 		chunk(obj{"content": p}, nil)
 	}
 	for i, c := range a.calls() {
-		chunk(obj{"tool_calls": []obj{{"index": i, "id": c.ID, "type": "function",
-			"function": obj{"name": c.Name, "arguments": ""}}}}, nil)
+		call := obj{"index": i, "id": c.ID, "type": "function", "function": obj{"name": c.Name, "arguments": ""}}
+		if a.NoType {
+			delete(call, "type")
+		}
+		chunk(obj{"tool_calls": []obj{call}}, nil)
 		for _, p := range pieces(c.Args) {
 			chunk(obj{"tool_calls": []obj{{"index": i, "function": obj{"arguments": p}}}}, nil)
 		}
 	}
+	a.lastPart = len(evs)
 	chunk(obj{}, a.finish())
 	if a.includeUsage {
 		c := base()
@@ -691,6 +735,7 @@ func (a *answer) anthropicEvents() ([]event, int) {
 		}
 		block(obj{"type": "tool_use", "id": c.ID, "name": c.Name, "input": obj{}}, deltas)
 	}
+	a.lastPart = len(evs)
 	add("message_delta", obj{"delta": obj{"stop_reason": a.finish(), "stop_sequence": nil},
 		"usage": obj{"output_tokens": a.Usage.Output}})
 	add("message_stop", obj{})
@@ -709,4 +754,13 @@ func pieces(s string) []string {
 		runes = runes[n:]
 	}
 	return out
+}
+
+// streamError is the event an API sends when it fails mid-stream.
+func (a *answer) streamError(typ string) event {
+	body := obj{"message": "stream failed: " + typ, "type": typ, "param": nil, "code": nil}
+	if a.vendor == Anthropic {
+		return ev("error", obj{"type": "error", "error": obj{"type": typ, "message": "stream failed: " + typ}})
+	}
+	return ev("", obj{"error": body})
 }

@@ -230,6 +230,55 @@ func (s *Server) scenarios(t *testing.T, vendor, mode string, whole bool, newBac
 		}
 	})
 
+	if !whole {
+		t.Run("StreamCutThenSuccess", func(t *testing.T) {
+			t.Parallel()
+			spec := add("cut", Script{Replies: []Reply{{Cut: true, Text: "Whole at last.", Calls: []Call{{Name: "list_files", Args: `{"path":"."}`}}}}})
+			r := runJob(ctx, t, newBackend(), spec, key)
+			if r.err != nil || r.res.ExitCode != 0 {
+				t.Fatalf("result %+v, %v", r.res, r.err)
+			}
+			// The cut reply was asked again, its call run once, its text shown once.
+			if n := len(s.Requests(mode + "-cut")); n != 3 {
+				t.Errorf("%d requests, want 3 (the cut one, again, the next turn)", n)
+			}
+			if n, m := len(r.of(agent.KindToolStart)), len(r.of(agent.KindMessage)); n != 1 || m != 2 {
+				t.Errorf("%d tool calls and %d messages, want 1 and 2 (the reply's and done.)", n, m)
+			}
+		})
+		for _, c := range []struct {
+			typ      string
+			requests int
+			kind     agent.Kind
+		}{
+			{"rate_limit_error", modelapi.DefaultRetries + 1, agent.KindRateLimit},
+			{"invalid_request_error", 1, agent.KindFailure},
+		} {
+			t.Run("StreamError/"+c.typ, func(t *testing.T) {
+				t.Parallel()
+				name := "stream-error-" + strings.ReplaceAll(c.typ, "_", "-")
+				spec := add(name, Script{Replies: []Reply{{StreamError: c.typ, Text: "Starting."}}})
+				r := runJob(ctx, t, newBackend(), spec, key)
+				if n := len(s.Requests(mode + "-" + name)); r.err != nil || len(r.of(c.kind)) != 1 || n != c.requests {
+					t.Errorf("%d requests, events %+v; want %d and one %s", n, r.events, c.requests, c.kind)
+				}
+			})
+		}
+	}
+
+	t.Run("ToolCallWithoutType", func(t *testing.T) {
+		t.Parallel()
+		spec := add("no-type", Script{Replies: []Reply{{NoType: true, Calls: []Call{{Name: "list_files", Args: `{"path":"."}`}}}}})
+		r := runJob(ctx, t, newBackend(), spec, key)
+		reqs := s.Requests(mode + "-no-type")
+		if r.err != nil || r.res.ExitCode != 0 || len(reqs) != 2 {
+			t.Fatalf("result %+v, %v after %d requests", r.res, r.err, len(reqs))
+		}
+		if body := string(reqs[1].Body); strings.Contains(body, "[null]") || vendor == OpenAI && !strings.Contains(body, `"type":"function"`) {
+			t.Errorf("the call went back malformed: %s", body)
+		}
+	})
+
 	t.Run("LongRateLimitEndsTheJob", func(t *testing.T) {
 		t.Parallel()
 		spec := add("long-limit", Script{Replies: []Reply{{Fail: &Failure{Status: 429, RetryAfter: "7200", Message: "tokens per minute exceeded"}}}})
@@ -257,8 +306,8 @@ func (s *Server) scenarios(t *testing.T, vendor, mode string, whole bool, newBac
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
-			// Cancel once the request is in (and, streaming, answered in part).
-			for len(s.Requests(mode+"-stall")) == 0 && ctx.Err() == nil {
+			// Cancel once the reply is under way (streaming: in part).
+			for s.Stalled(mode+"-stall") == 0 && ctx.Err() == nil {
 				time.Sleep(5 * time.Millisecond)
 			}
 			cancel()
