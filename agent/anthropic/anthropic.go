@@ -168,6 +168,22 @@ func (m *model) streamed(ctx context.Context, text func(string)) (sdk.Message, [
 	)
 	started, stopped := false, false
 	reported := map[int64]bool{}
+	// texts gathers the text and thinking deltas of each block: the SDK
+	// adds each to the block's string, which costs the square of the
+	// block's length in deltas; the block gets its text at its stop.
+	texts := map[int64]*strings.Builder{}
+	flush := func(i int64) {
+		b := texts[i]
+		if b == nil || i < 0 || i >= int64(len(msg.Content)) {
+			return
+		}
+		if cb := &msg.Content[i]; cb.Type == "thinking" {
+			cb.Thinking += b.String()
+		} else {
+			cb.Text += b.String()
+		}
+		delete(texts, i)
+	}
 	for stream.Next() {
 		ev := stream.Current()
 		switch ev.Type {
@@ -181,6 +197,26 @@ func (m *model) streamed(ctx context.Context, text func(string)) (sdk.Message, [
 		}
 		if !started {
 			continue // nothing to add to before message_start
+		}
+		switch {
+		case ev.Type == "content_block_delta" && (ev.Delta.Type == "text_delta" || ev.Delta.Type == "thinking_delta"):
+			if ev.Index < 0 || ev.Index >= int64(len(msg.Content)) {
+				return sdk.Message{}, nil, fmt.Errorf("the API streamed a delta of block %d, of %d", ev.Index, len(msg.Content))
+			}
+			b := texts[ev.Index]
+			if b == nil {
+				b = &strings.Builder{}
+				texts[ev.Index] = b
+			}
+			b.WriteString(ev.Delta.Text)
+			b.WriteString(ev.Delta.Thinking)
+			continue
+		case ev.Type == "content_block_stop":
+			flush(ev.Index)
+		case ev.Type == "message_stop":
+			for i := range texts {
+				flush(i)
+			}
 		}
 		if err := msg.Accumulate(ev); err != nil {
 			return sdk.Message{}, nil, fmt.Errorf("the API streamed an event that does not fit the reply so far: %w", err)
