@@ -27,7 +27,7 @@ func TestCheck(t *testing.T) {
 		{name: "second session.started of a finished session", given: []schemas.Event{started(p), sessionCompletedEv()}, ev: secondStart, wantErr: ErrReplayed},
 		// A finished session forgets its ids (its events change nothing).
 		{name: "copy of an event of a finished session", given: []schemas.Event{started(p), requested("only", 1), sessionCompletedEv()}, ev: requested("only", 1)},
-		{name: "event of an unknown session", ev: requested("only", 1)},
+		{name: "event of an unknown session", ev: requested("only", 1), wantErr: ErrNoSession},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -828,3 +828,39 @@ func TestRunnerRetriesAfterUnrecordableFallbackFails(t *testing.T) {
 	}
 	waitEvents(t, b, session, "job.requested for draft", has(schemas.TypeJobRequested, "draft"))
 }
+
+// TestRunnerDeadLettersEventsOfNoSession: an event of a session that was
+// never started is not a fact: the orchestrator dead-letters it with the
+// reason, where before it was dropped without a word.
+func TestRunnerDeadLettersEventsOfNoSession(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	r := startRunner(t, b, "o1")
+	ghost := schemas.Event{ID: "ghost-completed", Type: schemas.TypeJobCompleted, Session: "ghost", Step: "draft", Job: "ghost.draft.1",
+		Correlation: "ghost", Time: time.Now(), Data: &schemas.JobCompleted{JobID: "ghost.draft.1", Step: "draft", Iteration: 1, Worker: "w9", Artifacts: []schemas.ArtifactRef{}}}
+	if _, err := b.Publish(ctx, ghost); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var reasons []string
+		if err := b.DeadLetters(ctx, func(dl bus.DeadLetter) error {
+			reasons = append(reasons, dl.Reason)
+			return nil
+		}); err != nil {
+			t.Fatalf("DeadLetters: %v", err)
+		}
+		if len(reasons) == 1 {
+			if !strings.Contains(reasons[0], "session ghost, which was never started") {
+				t.Errorf("reason %q", reasons[0])
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no dead letter for the ghost session's event: %q", reasons)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.stop()
+	r.assertNoErrors(t)
+}

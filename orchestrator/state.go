@@ -233,15 +233,22 @@ func boundHints(h []string) []string {
 // session, or starts a session that has already started.
 var ErrReplayed = errors.New("replayed event")
 
+// ErrNoSession: an event names a session that was never started.
+var ErrNoSession = errors.New("no such session")
+
 // Check reports whether ev may be applied: it returns an error wrapping
 // ErrReplayed for a copy of an event the running session already has, and
-// for a second session.started of a session. Such events are not facts
-// but replays (or forgeries); the service dead-letters them.
+// for a second session.started of a session, and one wrapping ErrNoSession
+// for an event of a session that has no session.started before it. Such
+// events are not facts but replays (or forgeries); the service
+// dead-letters them.
 func Check(st *State, ev schemas.Event) error {
 	s := st.Sessions[ev.Session]
 	switch {
-	case s == nil:
+	case s == nil && ev.Type == schemas.TypeSessionStarted:
 		return nil
+	case s == nil:
+		return fmt.Errorf("%w: %s is an event of session %s, which was never started (or whose start is no longer in the stream)", ErrNoSession, ev.Type, ev.Session)
 	case ev.Type == schemas.TypeSessionStarted && ev.ID != s.StartID:
 		return fmt.Errorf("%w: session %s was already started by event %s", ErrReplayed, ev.Session, s.StartID)
 	case s.seen == nil:
