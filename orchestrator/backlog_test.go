@@ -102,7 +102,9 @@ func simulate(t *testing.T, start schemas.Event, script agentScript, during ...m
 						// Events of other writers (the CLI) while the job runs.
 						queue = append(queue, during[0][jr.JobID]...)
 					}
-					queue = append(queue, simVerdict(t, jr, script(jr, runs[jr.Step])))
+					done := schemas.Event{ID: "done-" + jr.JobID, Type: schemas.TypeJobCompleted, Session: sess, Step: jr.Step, Job: jr.JobID,
+						Data: &schemas.JobCompleted{JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: "w", Artifacts: []schemas.ArtifactRef{}}}
+					queue = append(queue, done, simVerdict(t, jr, script(jr, runs[jr.Step])))
 				}
 			}
 			trigger = out[len(out)-1]

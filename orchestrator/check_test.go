@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -28,6 +29,14 @@ func TestCheck(t *testing.T) {
 		// A finished session forgets its ids (its events change nothing).
 		{name: "copy of an event of a finished session", given: []schemas.Event{started(p), requested("only", 1), sessionCompletedEv()}, ev: requested("only", 1)},
 		{name: "event of an unknown session", ev: requested("only", 1), wantErr: ErrNoSession},
+		// Facts the history contradicts (forged, whoever sent them).
+		{name: "a verdict on a job that never completed", given: []schemas.Event{started(p), requested("only", 1)}, ev: passed("only", 1), wantErr: ErrInconsistent},
+		{name: "a verdict once the job completed", given: []schemas.Event{started(p), requested("only", 1), jobCompleted("only", 1)}, ev: passed("only", 1)},
+		{name: "a result of a job never requested", given: []schemas.Event{started(p)}, ev: jobCompleted("only", 1), wantErr: ErrInconsistent},
+		{name: "a failure of a job never requested", given: []schemas.Event{started(p)}, ev: jobFailed("only", 1, "x", ""), wantErr: ErrInconsistent},
+		{name: "a result naming an artifact never stored", given: []schemas.Event{started(p), requested("only", 1)}, ev: withOutputs(jobCompleted("only", 1), art("only", "out.md")), wantErr: ErrInconsistent},
+		{name: "a result naming a stored artifact", given: []schemas.Event{started(p), requested("only", 1), stored("only", 1, art("only", "out.md"))}, ev: withOutputs(jobCompleted("only", 1), art("only", "out.md"))},
+		{name: "a result naming a stored artifact with another digest", given: []schemas.Event{started(p), requested("only", 1), stored("only", 1, art("only", "out.md"))}, ev: withOutputs(jobCompleted("only", 1), art("only", "other.md")), wantErr: ErrInconsistent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,4 +65,16 @@ func TestEvolveCompactsFinishedSessions(t *testing.T) {
 	if evs := Decide(st, stepCompleted("only", 1), time.Time{}); len(evs) != 0 {
 		t.Errorf("Decide on a finished session = %v", evs)
 	}
+}
+
+func stored(step string, iteration int, a schemas.ArtifactRef) schemas.Event {
+	return schemas.Event{ID: fmt.Sprintf("stored-%s-%d-%s", step, iteration, a.Name), Type: schemas.TypeArtifactStored, Session: sess, Step: step, Job: jid(step, iteration),
+		Data: &schemas.ArtifactStored{JobID: jid(step, iteration), Artifact: a}}
+}
+
+func withOutputs(ev schemas.Event, arts ...schemas.ArtifactRef) schemas.Event {
+	d := *ev.Data.(*schemas.JobCompleted)
+	d.Artifacts = arts
+	ev.Data = &d
+	return ev
 }

@@ -198,13 +198,14 @@ func startSession(t *testing.T, b *bus.Bus, session string, p schemas.Pipeline) 
 	return ev
 }
 
-// pass publishes validation.passed for a job.requested, as the validator
-// would; it returns the event. Its id is deterministic, so passing the same
-// job twice stores it once.
+// pass publishes what a worker and the validator would for a
+// job.requested: artifact.stored, job.completed and validation.passed; it
+// returns the verdict. Ids are deterministic, so passing the same job
+// twice stores each once.
 func pass(t *testing.T, b *bus.Bus, jr schemas.Event) schemas.Event {
 	t.Helper()
 	d := jr.Data.(*schemas.JobRequested)
-	arts := []schemas.ArtifactRef{outputRef(jr.Session, d.Step, d.Outputs[0].Name)}
+	arts := complete(t, b, jr)
 	ev := schemas.Event{
 		ID:   schemas.DeterministicID(jr.Session, schemas.TypeValidationPassed, d.JobID),
 		Type: schemas.TypeValidationPassed, Session: jr.Session, Step: d.Step, Job: d.JobID,
@@ -219,6 +220,28 @@ func pass(t *testing.T, b *bus.Bus, jr schemas.Event) schemas.Event {
 	}
 	ev.Seq = res.Seq
 	return ev
+}
+
+// complete publishes what a worker would for a job.requested before its
+// verdict, artifact.stored and job.completed, and returns the artifacts.
+func complete(t *testing.T, b *bus.Bus, jr schemas.Event) []schemas.ArtifactRef {
+	t.Helper()
+	d := jr.Data.(*schemas.JobRequested)
+	arts := []schemas.ArtifactRef{outputRef(jr.Session, d.Step, d.Outputs[0].Name)}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	for _, e := range []schemas.Event{
+		{ID: schemas.DeterministicID(jr.Session, schemas.TypeArtifactStored, d.JobID), Type: schemas.TypeArtifactStored,
+			Data: &schemas.ArtifactStored{JobID: d.JobID, Artifact: arts[0]}},
+		{ID: schemas.DeterministicID(jr.Session, "job.result", d.JobID), Type: schemas.TypeJobCompleted,
+			Data: &schemas.JobCompleted{JobID: d.JobID, Step: d.Step, Iteration: d.Iteration, RequestSeq: jr.Seq, Worker: "w1", Artifacts: arts}},
+	} {
+		e.Session, e.Step, e.Job, e.Causation, e.Correlation, e.Time = jr.Session, d.Step, d.JobID, jr.ID, jr.Correlation, time.Now()
+		if _, err := b.Publish(ctx, e); err != nil {
+			t.Fatalf("publish %s: %v", e.Type, err)
+		}
+	}
+	return arts
 }
 
 // ---- reading the stream -------------------------------------------------
@@ -376,6 +399,7 @@ func TestRunnerRetriesAndFails(t *testing.T) {
 	reject := func(jr schemas.Event, msg string) {
 		t.Helper()
 		d := jr.Data.(*schemas.JobRequested)
+		complete(t, b, jr)
 		_, err := b.Publish(ctx, schemas.Event{
 			ID:   schemas.DeterministicID(session, schemas.TypeValidationFailed, d.JobID),
 			Type: schemas.TypeValidationFailed, Session: session, Step: d.Step, Job: d.JobID, Causation: jr.ID, Correlation: jr.Correlation,

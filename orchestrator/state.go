@@ -83,6 +83,9 @@ type Session struct {
 	// catches. A finished session drops it, with its pipeline and steps:
 	// its later events change nothing.
 	seen map[string]struct{}
+	// facts are what the running session's history established, for
+	// Check; nil once it finished.
+	facts *facts
 }
 
 // Step is one step's state.
@@ -148,7 +151,7 @@ type PendingSignal struct {
 
 func (s *Session) clone() *Session {
 	c := *s
-	c.seen = nil // Decide never reads it
+	c.seen, c.facts = nil, nil // Decide never reads them
 	c.Steps = make(map[string]*Step, len(s.Steps))
 	for k, v := range s.Steps {
 		sc := *v
@@ -236,6 +239,11 @@ var ErrReplayed = errors.New("replayed event")
 // ErrNoSession: an event names a session that was never started.
 var ErrNoSession = errors.New("no such session")
 
+// ErrInconsistent: an event states a fact its session's history
+// contradicts: a result of a job never requested, a verdict on a job that
+// never completed, an artifact never stored.
+var ErrInconsistent = errors.New("inconsistent with the session's history")
+
 // Check reports whether ev may be applied: it returns an error wrapping
 // ErrReplayed for a copy of an event the running session already has, and
 // for a second session.started of a session, and one wrapping ErrNoSession
@@ -256,6 +264,62 @@ func Check(st *State, ev schemas.Event) error {
 	}
 	if _, dup := s.seen[ev.ID]; dup {
 		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
+	}
+	return s.facts.check(ev)
+}
+
+// facts are what a running session's history established, for Check: the
+// jobs requested, the jobs that completed, the artifacts stored.
+type facts struct {
+	requested, completed map[string]bool
+	stored               map[string]string // object → digest
+}
+
+func newFacts() *facts {
+	return &facts{requested: map[string]bool{}, completed: map[string]bool{}, stored: map[string]string{}}
+}
+
+// record adds what ev establishes.
+func (f *facts) record(ev schemas.Event) {
+	switch d := ev.Data.(type) {
+	case *schemas.JobRequested:
+		f.requested[d.JobID] = true
+	case *schemas.JobCompleted:
+		f.completed[d.JobID] = true
+	case *schemas.ArtifactStored:
+		f.stored[d.Artifact.Object] = d.Artifact.Digest
+	}
+}
+
+// check refuses a result, verdict or artifact list the history
+// contradicts. Every one of them follows what it answers in the stream:
+// a worker reads the request, a validator the result, and artifacts are
+// stored before the result naming them.
+func (f *facts) check(ev schemas.Event) error {
+	if f == nil {
+		return nil
+	}
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s %s", ErrInconsistent, ev.Type, fmt.Sprintf(format, a...))
+	}
+	switch d := ev.Data.(type) {
+	case *schemas.JobCompleted:
+		if !f.requested[d.JobID] {
+			return bad("answers job %s, which was never requested", d.JobID)
+		}
+		for _, a := range d.Artifacts {
+			if digest, ok := f.stored[a.Object]; !ok || digest != a.Digest {
+				return bad("names artifact %s (%s), which was never stored with that digest", a.Name, a.Object)
+			}
+		}
+	case *schemas.JobFailed:
+		if !f.requested[d.JobID] {
+			return bad("answers job %s, which was never requested", d.JobID)
+		}
+	case *schemas.Verdict:
+		if !f.completed[d.JobID] {
+			return bad("judges job %s, which never completed", d.JobID)
+		}
 	}
 	return nil
 }
@@ -278,11 +342,12 @@ func Evolve(st *State, ev schemas.Event) {
 		s.LastSeq, s.LastID = ev.Seq, ev.ID
 	}
 	evolveSession(s, ev)
+	s.facts.record(ev)
 	if s.terminal() {
 		// Nothing is decided for a finished session again (but signals
 		// are acknowledged): keep only what identifies it (Check, LastSeq),
 		// so memory grows with the running sessions, not the history.
-		s.seen, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog, s.Loops, s.DefinitionFiles = nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil, nil, nil
+		s.seen, s.facts, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog, s.Loops, s.DefinitionFiles = nil, nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil, nil, nil
 	} else if ev.ID != "" {
 		s.seen[ev.ID] = struct{}{}
 	}
@@ -301,7 +366,7 @@ func Skip(st *State, session string, seq uint64) {
 func newSession(ev schemas.Event) *Session {
 	d := ev.Data.(*schemas.SessionStarted)
 	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
-		Usage: map[string]schemas.Usage{}, seen: map[string]struct{}{}, DefinitionFiles: d.DefinitionFiles}
+		Usage: map[string]schemas.Usage{}, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
 	if d.Pipeline.Budget != nil {
 		s.Budget = *d.Pipeline.Budget
 	}
