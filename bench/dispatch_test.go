@@ -3,14 +3,19 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace/procrun"
 )
 
 // BenchmarkDispatch measures how long the orchestrator and a worker take
@@ -179,6 +184,12 @@ func BenchmarkThroughput(b *testing.B) {
 				for name, xs := range stageLatencies(b, sys.admin, ids) {
 					b.ReportMetric(percentile(xs, 50), name+"_p50_ms")
 				}
+				// The machine's limit, measured right after: the same agent
+				// processes, as many at once as there are workers, with no
+				// bus, no workspace, no validation.
+				raw := spawnRate(b, int(steps), workers)
+				b.ReportMetric(raw, "raw_steps/s")
+				b.ReportMetric(steps/elapsed.Seconds()/raw, "limit_ratio")
 				b.ReportMetric(0, "ns/op")
 			})
 		}
@@ -208,4 +219,47 @@ func stageLatencies(tb testing.TB, bs *bus.Bus, sessions []string) map[string][]
 		}
 	}
 	return out
+}
+
+// spawnRate runs the no-op agent's process (touch out/x, through procrun
+// as the exec backend does) n times, conc at once, and returns runs per
+// second.
+func spawnRate(tb testing.TB, n, conc int) float64 {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "out"), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	next := make(chan int, n)
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	var wg sync.WaitGroup
+	errs := make(chan error, conc)
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				res, err := procrun.Run(context.Background(), procrun.Spec{Argv: []string{"touch", "out/" + strconv.Itoa(i)}, Dir: dir})
+				if err == nil && res.ExitCode != 0 {
+					err = fmt.Errorf("touch exited %d", res.ExitCode)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	select {
+	case err := <-errs:
+		tb.Fatal(err)
+	default:
+	}
+	return float64(n) / elapsed.Seconds()
 }

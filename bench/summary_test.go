@@ -13,7 +13,7 @@ BenchmarkAppend/fsync=always-2         	       1	         0.9182 append_ratio	  
 BenchmarkAppend/fsync=default-2        	       1	         0.5207 append_ratio	     42659 bus_ns/event	     22213 raw_ns/event
 BenchmarkDispatch/fsync=default-2        	       1	         2.028 orch_p50_ms	         6.341 orch_p99_ms	         2.997 p50_ms	         7.462 p99_ms	        80.00 samples
 BenchmarkThroughput/fsync=default/workers=1-2        	       1	        55.89 steps/s
-BenchmarkThroughput/fsync=default/workers=4-2        	       1	       133.5 steps/s
+BenchmarkThroughput/fsync=default/workers=4-2        	       1	       133.5 steps/s	      11.44 cpu_ms/step	       0.1234 limit_ratio	      1082 raw_steps/s
 BenchmarkRebuild/fsync=default-2         	       1	      8681 events/s	      4771 projector_events/s	    105173 raw_events/s	         0.08254 rebuild_ratio
 BenchmarkMerge/fsync=default-2         	       1	       133.0 pass_to_merge_p50_ms	       141.8 pass_to_merge_p99_ms	        12.00 samples
 BenchmarkToolCall/fsync=default-2         	       1	       647.7 direct_us/call	       188.3 overhead_us/call	       836.0 worker_us/call
@@ -32,7 +32,7 @@ func TestSummary(t *testing.T) {
 		{
 			name: "default-fsync figures in order",
 			in:   sampleOutput,
-			want: "append_ratio=0.521 dispatch_p50_ms=3.00 dispatch_p99_ms=7.46 steps_per_s=134 rebuild_events_per_s=8681 rebuild_ratio=0.083 pass_to_merge_p50_ms=133.0 tool_overhead_us=188",
+			want: "append_ratio=0.521 dispatch_p50_ms=3.00 dispatch_p99_ms=7.46 steps_per_s=134 limit_ratio=0.123 cpu_ms_per_step=11.44 rebuild_events_per_s=8681 rebuild_ratio=0.083 pass_to_merge_p50_ms=133.0 tool_overhead_us=188",
 		},
 		{
 			name:    "a missing benchmark is named",
