@@ -151,9 +151,20 @@ func TestModelAPIKeysStayWithTheWorker(t *testing.T) {
 	elsewhere := modelRequest(ms, schemas.BackendOpenAI, "s1.elsewhere.1", "any", "out.txt")
 	elsewhere.Step, elsewhere.Agent.APIKeyEnv = "elsewhere", ""
 	publishRequest(t, b, elsewhere)
+	// The backend's default from agent.env, and a host that only starts
+	// like the allowed one.
+	byEnv := modelRequest(ms, schemas.BackendOpenAI, "s1.byenv.1", "any", "out.txt")
+	byEnv.Step, byEnv.Agent.APIKeyEnv, byEnv.Agent.BaseURL = "byenv", "", ""
+	byEnv.Agent.Env = map[string]string{"OPENAI_BASE_URL": ms.OpenAIURL("any")}
+	publishRequest(t, b, byEnv)
+	lookalike := modelRequest(ms, schemas.BackendOpenAI, "s1.lookalike.1", "any", "out.txt")
+	lookalike.Step, lookalike.Agent.APIKeyEnv, lookalike.Agent.BaseURL = "lookalike", "", "https://api.openai.com.evil.example/v1"
+	publishRequest(t, b, lookalike)
 	for _, c := range []struct{ job, want string }{
 		{other.JobID, "api_key_env AWS_SECRET_ACCESS_KEY is not a variable this worker lends to model APIs"},
 		{elsewhere.JobID, "is not a server this worker calls (https://api.openai.com/; agentworker --model-base-url)"},
+		{byEnv.JobID, "is not a server this worker calls"},
+		{lookalike.JobID, "is not a server this worker calls"},
 	} {
 		_, res := waitResult(t, b, c.job)
 		if jf, ok := res.Data.(*schemas.JobFailed); !ok || !strings.Contains(jf.Error, c.want) {

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -608,11 +609,35 @@ func (s *Service) checkModelAPI(a schemas.AgentSpec) error {
 		return fmt.Errorf("api_key_env %s is not a variable this worker lends to model APIs (%s; agentworker --model-key-env)",
 			n, strings.Join(s.cfg.ModelKeyEnv, ", "))
 	}
-	if u := a.BaseURL; u != "" && len(s.cfg.ModelBaseURLs) > 0 && !slices.ContainsFunc(s.cfg.ModelBaseURLs, func(p string) bool { return strings.HasPrefix(u, p) }) {
-		return fmt.Errorf("base_url %s is not a server this worker calls (%s; agentworker --model-base-url)",
-			u, strings.Join(s.cfg.ModelBaseURLs, ", "))
+	if len(s.cfg.ModelBaseURLs) == 0 {
+		return nil
+	}
+	// The pipeline names its server in base_url, or in agent.env where the
+	// backend reads its default: both are checked.
+	for _, u := range []string{a.BaseURL, a.Env["OPENAI_BASE_URL"], a.Env["ANTHROPIC_BASE_URL"]} {
+		if u != "" && !slices.ContainsFunc(s.cfg.ModelBaseURLs, func(allowed string) bool { return underURL(u, allowed) }) {
+			return fmt.Errorf("base_url %s is not a server this worker calls (%s; agentworker --model-base-url)",
+				u, strings.Join(s.cfg.ModelBaseURLs, ", "))
+		}
 	}
 	return nil
+}
+
+// underURL reports whether u is allowed or below it: the same scheme and
+// host (with port), no user information, and a path that is allowed's or
+// continues it after a "/" (so https://api.example.com allows neither
+// https://api.example.com.evil.net nor https://api.example.com@evil.net).
+func underURL(u, allowed string) bool {
+	pu, err := url.Parse(u)
+	if err != nil || pu.User != nil || pu.Opaque != "" {
+		return false
+	}
+	pa, err := url.Parse(allowed)
+	if err != nil || !strings.EqualFold(pu.Scheme, pa.Scheme) || !strings.EqualFold(pu.Host, pa.Host) {
+		return false
+	}
+	base := strings.TrimSuffix(pa.Path, "/")
+	return pu.Path == base || strings.HasPrefix(pu.Path, base+"/")
 }
 
 // secretNames are the variables of env whose values a job's events and

@@ -23,10 +23,16 @@ const (
 	// {{range N}} actions: a template cannot loop that often without
 	// writing, which no output bound would stop.
 	MaxRangeProduct = 1_000_000
-	// MaxRangeRuns bounds the runs of every {{range}} of one rendering
-	// together, whatever they range over (a number in the data, a list,
-	// nested or through {{template}} calls): the same bound, at run time.
-	MaxRangeRuns = 1_000_000
+	// MaxRangeRuns bounds the runs of every {{range}} and the
+	// {{template}} calls of one rendering together, whatever they range
+	// over (a number in the data, a list, nested, or recursion through
+	// templates that call themselves), each call counting callWeight runs.
+	// A prompt renders to at most 128 KiB, so a loop that writes runs
+	// fewer times than this.
+	MaxRangeRuns = 200_000
+	// callWeight is what a {{template}} call counts: it does more than a
+	// run of a range.
+	callWeight = 10
 	// MaxPromptBytes bounds a rendered prompt, and so a prompt template:
 	// the job.requested carrying it must fit in an event.
 	MaxPromptBytes = 128 << 10
@@ -35,15 +41,19 @@ const (
 // ErrPromptTooLarge: a prompt renders to more bytes than its limit.
 var ErrPromptTooLarge = errors.New("prompt too large")
 
-// ErrPromptLoops: a prompt's {{range}} actions ran more than MaxRangeRuns
-// times in one rendering.
-var ErrPromptLoops = fmt.Errorf("the prompt template's {{range}} loops run more than %d times", MaxRangeRuns)
+// ErrPromptLoops: a prompt's {{range}} actions and {{template}} calls ran
+// more than MaxRangeRuns times in one rendering.
+var ErrPromptLoops = fmt.Errorf("the prompt template's {{range}} loops and {{template}} calls run more than %d times", MaxRangeRuns)
 
 // rangeBudget names the function ParsePrompt puts at the end of every
 // {{range}} pipeline: it counts the runs about to happen and stops the
-// rendering past MaxRangeRuns. Its name cannot clash with a user's: users
-// name no functions.
-const rangeBudget = "loopbus_range_budget"
+// rendering past MaxRangeRuns; callBudget, put at the end of every
+// {{template}} call's pipeline, counts the call. Their names cannot clash
+// with a user's: users name no functions.
+const (
+	rangeBudget = "loopbus_range_budget"
+	callBudget  = "loopbus_call_budget"
+)
 
 // ParsePrompt parses a prompt template with missingkey=error and bounded
 // print functions, and refuses a NUL byte and nested {{range N}} loops whose counts
@@ -57,12 +67,17 @@ func ParsePrompt(name, text string) (*template.Template, error) {
 		"print":     fmt.Sprint,
 		"println":   fmt.Sprintln,
 		rangeBudget: passThrough,
+		callBudget:  passThroughCall,
 	}
 	t, err := template.New(name).Option("missingkey=error").Funcs(funcs).Parse(text)
 	if err != nil {
 		return nil, err
 	}
-	budget, err := budgetCommand(funcs)
+	ranges, err := budgetPipe(funcs, rangeBudget)
+	if err != nil {
+		return nil, err
+	}
+	calls, err := budgetPipe(funcs, callBudget)
 	if err != nil {
 		return nil, err
 	}
@@ -73,52 +88,71 @@ func ParsePrompt(name, text string) (*template.Template, error) {
 		if err := checkRanges(tt.Root, 1); err != nil {
 			return nil, err
 		}
-		countRanges(tt.Root, budget)
+		count(tt.Root, ranges, calls)
 	}
 	return t, nil
 }
 
 func passThrough(v any) any { return v }
 
-// budgetCommand returns the command "loopbus_range_budget", parsed, to be
-// appended to range pipelines.
-func budgetCommand(funcs template.FuncMap) (*parse.CommandNode, error) {
-	t, err := template.New("budget").Funcs(funcs).Parse("{{" + rangeBudget + "}}")
+func passThroughCall(v ...any) any {
+	if len(v) == 0 {
+		return nil
+	}
+	return v[len(v)-1]
+}
+
+// budgetPipe returns the pipeline "{{name}}", parsed: its command is
+// appended to pipelines, and it stands for a {{template}} call's missing
+// one.
+func budgetPipe(funcs template.FuncMap, name string) (*parse.PipeNode, error) {
+	t, err := template.New("budget").Funcs(funcs).Parse("{{" + name + "}}")
 	if err != nil {
 		return nil, err
 	}
-	return t.Root.Nodes[0].(*parse.ActionNode).Pipe.Cmds[0], nil
+	return t.Root.Nodes[0].(*parse.ActionNode).Pipe, nil
 }
 
-// countRanges appends cmd to the pipeline of every {{range}} under n, so
-// that each hands what it ranges over to the budget first.
-func countRanges(n parse.Node, cmd *parse.CommandNode) {
+// count appends the budget commands to the pipeline of every {{range}}
+// and {{template}} call under n, so that each hands what it ranges over,
+// or its call, to the budget first.
+func count(n parse.Node, ranges, calls *parse.PipeNode) {
 	switch n := n.(type) {
 	case *parse.ListNode:
 		if n == nil {
 			return
 		}
 		for _, c := range n.Nodes {
-			countRanges(c, cmd)
+			count(c, ranges, calls)
 		}
 	case *parse.RangeNode:
-		n.Pipe.Cmds = append(n.Pipe.Cmds, cmd)
-		countRanges(n.List, cmd)
-		countRanges(n.ElseList, cmd)
+		n.Pipe.Cmds = append(n.Pipe.Cmds, ranges.Cmds[0])
+		count(n.List, ranges, calls)
+		count(n.ElseList, ranges, calls)
+	case *parse.TemplateNode:
+		if n.Pipe == nil {
+			// {{template "t"}} runs t on nil: the budget's call gives nil.
+			n.Pipe = calls
+		} else {
+			n.Pipe.Cmds = append(n.Pipe.Cmds, calls.Cmds[0])
+		}
 	case *parse.IfNode:
-		countRanges(n.List, cmd)
-		countRanges(n.ElseList, cmd)
+		count(n.List, ranges, calls)
+		count(n.ElseList, ranges, calls)
 	case *parse.WithNode:
-		countRanges(n.List, cmd)
-		countRanges(n.ElseList, cmd)
+		count(n.List, ranges, calls)
+		count(n.ElseList, ranges, calls)
 	}
 }
 
 // runsOf returns how often a {{range}} over v runs: an integer's value, a
-// list's or map's length.
+// list's or map's length; past the bound for what has no length known
+// beforehand (a channel, an iterator function).
 func runsOf(v any) int {
-	rv := reflect.ValueOf(v)
+	rv := reflect.Indirect(reflect.ValueOf(v))
 	switch rv.Kind() {
+	case reflect.Chan, reflect.Func:
+		return MaxRangeRuns + 1
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return int(min(max(rv.Int(), 0), MaxRangeRuns+1))
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
@@ -142,12 +176,20 @@ func RenderPrompt(t *template.Template, data any, limit int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	t.Funcs(template.FuncMap{rangeBudget: func(v any) (any, error) {
-		if runs += runsOf(v); runs > MaxRangeRuns {
-			return nil, ErrPromptLoops
-		}
-		return v, nil
-	}})
+	t.Funcs(template.FuncMap{
+		rangeBudget: func(v any) (any, error) {
+			if runs += runsOf(v); runs > MaxRangeRuns {
+				return nil, ErrPromptLoops
+			}
+			return v, nil
+		},
+		callBudget: func(v ...any) (any, error) {
+			if runs += callWeight; runs > MaxRangeRuns {
+				return nil, ErrPromptLoops
+			}
+			return passThroughCall(v...), nil
+		},
+	})
 	if err := t.Execute(w, data); err != nil {
 		switch {
 		case errors.Is(err, ErrPromptTooLarge):

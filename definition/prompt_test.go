@@ -32,8 +32,9 @@ func TestParsePromptBounds(t *testing.T) {
 }
 
 func TestRenderPromptBounds(t *testing.T) {
+	thousands := make([]int, 2000)
 	data := map[string]any{"Name": "talk.md", "List": []string{"a", "b"}, "Size": int64(1) << 40,
-		"Thousand": make([]int, 1000), "Small": 3, "Empty": []string{}}
+		"Thousand": make([]int, 1000), "Small": 3, "Empty": []string{}, "Pointer": &thousands}
 	tests := []struct {
 		name, text, want, wantErr string
 		limit                     int
@@ -41,15 +42,18 @@ func TestRenderPromptBounds(t *testing.T) {
 		{name: "fits", text: `{{.Name}}{{range .List}}-{{.}}{{end}}`, limit: 100, want: "talk.md-a-b"},
 		{name: "exactly the limit", text: `{{printf "%010d" 7}}`, limit: 10, want: "0000000007"},
 		{name: "one byte over", text: `{{printf "%011d" 7}}`, limit: 10, wantErr: "renders more than 10 bytes"},
-		{name: "stops early", text: `{{range 1000000}}{{printf "%0999d" 0}}{{end}}`, limit: 128 << 10, wantErr: "renders more than 131072 bytes"},
+		{name: "stops early", text: `{{range 100000}}{{printf "%0999d" 0}}{{end}}`, limit: 128 << 10, wantErr: "renders more than 131072 bytes"},
 		{name: "wide printf", text: `{{printf "%1000000d" 1}}`, limit: 128 << 10, wantErr: "width or precision 1000000 is over 9999"},
 		{name: "wide precision", text: `{{printf "%.20000f" 1.0}}`, limit: 128 << 10, wantErr: "width or precision 20000 is over 9999"},
 		{name: "star width", text: `{{printf "%*d" 100000 1}}`, limit: 128 << 10, wantErr: "width or precision 100000 is over 9999"},
 		{name: "missing key", text: `{{.Nope}}`, limit: 100, wantErr: "map has no entry"},
 		// Loops that write nothing, over counts the parser cannot see.
-		{name: "range over a number in the data", text: `{{range .Size}}{{end}}`, limit: 100, wantErr: "loops run more than 1000000 times"},
-		{name: "nested ranges over lists", text: `{{range .Thousand}}{{range $.Thousand}}{{range $.List}}{{end}}{{end}}{{end}}`, limit: 100, wantErr: "loops run more than 1000000 times"},
-		{name: "a range through a template call", text: `{{define "t"}}{{range $.Thousand}}{{end}}{{end}}{{range .Thousand}}{{template "t" $}}{{range $.Thousand}}{{end}}{{end}}`, limit: 100, wantErr: "loops run more than 1000000 times"},
+		{name: "range over a number in the data", text: `{{range .Size}}{{end}}`, limit: 100, wantErr: "calls run more than 200000 times"},
+		{name: "nested ranges over lists", text: `{{range .Thousand}}{{range $.Thousand}}{{range $.List}}{{end}}{{end}}{{end}}`, limit: 100, wantErr: "calls run more than 200000 times"},
+		{name: "a range through a template call", text: `{{define "t"}}{{range $.Thousand}}{{end}}{{end}}{{range .Thousand}}{{template "t" $}}{{range $.Thousand}}{{end}}{{end}}`, limit: 100, wantErr: "calls run more than 200000 times"},
+		{name: "a template that calls itself twice", text: `{{define "t"}}{{if lt (len .) 40}}{{template "t" (print . "x")}}{{template "t" (print . "x")}}{{end}}{{end}}{{template "t" ""}}`, limit: 100, wantErr: "calls run more than 200000 times"},
+		{name: "a template called without data", text: `{{define "t"}}{{if .}}x{{else}}y{{end}}{{end}}{{template "t"}}{{range .List}}{{template "t" .}}{{end}}`, limit: 100, want: "yxx"},
+		{name: "a range over a pointer to a list", text: `{{range .Pointer}}{{range $.Pointer}}{{end}}{{end}}`, limit: 100, wantErr: "calls run more than 200000 times"},
 		{name: "ranges within the bound", text: `{{range $i, $x := .List}}{{$i}}{{$x}}{{end}}{{range .Small}}.{{end}}{{range .Thousand}}{{end}}{{range .Empty}}x{{else}}none{{end}}`, limit: 100, want: "0a1b...none"},
 	}
 	for _, tt := range tests {
@@ -66,7 +70,7 @@ func TestRenderPromptBounds(t *testing.T) {
 				if strings.Contains(tt.wantErr, "renders more") && !errors.Is(err, ErrPromptTooLarge) {
 					t.Errorf("err %v does not wrap ErrPromptTooLarge", err)
 				}
-				if strings.Contains(tt.wantErr, "loops run") && !errors.Is(err, ErrPromptLoops) {
+				if strings.Contains(tt.wantErr, "calls run") && !errors.Is(err, ErrPromptLoops) {
 					t.Errorf("err %v does not wrap ErrPromptLoops", err)
 				}
 				return

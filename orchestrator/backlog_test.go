@@ -102,9 +102,15 @@ func simulate(t *testing.T, start schemas.Event, script agentScript, during ...m
 						// Events of other writers (the CLI) while the job runs.
 						queue = append(queue, during[0][jr.JobID]...)
 					}
-					done := schemas.Event{ID: "done-" + jr.JobID, Type: schemas.TypeJobCompleted, Session: sess, Step: jr.Step, Job: jr.JobID,
-						Data: &schemas.JobCompleted{JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: "w", Artifacts: []schemas.ArtifactRef{}}}
-					queue = append(queue, done, simVerdict(t, jr, script(jr, runs[jr.Step])))
+					// As the worker does before the verdict: the output stored,
+					// then the result naming it.
+					out := art(jr.Step, jr.Outputs[0].Name)
+					queue = append(queue,
+						schemas.Event{ID: "stored-" + jr.JobID, Type: schemas.TypeArtifactStored, Session: sess, Step: jr.Step, Job: jr.JobID,
+							Data: &schemas.ArtifactStored{JobID: jr.JobID, Artifact: out}},
+						schemas.Event{ID: "done-" + jr.JobID, Type: schemas.TypeJobCompleted, Session: sess, Step: jr.Step, Job: jr.JobID,
+							Data: &schemas.JobCompleted{JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: "w", Artifacts: []schemas.ArtifactRef{out}}},
+						simVerdict(t, jr, script(jr, runs[jr.Step])))
 				}
 			}
 			trigger = out[len(out)-1]

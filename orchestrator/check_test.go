@@ -36,6 +36,8 @@ func TestCheck(t *testing.T) {
 		{name: "a failure of a job never requested", given: []schemas.Event{started(p)}, ev: jobFailed("only", 1, "x", ""), wantErr: ErrInconsistent},
 		{name: "a result naming an artifact never stored", given: []schemas.Event{started(p), requested("only", 1)}, ev: withOutputs(jobCompleted("only", 1), art("only", "out.md")), wantErr: ErrInconsistent},
 		{name: "a result naming a stored artifact", given: []schemas.Event{started(p), requested("only", 1), stored("only", 1, art("only", "out.md"))}, ev: withOutputs(jobCompleted("only", 1), art("only", "out.md"))},
+		{name: "a result naming the bytes an earlier run of the job stored", given: []schemas.Event{started(p), requested("only", 1), stored("only", 1, art("only", "out.md"))}, ev: withOutputs(jobCompleted("only", 1), elsewhere(art("only", "out.md")))},
+		{name: "a verdict naming an artifact its job did not produce", given: []schemas.Event{started(p), requested("only", 1), jobCompleted("only", 1)}, ev: withArtifacts(passed("only", 1), art("only", "out.md")), wantErr: ErrInconsistent},
 		{name: "a result naming a stored artifact with another digest", given: []schemas.Event{started(p), requested("only", 1), stored("only", 1, art("only", "out.md"))}, ev: withOutputs(jobCompleted("only", 1), art("only", "other.md")), wantErr: ErrInconsistent},
 	}
 	for _, tt := range tests {
@@ -77,4 +79,10 @@ func withOutputs(ev schemas.Event, arts ...schemas.ArtifactRef) schemas.Event {
 	d.Artifacts = arts
 	ev.Data = &d
 	return ev
+}
+
+// elsewhere is a under another object, as a later delivery stores it.
+func elsewhere(a schemas.ArtifactRef) schemas.ArtifactRef {
+	a.Object += ".d2"
+	return a
 }

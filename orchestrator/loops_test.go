@@ -101,7 +101,14 @@ func simulateLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []stri
 			v.Reports = []schemas.Report{{Name: jr.Outputs[0].Name, Content: raw}}
 			v.Artifacts = []schemas.ArtifactRef{art(jr.Step, jr.Outputs[0].Name)}
 		}
-		return []schemas.Event{mk(schemas.TypeJobCompleted, jc), mk(typ, v)}
+		// As the worker and the validator do: the artifacts are stored,
+		// then named by the result, then by the verdict.
+		jc.Artifacts = v.Artifacts
+		var evs []schemas.Event
+		for _, a := range jc.Artifacts {
+			evs = append(evs, mk(schemas.TypeArtifactStored, &schemas.ArtifactStored{JobID: jr.JobID, Artifact: a}))
+		}
+		return append(evs, mk(schemas.TypeJobCompleted, jc), mk(typ, v))
 	}
 	for n := 0; len(queue) > 0 && n < 600; n++ {
 		trigger := queue[0]

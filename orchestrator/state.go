@@ -269,14 +269,20 @@ func Check(st *State, ev schemas.Event) error {
 }
 
 // facts are what a running session's history established, for Check: the
-// jobs requested, the jobs that completed, the artifacts stored.
+// jobs requested, the jobs that completed with their artifacts, the
+// artifacts stored (by job, name and digest: a job run again stores the
+// same bytes under another object, and its artifact.stored has the id of
+// the first run's).
 type facts struct {
-	requested, completed map[string]bool
-	stored               map[string]string // object → digest
+	requested map[string]bool
+	completed map[string][]schemas.ArtifactRef
+	stored    map[storedKey]bool
 }
 
+type storedKey struct{ job, name, digest string }
+
 func newFacts() *facts {
-	return &facts{requested: map[string]bool{}, completed: map[string]bool{}, stored: map[string]string{}}
+	return &facts{requested: map[string]bool{}, completed: map[string][]schemas.ArtifactRef{}, stored: map[storedKey]bool{}}
 }
 
 // record adds what ev establishes.
@@ -285,9 +291,9 @@ func (f *facts) record(ev schemas.Event) {
 	case *schemas.JobRequested:
 		f.requested[d.JobID] = true
 	case *schemas.JobCompleted:
-		f.completed[d.JobID] = true
+		f.completed[d.JobID] = d.Artifacts
 	case *schemas.ArtifactStored:
-		f.stored[d.Artifact.Object] = d.Artifact.Digest
+		f.stored[storedKey{d.JobID, d.Artifact.Name, d.Artifact.Digest}] = true
 	}
 }
 
@@ -308,8 +314,8 @@ func (f *facts) check(ev schemas.Event) error {
 			return bad("answers job %s, which was never requested", d.JobID)
 		}
 		for _, a := range d.Artifacts {
-			if digest, ok := f.stored[a.Object]; !ok || digest != a.Digest {
-				return bad("names artifact %s (%s), which was never stored with that digest", a.Name, a.Object)
+			if !f.stored[storedKey{d.JobID, a.Name, a.Digest}] {
+				return bad("names artifact %s (%s), which the job never stored with that digest", a.Name, a.Object)
 			}
 		}
 	case *schemas.JobFailed:
@@ -317,8 +323,17 @@ func (f *facts) check(ev schemas.Event) error {
 			return bad("answers job %s, which was never requested", d.JobID)
 		}
 	case *schemas.Verdict:
-		if !f.completed[d.JobID] {
+		arts, ok := f.completed[d.JobID]
+		if !ok {
 			return bad("judges job %s, which never completed", d.JobID)
+		}
+		// A verdict passes on the job's artifacts, not others.
+		for _, a := range d.Artifacts {
+			if !slices.ContainsFunc(arts, func(b schemas.ArtifactRef) bool {
+				return b.Name == a.Name && b.Digest == a.Digest && b.Object == a.Object
+			}) {
+				return bad("names artifact %s (%s), which job %s did not produce", a.Name, a.Object, d.JobID)
+			}
 		}
 	}
 	return nil

@@ -227,8 +227,9 @@ func Run(ctx context.Context, cfg Config, job agent.Job, m Model, tb *Toolbox, e
 		defer cancel()
 	}
 	r := &runner{cfg: cfg, m: m, tb: tb, emit: emit, tail: newTail(job.TailBytes)}
+	r.tail.redact = r.redact
 	exit := r.contained(ctx)
-	res := agent.Result{ExitCode: exit, Duration: cfg.Now().Sub(start), Tail: r.redact(r.tail.String())}
+	res := agent.Result{ExitCode: exit, Duration: cfg.Now().Sub(start), Tail: r.tail.String()}
 	if ctx.Err() != nil {
 		res.ExitCode = -1
 		if errors.Is(context.Cause(ctx), errTimeout) {
@@ -253,7 +254,7 @@ type runner struct {
 }
 
 func (r *runner) send(ev agent.Event) {
-	ev.Text, ev.Output, ev.Error = r.redact(ev.Text), r.redact(ev.Output), r.redact(ev.Error)
+	ev.Text, ev.Output, ev.Error = agent.Truncate(r.redact(ev.Text)), agent.Truncate(r.redact(ev.Output)), agent.Truncate(r.redact(ev.Error))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.emit(ev)
@@ -510,6 +511,8 @@ type tail struct {
 	max int
 	b   []byte
 	cut bool
+	// redact is applied to each piece before it is kept.
+	redact func(string) string
 }
 
 func newTail(n int) *tail {
@@ -520,6 +523,9 @@ func newTail(n int) *tail {
 }
 
 func (t *tail) add(s string) {
+	if t.redact != nil {
+		s = t.redact(s)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.b = append(t.b, s...)

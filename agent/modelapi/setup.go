@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/agent"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 // Vendor names a vendor's defaults.
@@ -99,7 +100,7 @@ func Prepare(job agent.Job, v Vendor) (*Setup, error) {
 		maxTokens = DefaultMaxTokens
 	}
 	return &Setup{Endpoint: Endpoint{BaseURL: base, APIKey: key}, Model: model, MaxTokens: maxTokens,
-		Loop:  Config{MaxTurns: s.MaxTurns, RetryWait: time.Duration(s.RetryWaitMs) * time.Millisecond, Price: s.Price, Secret: key},
+		Loop:  Config{MaxTurns: s.MaxTurns, RetryWait: time.Duration(s.RetryWaitMs) * time.Millisecond, Price: s.Price, Secret: secret(key)},
 		Tools: tb, System: instructions(job, tb)}, nil
 }
 
@@ -127,6 +128,16 @@ func Offered(names, forbidden []string) []string {
 		}
 	}
 	return out
+}
+
+// secret is the key as the loop redacts it: none for a placeholder too
+// short to be a secret (a local server's "x"), which would garble every
+// text it occurs in.
+func secret(key string) string {
+	if len(key) < workspace.MinSecretLen {
+		return ""
+	}
+	return key
 }
 
 func lookup(env []string, key string) (string, bool) {

@@ -194,6 +194,8 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 		return res, fmt.Errorf("%w %q: %v", ErrStart, s.Argv[0], err)
 	}
 	pgid := cmd.Process.Pid // Setpgid with Pgid 0: the group id is the pid
+	// Processes of the run started no earlier than its leader.
+	since, _ := startTicks(pgid)
 
 	// exited is closed once the leader has exited. waitExited does not reap
 	// it, so its pid, and with it the group id, cannot be reused while the
@@ -243,8 +245,15 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	signalGroup(pgid, syscall.SIGKILL)
 	<-exited
 	// Those that left the group are found by their mark.
-	if n := sweep(runID); n > 0 {
-		_, _ = fmt.Fprintf(tail, "\nprocrun: killed %d process(es) that left the process group and outlived the run\n", n)
+	swept := make(chan int, 1)
+	go func() { swept <- sweep(runID, since) }()
+	select {
+	case n := <-swept:
+		if n > 0 {
+			_, _ = fmt.Fprintf(tail, "\nprocrun: killed %d process(es) that left the process group and outlived the run\n", n)
+		}
+	case <-time.After(sweepTimeout):
+		_, _ = fmt.Fprintf(tail, "\nprocrun: looking for processes that left the process group took over %s; some may outlive the run\n", sweepTimeout)
 	}
 	if !reaped {
 		waitErr = cmd.Wait()
