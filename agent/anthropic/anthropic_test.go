@@ -14,6 +14,6 @@ import (
 // not.
 func TestBackend(t *testing.T) {
 	modelserver.RunSuite(t, modelserver.Anthropic, func() agent.Backend {
-		return Backend{Loop: modelapi.Config{Backoff: time.Millisecond}}
+		return Backend{modelapi.Options{Loop: modelapi.Config{Backoff: time.Millisecond}}}
 	})
 }

@@ -3,6 +3,7 @@ package modelapi
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/agent"
+	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/workspace"
 )
 
@@ -196,3 +198,21 @@ func instructions(job agent.Job, tb *Toolbox) string {
 	b.WriteString(" Do the work with the tools, then answer with a short summary and no tool call when you are done.")
 	return b.String()
 }
+
+// Options are what a model-API backend takes besides its jobs; a backend
+// embeds them, and with them the agent.ToolPlanner and
+// agent.LaneDefaulter methods every model-API backend has.
+type Options struct {
+	// HTTPClient makes the API's requests; nil means a default client.
+	HTTPClient *http.Client
+	// Loop overrides the loop's retry settings (Retries, Backoff, Now);
+	// the rest comes from the job's spec.
+	Loop Config
+}
+
+// PlannedTools implements agent.ToolPlanner: the tools spec lets the model
+// call.
+func (Options) PlannedTools(spec schemas.AgentSpec) []agent.Tool { return PlannedTools(spec.Tools) }
+
+// DefaultLanes implements agent.LaneDefaulter.
+func (Options) DefaultLanes() map[string]string { return DefaultLanes() }

@@ -27,28 +27,14 @@ import (
 var vendor = modelapi.Vendor{Name: schemas.BackendOpenAI, KeyEnv: "OPENAI_API_KEY", BaseURLEnv: "OPENAI_BASE_URL", ModelEnv: "OPENAI_MODEL"}
 
 // Backend calls an OpenAI-compatible API. The zero value is ready to use.
-type Backend struct {
-	// HTTPClient makes the API's requests; nil means a default client.
-	HTTPClient *http.Client
-	// Loop overrides the loop's retry settings (Retries, Backoff, Now);
-	// the rest comes from the job's spec.
-	Loop modelapi.Config
-}
+// Its options and its tools' plan and lanes are modelapi.Options'.
+type Backend struct{ modelapi.Options }
 
 var (
 	_ agent.Backend       = Backend{}
 	_ agent.ToolPlanner   = Backend{}
 	_ agent.LaneDefaulter = Backend{}
 )
-
-// PlannedTools implements agent.ToolPlanner: the tools spec lets the model
-// call.
-func (Backend) PlannedTools(spec schemas.AgentSpec) []agent.Tool {
-	return modelapi.PlannedTools(spec.Tools)
-}
-
-// DefaultLanes implements agent.LaneDefaulter.
-func (Backend) DefaultLanes() map[string]string { return modelapi.DefaultLanes() }
 
 // Run implements agent.Backend: see modelapi.Run. Its error is the job's
 // setup's (no API key, a bad base URL, a directory that cannot be opened).

@@ -17,7 +17,7 @@ import (
 // not.
 func TestBackend(t *testing.T) {
 	modelserver.RunSuite(t, modelserver.OpenAI, func() agent.Backend {
-		return Backend{Loop: modelapi.Config{Backoff: time.Millisecond}}
+		return Backend{modelapi.Options{Loop: modelapi.Config{Backoff: time.Millisecond}}}
 	})
 }
 
