@@ -104,25 +104,14 @@ func assertNoSecrets(t *testing.T, where, text string, parts bool) {
 	}
 }
 
-// objects lists the artifact object store.
+// objects lists the keys of the stored artifacts.
 func objects(t *testing.T, b *bus.Bus) []string {
 	t.Helper()
-	ctx := context.Background()
-	store, err := b.JetStream().ObjectStore(ctx, bus.DefaultArtifactsBucket)
+	keys, err := b.ArtifactKeys(context.Background())
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("list artifacts: %v", err)
 	}
-	infos, err := store.List(ctx)
-	if err != nil && !strings.Contains(err.Error(), "no objects found") {
-		t.Fatalf("list objects: %v", err)
-	}
-	var names []string
-	for _, i := range infos {
-		if !i.Deleted {
-			names = append(names, i.Name)
-		}
-	}
-	return names
+	return keys
 }
 
 // TestSecretsAreMasked: an agent that prints every secret to stdout and

@@ -1,7 +1,7 @@
 // Package agentworker runs agent jobs: it pulls job.requested events from a
 // durable consumer shared by every replica, runs the job's agent.Backend
 // (looked up by name) in a fresh workspace, stores the declared outputs in
-// the object store and publishes what the agent did (tool calls, messages)
+// the artifact stream and publishes what the agent did (tool calls, messages)
 // and the job's artifacts and result.
 //
 // Secret environment values (see workspace.NewSecrets: the variables named
@@ -57,6 +57,11 @@ type Bus interface {
 	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
 	PutArtifact(ctx context.Context, object, name string, r io.Reader) (schemas.ArtifactRef, error)
 	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
+	// OwnID makes a derived event id unguessable to other workers' keys
+	// (see bus.Bus.OwnID).
+	OwnID(id string) string
+	// SignerKey is the key the worker signs with; empty when unsigned.
+	SignerKey() string
 }
 
 // Config of a worker process. The zero value is usable.
@@ -289,7 +294,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 func (s *Service) event(req schemas.Event, typ string, data any, idParts ...string) schemas.Event {
 	return schemas.Event{
-		ID:          schemas.DeterministicID(append([]string{req.Session, typ}, idParts...)...),
+		ID:          s.bus.OwnID(schemas.DeterministicID(append([]string{req.Session, typ}, idParts...)...)),
 		Type:        typ,
 		Session:     req.Session,
 		Step:        req.Step,
@@ -301,6 +306,14 @@ func (s *Service) event(req schemas.Event, typ string, data any, idParts ...stri
 	}
 }
 
+// announce publishes job.started for this delivery of the job.
+func (s *Service) announce(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, delivery uint64) error {
+	_, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, &schemas.JobStarted{
+		JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(delivery),
+	}, jr.JobID, strconv.FormatUint(delivery, 10)))
+	return err
+}
+
 // resultEvent builds job.completed or job.failed. Both share one id per
 // job, so however often a job runs, one result lands.
 func (s *Service) resultEvent(req schemas.Event, jr *schemas.JobRequested, data any) schemas.Event {
@@ -309,7 +322,7 @@ func (s *Service) resultEvent(req schemas.Event, jr *schemas.JobRequested, data 
 		typ = schemas.TypeJobFailed
 	}
 	ev := s.event(req, typ, data)
-	ev.ID = schemas.DeterministicID(req.Session, "job.result", jr.JobID)
+	ev.ID = s.bus.OwnID(schemas.DeterministicID(req.Session, "job.result", jr.JobID))
 	return ev
 }
 
@@ -401,12 +414,17 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 			return err
 		}
 		if starts >= s.cfg.MaxAttempts {
+			// With signed events only the job's holder may state its
+			// result: the worker that fails it takes it over first.
+			if s.bus.SignerKey() != "" {
+				if err := s.announce(ctx, req, jr, d.NumDelivered); err != nil {
+					return err
+				}
+			}
 			return failWith(fmt.Sprintf("job abandoned: workers started it %d time(s) and never finished it (they stopped or crashed)", starts), -1, 0, "", true)
 		}
 	}
-	if _, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, &schemas.JobStarted{
-		JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(d.NumDelivered),
-	}, jr.JobID, strconv.FormatUint(d.NumDelivered, 10))); err != nil {
+	if err := s.announce(ctx, req, jr, d.NumDelivered); err != nil {
 		return err
 	}
 	log.Info().Int("iteration", jr.Iteration).Uint64("delivery", d.NumDelivered).Msg("job started")
@@ -530,7 +548,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	}
 
 	// Check every output before storing any: a job with one bad output
-	// leaves nothing in the object store.
+	// leaves nothing in the artifact stream.
 	for _, o := range jr.Outputs {
 		if err := s.checkOutput(ws, o.Name, sec); err != nil {
 			if outputFault(err) {

@@ -705,35 +705,79 @@ func TestInterruptedJobIsHandedBack(t *testing.T) {
 	waitAcked(t, b)
 }
 
+// TestAbandonedJobFails: a job whose workers keep stopping is failed, not
+// run again, by the worker that gets it once MaxAttempts starts are used
+// up. Unsigned, that worker does not start the job; with signed events
+// only a job's holder may state its result, so it takes the job over
+// first (a job.started at its own, higher delivery).
 func TestAbandonedJobFails(t *testing.T) {
-	b, _ := testnats.Bus(t)
-	jr := request("s1.step.1", "step", 1, writeScript(t, blockingAgent), "report.txt")
-	publishRequest(t, b, jr)
+	for _, signed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("signed=%v", signed), func(t *testing.T) {
+			srv := testnats.Server(t)
+			b1, b2 := workerBus(t, srv.URL(), "w1", signed), workerBus(t, srv.URL(), "w2", signed)
+			jr := request("s1.step.1", "step", 1, writeScript(t, blockingAgent), "report.txt")
+			publishRequest(t, b1, jr)
 
-	stop1 := startWorker(t, b, agentworker.Config{ID: "w1", MaxAttempts: 1, Env: baseEnv("MODE=block")})
-	waitEvents(t, b, "w1 to run the agent", func(evs []schemas.Event) bool {
-		return len(ofType(ofJob(evs, jr.JobID), schemas.TypeToolStarted)) == 1
-	})
-	stop1()
+			stop1 := startWorker(t, b1, agentworker.Config{ID: "w1", MaxAttempts: 1, Env: baseEnv("MODE=block")})
+			waitEvents(t, b1, "w1 to run the agent", func(evs []schemas.Event) bool {
+				return len(ofType(ofJob(evs, jr.JobID), schemas.TypeToolStarted)) == 1
+			})
+			stop1()
 
-	// The second delivery exceeds MaxAttempts 1: the job is failed, not run.
-	startWorker(t, b, agentworker.Config{ID: "w2", MaxAttempts: 1})
-	all, res := waitResult(t, b, jr.JobID)
-	jf, ok := res.Data.(*schemas.JobFailed)
-	if !ok {
-		t.Fatalf("result %s, want job.failed; events:%s", res.Type, describe(all))
+			// The second delivery exceeds MaxAttempts 1: the job is failed, not run.
+			startWorker(t, b2, agentworker.Config{ID: "w2", MaxAttempts: 1})
+			all, res := waitResult(t, b2, jr.JobID)
+			jf, ok := res.Data.(*schemas.JobFailed)
+			if !ok {
+				t.Fatalf("result %s, want job.failed; events:%s", res.Type, describe(all))
+			}
+			if !strings.Contains(jf.Error, "abandoned") || jf.Worker != "w2" {
+				t.Errorf("job.failed = %+v, want an abandoned job failed by w2", *jf)
+			}
+			evs := ofJob(all, jr.JobID)
+			var got []string
+			for _, ev := range ofType(evs, schemas.TypeJobStarted) {
+				js := ev.Data.(*schemas.JobStarted)
+				got = append(got, fmt.Sprintf("%s/%d", js.Worker, js.Delivery))
+			}
+			want := "w1/1"
+			if signed {
+				want = "w1/1 w2/2"
+			}
+			if strings.Join(got, " ") != want {
+				t.Errorf("job.started (worker/delivery) = %v, want %s", got, want)
+			}
+			if n := len(ofType(evs, schemas.TypeToolStarted)); n != 1 {
+				t.Errorf("%d tool.started events, want 1", n)
+			}
+			waitAcked(t, b2)
+		})
 	}
-	if !strings.Contains(jf.Error, "abandoned") || jf.Worker != "w2" {
-		t.Errorf("job.failed = %+v, want an abandoned job failed by w2", *jf)
+}
+
+// workerBus connects a worker's bus to url, signing with a key of its own
+// when signed.
+func workerBus(t *testing.T, url, name string, signed bool) *bus.Bus {
+	t.Helper()
+	if !signed {
+		return testnats.Connect(t, url, "test/"+name)
 	}
-	evs := ofJob(all, jr.JobID)
-	if n := len(ofType(evs, schemas.TypeJobStarted)); n != 1 {
-		t.Errorf("%d job.started events, want 1 (w1's): the abandoned delivery must not start the job", n)
+	seed := filepath.Join(t.TempDir(), name+".seed")
+	if _, err := bus.NewSignKey(seed); err != nil {
+		t.Fatal(err)
 	}
-	if n := len(ofType(evs, schemas.TypeToolStarted)); n != 1 {
-		t.Errorf("%d tool.started events, want 1", n)
+	cat, err := schemas.NewCatalogue()
+	if err != nil {
+		t.Fatal(err)
 	}
-	waitAcked(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: url, SignKeyFile: seed}, "test/"+name, cat, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return b
 }
 
 func TestConcurrencyRunsJobsAtOnce(t *testing.T) {

@@ -291,7 +291,7 @@ func (b *lockedBuffer) String() string {
 // and logged with the subject.
 func TestConnectPermissions(t *testing.T) {
 	t.Parallel()
-	lookup := []string{"$JS.API.STREAM.INFO.LOOPBUS", "$JS.API.STREAM.INFO.LOOPBUS_DLQ", "$JS.API.STREAM.INFO.KV_LOOPBUS_VIEWS", "$JS.API.STREAM.INFO.OBJ_LOOPBUS_ARTIFACTS"}
+	lookup := []string{"$JS.API.STREAM.INFO.LOOPBUS", "$JS.API.STREAM.INFO.LOOPBUS_DLQ", "$JS.API.STREAM.INFO.KV_LOOPBUS_VIEWS", "$JS.API.STREAM.INFO.LOOPBUS_ARTIFACTS"}
 	user := func(name string, pub ...string) *server.User {
 		return &server.User{Username: name, Password: name + "-pw", Permissions: &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: pub},

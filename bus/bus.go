@@ -35,10 +35,15 @@ type Bus struct {
 	cat    *schemas.Catalogue
 	log    zerolog.Logger
 	source string
+	// signer signs published events; nil publishes them unsigned.
+	signer *signer
+	// trust checks the signatures of events read; nil checks none.
+	trust *Trust
 
 	stream    jetstream.Stream
 	views     jetstream.KeyValue
-	artifacts jetstream.ObjectStore
+	artifacts jetstream.Stream // write-once artifact stream (store.go)
+	legacy    *legacyArtifacts // object store of earlier releases, read only
 
 	// Shared with every Bus derived by WithSource.
 	deadLettered *atomic.Int64
@@ -218,6 +223,22 @@ func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalo
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	var sg *signer
+	if cfg.SignKeyFile != "" {
+		kp, err := LoadSignKey(cfg.SignKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		pub, _ := kp.PublicKey()
+		sg = &signer{kp: kp, pub: pub}
+	}
+	var trust *Trust
+	if cfg.TrustFile != "" {
+		var err error
+		if trust, err = LoadTrust(cfg.TrustFile); err != nil {
+			return nil, err
+		}
+	}
 	cs := newConnState(cfg, log)
 	opts, err := natsOptions(cfg, log, cs)
 	if err != nil {
@@ -232,7 +253,7 @@ func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalo
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	b := &Bus{cfg: cfg, nc: nc, js: js, cat: cat, log: log, source: source, deadLettered: new(atomic.Int64), conn: cs}
+	b := &Bus{cfg: cfg, nc: nc, js: js, cat: cat, log: log, source: source, signer: sg, trust: trust, deadLettered: new(atomic.Int64), conn: cs}
 	// A refused API request gets no reply, only an asynchronous error: stop
 	// provisioning at the first one rather than waiting for a timeout.
 	pctx, cancel := context.WithCancel(ctx)
@@ -285,7 +306,7 @@ func deniedErr(cfg Config, err error, denied []string) error {
 	if !errors.Is(err, context.Canceled) { // not just our cancellation
 		cause = fmt.Sprintf(" (%v)", err)
 	}
-	return fmt.Errorf("provision: %w: %s%s; every loopbus connection looks up the streams %s and %s and the buckets %s and %s, and creates any that is missing: create them first as a user allowed to (see examples/secure), or grant the permission",
+	return fmt.Errorf("provision: %w: %s%s; every loopbus connection looks up the streams %s and %s, the KV bucket %s and the artifact stream %s, and creates any that is missing: create them first as a user allowed to (see examples/secure), or grant the permission",
 		ErrPermissionDenied, strings.Join(denied, "; "), cause, cfg.Stream, cfg.DLQStream, cfg.ViewsBucket, cfg.ArtifactsBucket)
 }
 
@@ -524,30 +545,8 @@ func (b *Bus) provision(ctx context.Context) error {
 		return fmt.Errorf("provision KV %s: %w", cfg.ViewsBucket, err)
 	}
 
-	b.artifacts, err = b.js.ObjectStore(ctx, cfg.ArtifactsBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
-		b.artifacts, err = b.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
-			Bucket:      cfg.ArtifactsBucket,
-			Description: "loopbus artifacts: session inputs and step outputs",
-			Storage:     jetstream.FileStorage,
-			Replicas:    cfg.Replicas,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			b.artifacts, err = b.js.ObjectStore(ctx, cfg.ArtifactsBucket)
-		}
-	} else if err == nil && cfg.Reconfigure {
-		var st jetstream.ObjectStoreStatus
-		if st, err = b.artifacts.Status(ctx); err == nil {
-			err = b.reconfigureBucket(ctx, "object store", cfg.ArtifactsBucket, st)
-		}
-		if err == nil {
-			b.artifacts, err = b.js.ObjectStore(ctx, cfg.ArtifactsBucket)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("provision object store %s: %w", cfg.ArtifactsBucket, err)
-	}
-	return nil
+	// Artifacts: a stream whose every subject takes one message (store.go).
+	return b.provisionArtifacts(ctx)
 }
 
 // ensureStream creates the stream from want if it does not exist. If it

@@ -44,7 +44,11 @@ func (b *Bus) Encode(ev schemas.Event) (*nats.Msg, error) {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now()
 	}
-	return encodeEvent(b.cat, ev)
+	m, err := encodeEvent(b.cat, ev)
+	if err == nil && b.signer != nil {
+		err = b.signer.sign(m)
+	}
+	return m, err
 }
 
 func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
@@ -98,8 +102,9 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 // everything a consumer relies on: structured CloudEvents JSON, spec
 // version 1.0, required attributes, a known type whose data satisfies its
 // schema, a subject that matches the event's session and type, and a
-// Nats-Msg-Id header equal to the event id (which Encode sets). Every
-// failure wraps ErrMalformed.
+// Nats-Msg-Id header equal to the event id (which Encode sets), and, with
+// a trust file, a signature by a key trusted to state the event's type
+// (ErrUntrusted). Every failure wraps ErrMalformed.
 func (b *Bus) Decode(subject string, header nats.Header, data []byte) (schemas.Event, error) {
 	return b.decode(subject, header, data)
 }
@@ -180,6 +185,13 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.E
 		return bad("no %s header: events are published with their id as de-duplication id; a copy without it is a replay or was published by hand", nats.MsgIdHdr)
 	case msgID != ev.ID:
 		return bad("%s %q is not the event id %q: a replayed or altered copy", nats.MsgIdHdr, msgID, ev.ID)
+	}
+	if b.trust != nil {
+		signer, err := b.trust.verify(ev.Type, subject, header, data)
+		if err != nil {
+			return schemas.Event{}, fmt.Errorf("%w: %w", ErrMalformed, err)
+		}
+		ev.Signer = signer
 	}
 	d, err := b.cat.Decode(ev.Type, ce.Data())
 	if err != nil {

@@ -1,6 +1,6 @@
 // Package bus is loopbus's only door to NATS: connection options, the
 // embedded server, provisioning of the event stream, dead-letter stream, view
-// KV bucket and artifact object store, CloudEvent encoding, publishing
+// KV bucket and write-once artifact stream, CloudEvent encoding, publishing
 // (de-duplication ids, atomic batches with an expected-sequence check), and
 // durable consumers. It is also the only package that maps handler errors to
 // ack, nak-with-delay or terminate.
@@ -78,6 +78,15 @@ type Config struct {
 	// event it has not delivered before it replaces its consumer (one
 	// stuck on a dead cluster node, say); 0 means DefaultReadStall.
 	ReadStall time.Duration
+
+	// SignKeyFile is an nkey user seed file (see LoadSignKey): every event
+	// this Bus publishes is signed with it. Empty publishes unsigned events.
+	SignKeyFile string
+	// TrustFile lists the public keys of each role (see LoadTrust): every
+	// event read must be signed by a key whose role may state its type,
+	// else it is malformed (dead-lettered with the reason), and
+	// Event.Signer names the key. Empty trusts every event unsigned.
+	TrustFile string
 }
 
 // ErrConfig: a configuration value is invalid.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -308,7 +309,7 @@ func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg,
 		}
 	}()
 
-	herr := h(ctx, Delivery{Event: ev, NumDelivered: meta.NumDelivered})
+	herr := b.contained(ErrPermanent, ev, func() error { return h(ctx, Delivery{Event: ev, NumDelivered: meta.NumDelivered}) })
 	stopHB()
 	log := b.log.With().Str("consumer", cfg.Durable).Str("type", ev.Type).Str("id", ev.ID).Uint64("seq", ev.Seq).Logger()
 	var rel *releaseError
@@ -399,4 +400,31 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// contained calls f, turning a panic into an error wrapping kind, so that
+// one event a handler cannot handle (a bug, or hostile content) is
+// dead-lettered with the panic as its reason instead of taking the process
+// down, again on every restart.
+func (b *Bus) contained(kind error, ev schemas.Event, f func() error) (err error) {
+	defer b.recovered(kind, &ev, &err)
+	return f()
+}
+
+// containedRead is contained for a Read callback, without a closure: it
+// runs for every event read.
+func (b *Bus) containedRead(fn func(schemas.Event) error, ev schemas.Event) (err error) {
+	defer b.recovered(ErrMalformed, &ev, &err)
+	return fn(ev)
+}
+
+// recovered turns a panic into *err (wrapping kind) and logs it.
+func (b *Bus) recovered(kind error, ev *schemas.Event, err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	b.log.Error().Str("session", ev.Session).Str("type", ev.Type).Str("id", ev.ID).Uint64("seq", ev.Seq).
+		Str("stack", string(debug.Stack())).Msgf("handling the event panicked: %v", r)
+	*err = fmt.Errorf("%w: handling %s %s panicked: %v", kind, ev.Type, ev.ID, r)
 }

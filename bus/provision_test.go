@@ -109,8 +109,17 @@ func TestProvisionedStream(t *testing.T) {
 	if st, err := kv.Status(ctx); err != nil || st.History() != 1 {
 		t.Errorf("views bucket status: %v (history %d, want 1)", err, st.History())
 	}
-	if _, err := js.ObjectStore(ctx, bus.DefaultArtifactsBucket); err != nil {
-		t.Fatalf("artifact store: %v", err)
+	art, err := js.Stream(ctx, bus.DefaultArtifactsBucket)
+	if err != nil {
+		t.Fatalf("artifact stream: %v", err)
+	}
+	if c := art.CachedInfo().Config; c.MaxMsgsPerSubject != 1 || c.Discard != jetstream.DiscardNew || !c.DiscardNewPerSubject ||
+		c.AllowRollup || !c.AllowDirect || c.Storage != jetstream.FileStorage || len(c.Subjects) != 1 || c.Subjects[0] != bus.ArtifactSubjects {
+		t.Errorf("artifact stream is not write-once: %+v", c)
+	}
+	// The object store of earlier releases is not created.
+	if _, err := js.Stream(ctx, "OBJ_"+bus.DefaultArtifactsBucket); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("object store stream: %v, want not found", err)
 	}
 }
 
@@ -144,8 +153,8 @@ func TestConnectCustomNames(t *testing.T) {
 	if _, err := b.JetStream().KeyValue(ctx, "EV_VIEWS"); err != nil {
 		t.Errorf("bucket EV_VIEWS: %v", err)
 	}
-	if _, err := b.JetStream().ObjectStore(ctx, "EV_ART"); err != nil {
-		t.Errorf("object store EV_ART: %v", err)
+	if _, err := b.JetStream().Stream(ctx, "EV_ART"); err != nil {
+		t.Errorf("artifact stream EV_ART: %v", err)
 	}
 	// The default names were not provisioned.
 	if _, err := b.JetStream().Stream(ctx, bus.DefaultStream); !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -365,15 +374,11 @@ func bucketReplicas(t *testing.T, b *bus.Bus) (views, artifacts int) {
 	if err != nil {
 		t.Fatalf("views bucket status: %v", err)
 	}
-	obs, err := b.JetStream().ObjectStore(ctx, bus.DefaultArtifactsBucket)
+	art, err := b.JetStream().Stream(ctx, bus.DefaultArtifactsBucket)
 	if err != nil {
-		t.Fatalf("artifact store: %v", err)
+		t.Fatalf("artifact stream: %v", err)
 	}
-	ost, err := obs.Status(ctx)
-	if err != nil {
-		t.Fatalf("artifact store status: %v", err)
-	}
-	return kst.Config().Replicas, ost.Replicas()
+	return kst.Config().Replicas, art.CachedInfo().Config.Replicas
 }
 
 // holds checks cond repeatedly for d and fails the test the first time it
@@ -479,8 +484,14 @@ func TestProvisionKeepsExistingBuckets(t *testing.T) {
 	if _, err := js.UpdateKeyValue(ctx, kcfg); err != nil {
 		t.Fatalf("update views bucket: %v", err)
 	}
-	if _, err := js.UpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: bus.DefaultArtifactsBucket, Description: "operator's", Storage: jetstream.FileStorage, MaxBytes: 1 << 30}); err != nil {
-		t.Fatalf("update artifact store: %v", err)
+	art, err := js.Stream(ctx, bus.DefaultArtifactsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg := art.CachedInfo().Config
+	acfg.Description, acfg.MaxBytes = "operator's", 1<<30
+	if _, err := js.UpdateStream(ctx, acfg); err != nil {
+		t.Fatalf("update artifact stream: %v", err)
 	}
 	if err := b.PutView(ctx, "k", map[string]int{"v": 1}); err != nil {
 		t.Fatal(err)
@@ -512,16 +523,12 @@ func TestProvisionKeepsExistingBuckets(t *testing.T) {
 		if kst.History() != 5 || kst.Config().Description != "operator's" {
 			t.Errorf("%s: views bucket history %d description %q, want the operator's 5 and description", tt.name, kst.History(), kst.Config().Description)
 		}
-		obs, err := js.ObjectStore(ctx, bus.DefaultArtifactsBucket)
+		art, err := js.Stream(ctx, bus.DefaultArtifactsBucket)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ost, err := obs.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ost.Description() != "operator's" {
-			t.Errorf("%s: artifact store description %q, want the operator's", tt.name, ost.Description())
+		if c := art.CachedInfo().Config; c.Description != "operator's" || c.MaxBytes != 1<<30 {
+			t.Errorf("%s: artifact stream description %q, max bytes %d; want the operator's", tt.name, c.Description, c.MaxBytes)
 		}
 		var v map[string]int
 		if err := b2.GetView(ctx, "k", &v); err != nil || v["v"] != 1 {

@@ -164,7 +164,7 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 				if derr == nil {
 					ev.Seq = meta.Sequence.Stream
 					ev.Stored = meta.Timestamp.UTC()
-					if err := fn(ev); err != nil {
+					if err := b.containedRead(fn, ev); err != nil {
 						switch {
 						case errors.Is(err, ErrStop):
 							return true, nil

@@ -18,8 +18,9 @@ type Check struct {
 
 // Doctor inspects what loopbus relies on: the server version (atomic
 // batches need 2.12), the event stream's settings, the shared consumers,
-// the dead letters, and sh for exec agents. where describes the connection
-// for the report.
+// the artifact store (write-once; and the object store of earlier
+// releases, if present), the dead letters, and sh for exec agents. where
+// describes the connection for the report.
 func Doctor(ctx context.Context, b *bus.Bus, where string) []Check {
 	var out []Check
 	add := func(name string, err error, detail string) {
@@ -75,6 +76,17 @@ func Doctor(ctx context.Context, b *bus.Bus, where string) []Check {
 			continue
 		}
 		add("consumer "+name, nil, fmt.Sprintf("%d pending, %d in progress, %d redelivered, %d waiting pulls", ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting))
+	}
+	if cur, old, err := b.ArtifactStores(ctx); err != nil {
+		add("artifacts", err, "")
+	} else {
+		if len(cur.Problems) > 0 {
+			err = fmt.Errorf("%s is not write-once: it lacks %s (connect as a user allowed to update it, e.g. the admin, to restore them)", cur.Stream, strings.Join(cur.Problems, ", "))
+		}
+		add("artifacts", err, fmt.Sprintf("%s: %d messages, %d bytes, write-once, replicas %d", cur.Stream, cur.Messages, cur.Bytes, cur.Replicas))
+		if old != nil {
+			add("old artifacts", nil, fmt.Sprintf("%s (object store of earlier releases): %d messages, %d bytes, read only", old.Stream, old.Messages, old.Bytes))
+		}
 	}
 	if dlq, err := js.Stream(ctx, bus.DefaultDLQStream); err == nil {
 		if info, err := dlq.Info(ctx); err == nil {

@@ -183,7 +183,7 @@ func (r PullResult) String() string {
 var ErrNoTarget = errors.New("no target branch")
 
 // Pull brings a loops session's target branch (loopbus/<session>) into the
-// git repository at repo: the bundles are fetched from the object store
+// git repository at repo: the bundles are fetched from the artifact stream
 // and the branch is created or moved forward, never forced; the
 // repository's checked-out branch, index and working tree are not touched.
 // It may run while the session runs: the branch then holds what is merged

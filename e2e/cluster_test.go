@@ -159,7 +159,7 @@ steps:
 		all = append(all, startProcess(t, dir, name, append(args, global...)...))
 	}
 	// Everything loopbus stores is replicated to all three nodes.
-	streams := []string{"LOOPBUS", "LOOPBUS_DLQ", "KV_LOOPBUS_VIEWS", "OBJ_LOOPBUS_ARTIFACTS"}
+	streams := []string{"LOOPBUS", "LOOPBUS_DLQ", "KV_LOOPBUS_VIEWS", "LOOPBUS_ARTIFACTS"}
 	streamInfo := func(name string) *jetstream.StreamInfo {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -211,6 +211,54 @@ func rawConn(t *testing.T, url, user, password string) (*nats.Conn, <-chan error
 	return nc, errs
 }
 
+// secureNATS is a NATS server started from the example configuration with
+// a random password per role.
+type secureNATS struct {
+	url   string
+	pw    map[string]string
+	out   *outputs
+	debug bool
+}
+
+// startSecureNATS starts it, recording its output in out as "nats"; with
+// debug, it and every command run through as log at debug level.
+func startSecureNATS(t *testing.T, out *outputs, debug bool) *secureNATS {
+	t.Helper()
+	s := &secureNATS{pw: map[string]string{}, out: out, debug: debug}
+	var serverEnv []string
+	for _, role := range secureRoles {
+		s.pw[role] = secret(t, role+"-pw")
+		serverEnv = append(serverEnv, "LOOPBUS_"+strings.ToUpper(role)+"_PASSWORD="+s.pw[role])
+	}
+	addr := freePort(t)
+	s.url = "nats://" + addr
+	args := []string{"nats", "--config", secureConfig, "--data", t.TempDir(), "--listen", addr}
+	if debug {
+		args = append(args, "--log-level", "debug")
+	}
+	out.start(t, "nats", serverEnv, args...)
+	waitListening(t, addr, out.all["nats"])
+	return s
+}
+
+// as returns args with the connection flags of role.
+func (s *secureNATS) as(role string, args ...string) []string {
+	args = append(args, "--nats", s.url, "--user", role, "--password", s.pw[role])
+	if s.debug {
+		args = append(args, "--log-level", "debug")
+	}
+	return args
+}
+
+// provision creates the streams and buckets as admin.
+func (s *secureNATS) provision(t *testing.T) {
+	t.Helper()
+	doc := s.out.result("admin doctor", loopbus(t, s.as("admin", "doctor")...))
+	if !strings.Contains(doc.stdout, "ok    event stream") {
+		t.Fatalf("admin doctor did not provision: exit %d\n%s%s", doc.code, doc.stdout, doc.stderr)
+	}
+}
+
 // TestSecureExample starts NATS from the shipped example configuration,
 // provisions as admin, runs every service as its own restricted user and a
 // session as the client user to completion; then shows that the agent
@@ -220,20 +268,9 @@ func rawConn(t *testing.T, url, user, password string) (*nats.Conn, <-chan error
 // any output, in events --json or in an export.
 func TestSecureExample(t *testing.T) {
 	t.Parallel()
-	pw := map[string]string{}
-	var serverEnv []string
-	for _, role := range secureRoles {
-		pw[role] = secret(t, role+"-pw")
-		serverEnv = append(serverEnv, "LOOPBUS_"+strings.ToUpper(role)+"_PASSWORD="+pw[role])
-	}
 	out := newOutputs()
-	addr := freePort(t)
-	url := "nats://" + addr
-	out.start(t, "nats", serverEnv, "nats", "--config", secureConfig, "--data", t.TempDir(), "--listen", addr, "--log-level", "debug")
-	waitListening(t, addr, out.all["nats"])
-	as := func(role string, args ...string) []string {
-		return append(args, "--nats", url, "--user", role, "--password", pw[role], "--log-level", "debug")
-	}
+	srv := startSecureNATS(t, out, true)
+	url, pw, as := srv.url, srv.pw, srv.as
 
 	// A restricted user cannot provision: it is told which permission it lacks.
 	early := out.result("early worker", loopbus(t, as("agentworker", "agentworker")...))
@@ -242,10 +279,7 @@ func TestSecureExample(t *testing.T) {
 	}
 	// The admin provisions (doctor creates the streams and buckets, then
 	// reports the consumers missing until the services run).
-	doc := out.result("admin doctor", loopbus(t, as("admin", "doctor")...))
-	if !strings.Contains(doc.stdout, "ok    event stream") {
-		t.Fatalf("admin doctor did not provision: exit %d\n%s%s", doc.code, doc.stdout, doc.stderr)
-	}
+	srv.provision(t)
 	for _, svc := range []string{"orchestrator", "validator", "projector", "agentworker"} {
 		out.start(t, svc, nil, as(svc, svc)...)
 	}

@@ -350,7 +350,7 @@ func (d *decider) backlogFill() bool {
 		}
 	case schemas.PhaseDone:
 		// With workdir: repo, the last passed runs are merged first.
-		if activeCount == 0 && (s.Loops == nil || s.Loops.idle()) {
+		if s.canComplete() {
 			d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: []schemas.ArtifactRef{}})
 			changed = true
 		}

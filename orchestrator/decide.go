@@ -263,7 +263,7 @@ func (d *decider) decide() {
 			if !s.terminal() && d.loopsFill() {
 				changed = true
 			}
-		case !changed && s.allCompleted():
+		case !changed && s.canComplete():
 			d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: s.finalArtifacts()})
 		}
 	}
@@ -554,15 +554,6 @@ func (s *Session) ready(st *Step) bool {
 		}
 	}
 	return true
-}
-
-func (s *Session) allCompleted() bool {
-	for _, st := range s.Steps {
-		if st.Status != StepCompleted {
-			return false
-		}
-	}
-	return len(s.Steps) > 0
 }
 
 func (s *Session) finalArtifacts() []schemas.ArtifactRef {

@@ -458,7 +458,7 @@ func (d *decider) loopsFill() bool {
 	if d.mergeQueue() {
 		changed = true
 	}
-	if !changed && l.done() && s.Status == StatusRunning {
+	if !changed && s.canComplete() {
 		d.emit(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: []schemas.ArtifactRef{}})
 		changed = true
 	}
@@ -497,20 +497,6 @@ func (d *decider) mergeQueue() bool {
 func (l *LoopsState) idle() bool { return len(l.Queue) == 0 && l.Merging == "" }
 
 func sortedLoopIDs(l *LoopsState) []string { return slices.Sorted(maps.Keys(l.Loops)) }
-
-// done reports whether every loop is completed with its children spawned,
-// and nothing waits to merge.
-func (l *LoopsState) done() bool {
-	if len(l.Queue) > 0 || l.Merging != "" || len(l.Loops) == 0 {
-		return false
-	}
-	for _, lp := range l.Loops {
-		if lp.Status != LoopCompleted && lp.Status != LoopInvalidated || len(lp.Parts) > 0 {
-			return false
-		}
-	}
-	return true
-}
 
 // requestMerge asks a worker to merge the loop at the head of the queue.
 func (d *decider) requestMerge(id string, attempt int) {

@@ -888,3 +888,91 @@ func TestRunnerDeadLettersEventsOfNoSession(t *testing.T) {
 	r.stop()
 	r.assertNoErrors(t)
 }
+
+// TestRunnerDeadLettersForgedCompletions: a step.completed for a job whose
+// validation never passed and a session.completed while the session runs
+// contradict the history: the orchestrator dead-letters them with the
+// reason, whoever sent them, and the session completes normally.
+func TestRunnerDeadLettersForgedCompletions(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	r := startRunner(t, b, "o1")
+	const session = "forged"
+	start := startSession(t, b, session, twoSteps())
+	evs := waitEvents(t, b, session, "job.requested for draft", has(schemas.TypeJobRequested, "draft"))
+	jr := mustFind(t, evs, schemas.TypeJobRequested, "draft")
+	job := jr.Data.(*schemas.JobRequested).JobID
+
+	// The draft job runs: nothing passed yet.
+	forged := []schemas.Event{
+		{ID: "forged-step-completed", Type: schemas.TypeStepCompleted, Session: session, Step: "draft", Correlation: start.ID, Time: time.Now(),
+			Data: &schemas.StepCompleted{Step: "draft", JobID: job, Iterations: 1, Artifacts: []schemas.ArtifactRef{}, ContentHash: schemas.ContentHash(nil)}},
+		{ID: "forged-session-completed", Type: schemas.TypeSessionCompleted, Session: session, Correlation: start.ID, Time: time.Now(),
+			Data: &schemas.SessionCompleted{Final: []schemas.ArtifactRef{}}},
+	}
+	for _, ev := range forged {
+		if _, err := b.Publish(ctx, ev); err != nil {
+			t.Fatalf("publish forged %s: %v", ev.Type, err)
+		}
+	}
+	want := []string{
+		"step.completed completes step draft with job " + job + ", whose validation has not passed",
+		"session.completed completes session " + session + ", but step draft is running",
+	}
+	var reasons []string
+	for {
+		reasons = reasons[:0]
+		if err := b.DeadLetters(ctx, func(dl bus.DeadLetter) error {
+			reasons = append(reasons, dl.Reason)
+			return nil
+		}); err != nil {
+			t.Fatalf("DeadLetters: %v", err)
+		}
+		if len(reasons) >= len(want) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("dead letters %q, want %d", reasons, len(want))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(reasons) != len(want) {
+		t.Fatalf("dead letters %q, want %d", reasons, len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(reasons[i], w) {
+			t.Errorf("dead letter %d: reason %q, want it to say %q", i, reasons[i], w)
+		}
+	}
+
+	// The session goes on as if they had never been sent.
+	pass(t, b, jr)
+	evs = waitEvents(t, b, session, "session.completed", func(evs []schemas.Event) bool {
+		if ev, ok := find(evs, schemas.TypeJobRequested, "review"); ok && !has(schemas.TypeValidationPassed, "review")(evs) {
+			pass(t, b, ev)
+		}
+		for _, ev := range evs {
+			if ev.Type == schemas.TypeSessionCompleted && ev.ID != forged[1].ID {
+				return true
+			}
+		}
+		return false
+	})
+	var own []schemas.Event
+	for _, ev := range evs {
+		if ev.ID != forged[0].ID && ev.ID != forged[1].ID {
+			own = append(own, ev)
+		}
+	}
+	assertDecisionsOnce(t, own,
+		typeStep{schemas.TypeJobRequested, "draft"}, typeStep{schemas.TypeStepCompleted, "draft"},
+		typeStep{schemas.TypeJobRequested, "review"}, typeStep{schemas.TypeStepCompleted, "review"},
+		typeStep{schemas.TypeSessionCompleted, ""})
+	sc := mustFind(t, own, schemas.TypeStepCompleted, "draft")
+	if d := sc.Data.(*schemas.StepCompleted); !reflect.DeepEqual(d.Artifacts, []schemas.ArtifactRef{outputRef(session, "draft", "draft.md")}) {
+		t.Errorf("draft completed with %+v, want its passed output", d.Artifacts)
+	}
+	r.stop()
+	r.assertNoErrors(t)
+}

@@ -241,7 +241,10 @@ var ErrNoSession = errors.New("no such session")
 
 // ErrInconsistent: an event states a fact its session's history
 // contradicts: a result of a job never requested, a verdict on a job that
-// never completed, an artifact never stored.
+// never completed, an artifact never stored, a step completed without its
+// job's passed verdict, a session completed before its time, or (when the
+// bus verifies signatures) a job's result or progress signed by another
+// than the worker that started it.
 var ErrInconsistent = errors.New("inconsistent with the session's history")
 
 // Check reports whether ev may be applied: it returns an error wrapping
@@ -249,7 +252,10 @@ var ErrInconsistent = errors.New("inconsistent with the session's history")
 // for a second session.started of a session, and one wrapping ErrNoSession
 // for an event of a session that has no session.started before it. Such
 // events are not facts but replays (or forgeries); the service
-// dead-letters them.
+// dead-letters them. An event of a running session that states a fact its
+// history contradicts (see facts.check) gets one wrapping ErrInconsistent,
+// whoever sent it: the orchestrator reads its own decisions back through
+// Check too.
 func Check(st *State, ev schemas.Event) error {
 	s := st.Sessions[ev.Session]
 	switch {
@@ -265,27 +271,46 @@ func Check(st *State, ev schemas.Event) error {
 	if _, dup := s.seen[ev.ID]; dup {
 		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
 	}
-	return s.facts.check(ev)
+	return s.facts.check(s, ev)
 }
 
 // facts are what a running session's history established, for Check: the
 // jobs requested, the jobs that completed with their artifacts, the
 // artifacts stored (by job, name and digest: a job run again stores the
 // same bytes under another object, and its artifact.stored has the id of
-// the first run's).
+// the first run's), the jobs cancelled, and who holds each job a signed
+// job.started announced.
 type facts struct {
 	requested map[string]bool
 	completed map[string][]schemas.ArtifactRef
 	stored    map[storedKey]bool
+	cancelled map[string]bool
+	// holders maps a requested job to the signer of its latest job.started
+	// (only signed ones: with no trust configured nobody holds a job).
+	holders map[string]holder
 }
 
 type storedKey struct{ job, name, digest string }
 
+// holder is the worker a signed job.started announced: only it states the
+// job's progress and result.
+type holder struct {
+	signer string
+	// at is when it started the job (the stream's time, else the
+	// worker's), or the event's id when neither is known.
+	at string
+	// delivery is JetStream's delivery count of the job it started.
+	delivery int
+}
+
 func newFacts() *facts {
+	// cancelled and holders are made when first needed: most sessions
+	// cancel nothing, and with no trust configured nobody holds a job.
 	return &facts{requested: map[string]bool{}, completed: map[string][]schemas.ArtifactRef{}, stored: map[storedKey]bool{}}
 }
 
-// record adds what ev establishes.
+// record adds what ev establishes. Only requested jobs are tracked, so the
+// facts grow with the session's requests, not with what others publish.
 func (f *facts) record(ev schemas.Event) {
 	switch d := ev.Data.(type) {
 	case *schemas.JobRequested:
@@ -294,14 +319,42 @@ func (f *facts) record(ev schemas.Event) {
 		f.completed[d.JobID] = d.Artifacts
 	case *schemas.ArtifactStored:
 		f.stored[storedKey{d.JobID, d.Artifact.Name, d.Artifact.Digest}] = true
+	case *schemas.JobCancelled:
+		if f.requested[d.JobID] {
+			if f.cancelled == nil {
+				f.cancelled = map[string]bool{}
+			}
+			f.cancelled[d.JobID] = true
+		}
+	case *schemas.JobStarted:
+		// A later start of the job (a redelivery taken over after a
+		// worker stopped or crashed) replaces the holder.
+		if ev.Signer != "" && f.requested[d.JobID] {
+			at := ev.Stored
+			if at.IsZero() {
+				at = ev.Time
+			}
+			h := holder{signer: ev.Signer, at: "event " + ev.ID, delivery: d.Delivery}
+			if !at.IsZero() {
+				h.at = at.UTC().Format(time.RFC3339)
+			}
+			if f.holders == nil {
+				f.holders = map[string]holder{}
+			}
+			f.holders[d.JobID] = h
+		}
 	}
 }
 
-// check refuses a result, verdict or artifact list the history
-// contradicts. Every one of them follows what it answers in the stream:
-// a worker reads the request, a validator the result, and artifacts are
-// stored before the result naming them.
-func (f *facts) check(ev schemas.Event) error {
+// check refuses a fact the history of session s contradicts. Every job
+// result, verdict and artifact list follows what it answers in the
+// stream: a worker reads the request, a validator the result, and
+// artifacts are stored before the result naming them. A step completes on
+// its current job's passed verdict, with that verdict's artifacts; a
+// session completes by its kind's rule (canComplete). When the bus
+// verified signatures, a job's progress and result are stated by the
+// worker holding it: the signer of its latest job.started.
+func (f *facts) check(s *Session, ev schemas.Event) error {
 	if f == nil {
 		return nil
 	}
@@ -313,6 +366,9 @@ func (f *facts) check(ev schemas.Event) error {
 		if !f.requested[d.JobID] {
 			return bad("answers job %s, which was never requested", d.JobID)
 		}
+		if err := f.checkHolder(ev, d.JobID, true, bad); err != nil {
+			return err
+		}
 		for _, a := range d.Artifacts {
 			if !f.stored[storedKey{d.JobID, a.Name, a.Digest}] {
 				return bad("names artifact %s (%s), which the job never stored with that digest", a.Name, a.Object)
@@ -322,6 +378,28 @@ func (f *facts) check(ev schemas.Event) error {
 		if !f.requested[d.JobID] {
 			return bad("answers job %s, which was never requested", d.JobID)
 		}
+		// A worker that finds the job cancelled before it starts it says
+		// so without starting it: no holder, no usage.
+		notStarted := d.Cancelled && d.Usage == nil && f.cancelled[d.JobID]
+		if err := f.checkHolder(ev, d.JobID, !notStarted, bad); err != nil {
+			return err
+		}
+	case *schemas.JobStarted:
+		// A job changes hands only when JetStream delivers it again (its
+		// worker crashed or stopped): another key announcing it at the
+		// same delivery claims a job it was never given.
+		if h, ok := f.holders[d.JobID]; ok && ev.Signer != "" && h.signer != ev.Signer && d.Delivery <= h.delivery {
+			return bad("is signed by %s and starts job %s at delivery %d, but %s holds it since delivery %d (started it at %s): a job changes hands only when it is delivered again",
+				shortKey(ev.Signer), d.JobID, d.Delivery, shortKey(h.signer), h.delivery, h.at)
+		}
+	case *schemas.ArtifactStored:
+		return f.checkHolder(ev, d.JobID, false, bad)
+	case *schemas.ToolStarted:
+		return f.checkHolder(ev, d.JobID, false, bad)
+	case *schemas.ToolCompleted:
+		return f.checkHolder(ev, d.JobID, false, bad)
+	case *schemas.AgentMessage:
+		return f.checkHolder(ev, d.JobID, false, bad)
 	case *schemas.Verdict:
 		arts, ok := f.completed[d.JobID]
 		if !ok {
@@ -335,8 +413,197 @@ func (f *facts) check(ev schemas.Event) error {
 				return bad("names artifact %s (%s), which job %s did not produce", a.Name, a.Object, d.JobID)
 			}
 		}
+	case *schemas.StepCompleted:
+		st := s.Steps[d.Step]
+		switch {
+		case st == nil:
+			return bad("completes step %s, which session %s does not have", d.Step, s.ID)
+		case st.Status != StepRunning:
+			return bad("completes step %s, which is %s", d.Step, st.Status)
+		case st.JobID != d.JobID:
+			return bad("completes step %s with job %s, but the step's current job is %s", d.Step, d.JobID, st.JobID)
+		case st.Outcome == outcomeFailed:
+			return bad("completes step %s with job %s, whose run or validation failed", d.Step, d.JobID)
+		case st.Outcome != outcomePassed:
+			return bad("completes step %s with job %s, whose validation has not passed", d.Step, d.JobID)
+		case !sameArtifacts(d.Artifacts, st.Passed):
+			return bad("completes step %s with artifacts %s, but the passed verdict on job %s names %s", d.Step, artifactList(d.Artifacts), d.JobID, artifactList(st.Passed))
+		case d.ContentHash != schemas.ContentHash(st.Passed):
+			return bad("completes step %s with content hash %s, but its artifacts hash to %s", d.Step, d.ContentHash, schemas.ContentHash(st.Passed))
+		}
+	case *schemas.SessionCompleted:
+		if b, blocked := s.blocker(); blocked {
+			return bad("completes session %s, but %s", s.ID, b)
+		}
 	}
 	return nil
+}
+
+// checkHolder refuses a signed event about job that its holder did not
+// sign, and (with needHolder) one about a job no signed job.started
+// announced. Unsigned events (no trust configured) pass.
+func (f *facts) checkHolder(ev schemas.Event, job string, needHolder bool, bad func(string, ...any) error) error {
+	if ev.Signer == "" {
+		return nil
+	}
+	h, ok := f.holders[job]
+	switch {
+	case ok && h.signer != ev.Signer:
+		return bad("is signed by %s, but job %s is held by %s (started it at %s)", shortKey(ev.Signer), job, shortKey(h.signer), h.at)
+	case !ok && needHolder:
+		return bad("is signed by %s, but no worker announced starting job %s (no signed job.started)", shortKey(ev.Signer), job)
+	}
+	return nil
+}
+
+// shortKey shortens a public key for messages: 12 characters identify it.
+func shortKey(k string) string {
+	if len(k) <= 12 {
+		return k
+	}
+	return k[:12] + "…"
+}
+
+// sameArtifacts reports whether a and b name the same artifacts (name,
+// object and digest), in the same order.
+func sameArtifacts(a, b []schemas.ArtifactRef) bool {
+	return slices.EqualFunc(a, b, func(x, y schemas.ArtifactRef) bool {
+		return x.Name == y.Name && x.Object == y.Object && x.Digest == y.Digest
+	})
+}
+
+// artifactList names artifacts for messages, the first few of them.
+func artifactList(arts []schemas.ArtifactRef) string {
+	const shown = 4
+	if len(arts) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, shown+1)
+	for _, a := range arts[:min(len(arts), shown)] {
+		parts = append(parts, a.Name+" ("+a.Object+")")
+	}
+	if len(arts) > shown {
+		parts = append(parts, fmt.Sprintf("and %d more", len(arts)-shown))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// canComplete reports whether the session is complete by its kind's rule;
+// Decide completes it then, and Check accepts session.completed only then.
+func (s *Session) canComplete() bool {
+	_, blocked := s.blocker()
+	return !blocked
+}
+
+// blocker is what keeps a session from completing: its status, its
+// backlog's phase, a step (a backlog's run, a loop) and its state, or
+// merges waiting.
+type blocker struct{ kind, name, state string }
+
+const (
+	blockStatus  = "status"
+	blockPhase   = "phase"
+	blockStep    = "step"
+	blockRun     = "run"
+	blockLoop    = "loop"
+	blockParts   = "parts"
+	blockMerges  = "merges"
+	blockNoLoops = "no loops"
+	blockNoSteps = "no steps"
+)
+
+func (b blocker) String() string {
+	switch b.kind {
+	case blockStatus:
+		return "it is " + b.state
+	case blockPhase:
+		return fmt.Sprintf("the backlog is in phase %q, not %q", b.name, schemas.PhaseDone)
+	case blockParts:
+		return "loop " + b.name + " has children to spawn"
+	case blockMerges:
+		return "passed " + b.name + " wait to be merged"
+	case blockNoLoops:
+		return "no loop was spawned"
+	case blockNoSteps:
+		return "it has no steps"
+	}
+	return b.kind + " " + b.name + " is " + b.state
+}
+
+// blocker returns what keeps the session from being complete, if
+// anything: for a pipeline, a step not completed; for a backlog, a phase
+// other than done, a run still due or running, or a merge waiting; for
+// loops, a loop not done (completed or invalidated, its children
+// spawned) or a merge waiting. Backlogs and loops complete only while
+// running. It allocates nothing: Decide asks on every decision. Of
+// several steps or loops, it names the first (a pipeline's in file order,
+// others by name).
+func (s *Session) blocker() (blocker, bool) {
+	switch {
+	case s.Backlog != nil:
+		b := s.Backlog
+		switch {
+		case s.Status != StatusRunning:
+			return blocker{kind: blockStatus, state: s.Status}, true
+		case b.Phase != schemas.PhaseDone:
+			return blocker{kind: blockPhase, name: b.Phase}, true
+		}
+		var first string
+		for name, st := range s.Steps {
+			if st.active() && (first == "" || name < first) {
+				first = name
+			}
+		}
+		if first != "" {
+			return blocker{kind: blockRun, name: first, state: s.Steps[first].Status}, true
+		}
+		if s.Loops != nil && !s.Loops.idle() {
+			return blocker{kind: blockMerges, name: "runs"}, true
+		}
+	case s.Loops != nil:
+		l := s.Loops
+		switch {
+		case s.Status != StatusRunning:
+			return blocker{kind: blockStatus, state: s.Status}, true
+		case len(l.Loops) == 0:
+			return blocker{kind: blockNoLoops}, true
+		case !l.idle():
+			return blocker{kind: blockMerges, name: "loops"}, true
+		}
+		var first string
+		for id, lp := range l.Loops {
+			if (lp.Status != LoopCompleted && lp.Status != LoopInvalidated || len(lp.Parts) > 0) && (first == "" || id < first) {
+				first = id
+			}
+		}
+		switch lp := l.Loops[first]; {
+		case first == "":
+		case lp.Status != LoopCompleted && lp.Status != LoopInvalidated:
+			return blocker{kind: blockLoop, name: first, state: lp.Status}, true
+		default:
+			return blocker{kind: blockParts, name: first}, true
+		}
+	default:
+		if len(s.Steps) == 0 {
+			return blocker{kind: blockNoSteps}, true
+		}
+		for _, d := range s.Pipeline.Steps {
+			if st := s.Steps[d.Name]; st != nil && st.Status != StepCompleted {
+				return blocker{kind: blockStep, name: d.Name, state: st.Status}, true
+			}
+		}
+		// Steps not in the pipeline: never for a normalized one.
+		var first string
+		for name, st := range s.Steps {
+			if st.Status != StepCompleted && (first == "" || name < first) {
+				first = name
+			}
+		}
+		if first != "" {
+			return blocker{kind: blockStep, name: first, state: s.Steps[first].Status}, true
+		}
+	}
+	return blocker{}, false
 }
 
 // Evolve applies ev to st. It never fails: events that do not fit the

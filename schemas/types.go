@@ -48,6 +48,10 @@ type Event struct {
 	Seq         uint64
 	// Stored is when the stream stored the event; zero for events not read from the stream.
 	Stored time.Time
+	// Signer is the public key (an nkey, "U…") whose signature the bus
+	// verified when it read the event; empty when the bus trusts no keys
+	// (no --trust file) or for events not read from the stream.
+	Signer string
 }
 
 // Subject returns the CloudEvent subject: the session, or session/step when
@@ -59,12 +63,12 @@ func (e Event) Subject() string {
 	return e.Session + "/" + e.Step
 }
 
-// ArtifactRef names an artifact stored in the artifact object store. Events
+// ArtifactRef names an artifact stored in the write-once artifact stream. Events
 // carry references only, never artifact bytes.
 type ArtifactRef struct {
 	// Name is the artifact's file name (a safe base name, see ValidateName).
 	Name string `json:"name"`
-	// Object is the object-store key holding the bytes.
+	// Object is the artifact key holding the bytes.
 	Object string `json:"object"`
 	// Digest is "sha256:" followed by 64 lowercase hex digits.
 	Digest string `json:"digest"`
@@ -337,7 +341,7 @@ type AgentMessage struct {
 	Text  string `json:"text"`
 }
 
-// ArtifactStored reports an artifact written to the object store.
+// ArtifactStored reports an artifact written to the artifact stream.
 type ArtifactStored struct {
 	JobID    string      `json:"jobId"`
 	Artifact ArtifactRef `json:"artifact"`

@@ -33,6 +33,24 @@ type Bus interface {
 	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
 	GetEvent(ctx context.Context, seq uint64) (schemas.Event, error)
 	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
+	// OwnID makes a derived event id unguessable to other keys (see
+	// bus.Bus.OwnID).
+	OwnID(id string) string
+}
+
+// verdictID is one per job result: a redelivered result gets the same
+// verdict. With signed events it is one per job and signer, so that a
+// result forged by another worker (dead-lettered by the orchestrator)
+// cannot take the id of the real result's verdict.
+func verdictID(ev schemas.Event) string {
+	jobID := ev.Job
+	if jc, ok := ev.Data.(*schemas.JobCompleted); ok {
+		jobID = jc.JobID
+	}
+	if ev.Signer == "" {
+		return schemas.DeterministicID(ev.Session, "verdict", jobID)
+	}
+	return schemas.DeterministicID(ev.Session, "verdict", jobID, ev.Signer)
 }
 
 // Config of the validator. The zero value is usable.
@@ -162,7 +180,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		v.Reports = reports
 	}
 	_, err = s.bus.Publish(ctx, schemas.Event{
-		ID:          schemas.DeterministicID(ev.Session, "verdict", jc.JobID),
+		ID:          s.bus.OwnID(verdictID(ev)),
 		Type:        typ,
 		Session:     ev.Session,
 		Step:        ev.Step,

@@ -616,3 +616,24 @@ func (g *globals) runService(ctx context.Context, name string, fn func(ctx conte
 	}
 	return nil
 }
+
+func newKeygenCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "keygen FILE",
+		Short: "Make a signing key: write a new nkey seed to FILE (mode 0600) and print its public key",
+		Long: `Write a new nkey user seed to FILE (never replacing a file) and print its
+public key. Give the seed to a service or command with --sign-key FILE
+(env LOOPBUS_SIGN_KEY), and list the public key under the service's role in
+the trust file that every process reads with --trust (env LOOPBUS_TRUST).
+See examples/secure.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			pub, err := bus.NewSignKey(args[0])
+			if err != nil {
+				return fmt.Errorf("keygen: %w", err)
+			}
+			fmt.Fprintln(g.stdout, pub)
+			return nil
+		},
+	}
+}

@@ -96,6 +96,7 @@ type globals struct {
 
 	user, password, token, creds, nkey string
 	tlsCA, tlsCert, tlsKey             string
+	signKey, trust                     string
 
 	fsync        bool
 	syncInterval time.Duration
@@ -144,6 +145,8 @@ server another loopbus command already runs there).`,
 	pf.StringVar(&g.tlsCA, "tls-ca", "", "CA certificate to verify the NATS server")
 	pf.StringVar(&g.tlsCert, "tls-cert", "", "client certificate for mutual TLS")
 	pf.StringVar(&g.tlsKey, "tls-key", "", "client key for mutual TLS")
+	pf.StringVar(&g.signKey, "sign-key", "", "nkey user seed file: sign every event this command publishes (loopbus keygen makes one)")
+	pf.StringVar(&g.trust, "trust", "", "trust file (role: [public keys]): accept only events signed by a key whose role may state them")
 	pf.BoolVar(&g.fsync, "fsync", true, "embedded server: fsync every write before acknowledging it (--fsync=false flushes every --sync-interval)")
 	pf.DurationVar(&g.syncInterval, "sync-interval", 0, "embedded server with --fsync=false: flush interval (default 2m)")
 	pf.IntVar(&g.replicas, "replicas", 1, "replicas of the stream and buckets (1 to 5; above 1 needs a NATS cluster)")
@@ -154,7 +157,7 @@ server another loopbus command already runs there).`,
 		newRunCmd(g), newWaitCmd(g), newStatusCmd(g), newEventsCmd(g), newReplayCmd(g), newExportCmd(g),
 		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
 		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g), newSignalCmd(g), newWatchCmd(g),
-		newHooksCmd(g), newTasksCmd(g), newSessionsCmd(g), newPullCmd(g),
+		newHooksCmd(g), newTasksCmd(g), newSessionsCmd(g), newPullCmd(g), newKeygenCmd(g),
 	)
 	return root
 }
@@ -180,6 +183,7 @@ func (g *globals) busConfig(name string, service bool) bus.Config {
 		URL: g.natsURL, Name: name,
 		User: g.user, Password: g.password, Token: g.token, CredsFile: g.creds, NKeyFile: g.nkey,
 		TLSCA: g.tlsCA, TLSCert: g.tlsCert, TLSKey: g.tlsKey,
+		SignKeyFile: g.signKey, TrustFile: g.trust,
 		Replicas: g.replicas, MaxAge: g.maxAge, MaxBytes: g.maxBytes,
 	}
 	if service {

@@ -1,0 +1,120 @@
+package bus
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+)
+
+// storeBus connects a Bus to an embedded server of its own.
+func storeBus(t *testing.T) *Bus {
+	t.Helper()
+	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	cat, err := schemas.NewCatalogue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := Connect(ctx, Config{URL: srv.URL(), Name: "store-test"}, "test/store", cat, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
+// A put whose subject someone else wrote first fails with
+// ErrArtifactExists and stores nothing readable; a write repeated after
+// its ack was lost (same bytes) succeeds. Not parallel: it makes the
+// random tokens predictable.
+func TestPutArtifactSubjectTaken(t *testing.T) {
+	b := storeBus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	orig := randomToken
+	t.Cleanup(func() { randomToken = orig })
+	randomToken = func() string { return "predictable-token" }
+
+	// The metadata subject: taken by a squatter that guessed the key.
+	key := "s1/input/in.txt~predictable-token"
+	squat := &nats.Msg{Subject: ArtifactMetaSubject(key), Header: nats.Header{HeaderArtifactMeta: {`{"object":"` + key + `","size":0}`}}}
+	if _, err := b.nc.RequestMsg(squat, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.PutArtifact(ctx, "s1/input/in.txt", "in.txt", strings.NewReader("mine"))
+	if !errors.Is(err, ErrArtifactExists) || !strings.Contains(err.Error(), ArtifactMetaSubject(key)) {
+		t.Fatalf("put on a taken metadata subject = %v, want ErrArtifactExists naming the subject", err)
+	}
+
+	// A chunk subject: taken before the put reaches it.
+	big := bytes.Repeat([]byte("x"), 3*ArtifactChunkSize+5)
+	if _, err := b.nc.Request(artifactChunkSubject("predictable-token", 2), []byte("theirs"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.PutArtifact(ctx, "s1/input/big.bin", "big.bin", bytes.NewReader(big))
+	if !errors.Is(err, ErrArtifactExists) || !strings.Contains(err.Error(), artifactChunkSubject("predictable-token", 2)) {
+		t.Fatalf("put over a taken chunk subject = %v, want ErrArtifactExists naming the chunk", err)
+	}
+	ref := schemas.ArtifactRef{Name: "big.bin", Object: "s1/input/big.bin~predictable-token", Digest: schemas.Digest(big), Size: int64(len(big))}
+	if err := b.GetArtifact(ctx, ref, &bytes.Buffer{}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the failed put left a readable artifact: %v", err)
+	}
+
+	// Writing the same message again (a retry after a lost ack) is not an
+	// error; other bytes on the same subject are.
+	m := chunkMsg("another-token", 0, []byte("chunk"))
+	if err := b.putArtifactMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.putArtifactMsg(ctx, chunkMsg("another-token", 0, []byte("chunk"))); err != nil {
+		t.Errorf("repeating a write that landed = %v, want nil", err)
+	}
+	if err := b.putArtifactMsg(ctx, chunkMsg("another-token", 0, []byte("other"))); !errors.Is(err, ErrArtifactExists) {
+		t.Errorf("another write to the subject = %v, want ErrArtifactExists", err)
+	}
+	cp := chunkPut{b: b, start: time.Now()}
+	if err := cp.publish(ctx, chunkMsg("another-token", 0, []byte("chunk"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.wait(ctx, 0); err != nil {
+		t.Errorf("repeating an asynchronous write that landed = %v, want nil", err)
+	}
+	if err := cp.publish(ctx, chunkMsg("another-token", 0, []byte("other"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.wait(ctx, 0); !errors.Is(err, ErrArtifactExists) {
+		t.Errorf("another asynchronous write to the subject = %v, want ErrArtifactExists", err)
+	}
+}
+
+func TestSubjectTaken(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		code int
+		desc string
+		want bool
+	}{
+		{codeStoreFailed, "maximum messages per subject exceeded", true},
+		{codeWrongLastSeq, "wrong last sequence: 7", true},
+		{codeStoreFailed, "maximum bytes exceeded", false},
+		{10077, "insufficient resources", false},
+		{10111, "rollup not permitted", false},
+	}
+	for _, tt := range tests {
+		if got := subjectTaken(tt.code, tt.desc); got != tt.want {
+			t.Errorf("subjectTaken(%d, %q) = %v, want %v", tt.code, tt.desc, got, tt.want)
+		}
+	}
+}
