@@ -198,6 +198,10 @@ type LaneDefaulter interface {
 // it does not hold.
 var ErrUnsupported = errors.New("not supported")
 
+// ErrOutput: the agent's output could not be read (its parser crashed on
+// a line); the run's result is not to be trusted.
+var ErrOutput = errors.New("unreadable agent output")
+
 // Registry holds backends by name (schemas.BackendExec, BackendClaude,
 // BackendCodex, ...).
 type Registry map[string]Backend

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/loopbus/loopbus/workspace/procrun"
 )
@@ -28,5 +29,8 @@ func RunProcess(ctx context.Context, job Job, argv []string, p Parser, emit func
 		}
 	}
 	res, err := procrun.Run(ctx, spec)
+	if err == nil && res.HandlerPanic != "" {
+		err = fmt.Errorf("%w: reading the agent's output crashed: %s", ErrOutput, res.HandlerPanic)
+	}
 	return Result{ExitCode: res.ExitCode, Duration: res.Duration, TimedOut: res.TimedOut, Canceled: res.Canceled, Tail: res.Tail}, err
 }

@@ -29,6 +29,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -326,7 +327,7 @@ func (s *Service) resultEvent(req schemas.Event, jr *schemas.JobRequested, data 
 	return ev
 }
 
-func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
+func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 	req := d.Event
 	jr, ok := req.Data.(*schemas.JobRequested)
 	if !ok {
@@ -372,6 +373,14 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	fail := func(msg string, exit int, dur time.Duration, tail string) error {
 		return failWith(msg, exit, dur, tail, false)
 	}
+	// A bug that panics on one job fails that job, with the panic as its
+	// reason; the worker and its other jobs go on.
+	defer func() {
+		if p := recover(); p != nil {
+			log.Error().Str("stack", string(debug.Stack())).Msgf("the job crashed the worker's handler: %v", p)
+			err = fail(fmt.Sprintf("the worker crashed while running the job: %v", p), -1, 0, "")
+		}
+	}()
 	// stopped publishes the result of a job whose jctx was ended by a
 	// cancellation or a lane violation; it reports false for any other.
 	stopped := func(res agent.Result) (bool, error) {

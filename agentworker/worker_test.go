@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loopbus/loopbus/agent"
 	"github.com/loopbus/loopbus/agentworker"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
@@ -952,4 +953,34 @@ func TestRepeatedJobKeepsLandedArtifacts(t *testing.T) {
 	for _, ref := range results[0].Data.(*schemas.JobCompleted).Artifacts {
 		fetch(t, b, ref) // fails on a digest mismatch
 	}
+}
+
+// panicky is a backend with a bug: it panics.
+type panicky struct{}
+
+func (panicky) Run(context.Context, agent.Job, func(agent.Event)) (agent.Result, error) {
+	panic("a bug in a backend")
+}
+
+// TestPanickingJobFailsAlone: a job whose handling panics fails with the
+// panic as its reason; the worker goes on with the next job.
+func TestPanickingJobFailsAlone(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	backends := agentworker.Builtin()
+	backends["boom"] = panicky{}
+	bad := request("s1.bad.1", "bad", 1, nil)
+	bad.Agent = schemas.AgentSpec{Backend: "boom"}
+	publishRequest(t, b, bad)
+	good := request("s1.good.1", "good", 1, writeScript(t, blockingAgent), "report.txt")
+	publishRequest(t, b, good)
+	startWorker(t, b, agentworker.Config{ID: "w1", Backends: backends})
+
+	all, res := waitResult(t, b, bad.JobID)
+	if jf, ok := res.Data.(*schemas.JobFailed); !ok || !strings.Contains(jf.Error, "crashed while running the job: a bug in a backend") {
+		t.Fatalf("result of the panicking job: %s %+v; events:%s", res.Type, res.Data, describe(all))
+	}
+	if _, res := waitResult(t, b, good.JobID); res.Type != schemas.TypeJobCompleted {
+		t.Fatalf("the next job: %s %+v", res.Type, res.Data)
+	}
+	waitAcked(t, b)
 }

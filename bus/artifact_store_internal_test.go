@@ -43,9 +43,7 @@ func TestPutArtifactSubjectTaken(t *testing.T) {
 	b := storeBus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	orig := randomToken
-	t.Cleanup(func() { randomToken = orig })
-	randomToken = func() string { return "predictable-token" }
+	b.newToken = func() string { return "predictable-token" }
 
 	// The metadata subject: taken by a squatter that guessed the key.
 	key := "s1/input/in.txt~predictable-token"

@@ -316,7 +316,6 @@ func TestArtifactLegacyObjectStore(t *testing.T) {
 	if err := b.GetArtifact(ctx, schemas.ArtifactRef{Name: "x", Object: "s1/input/nope.txt", Digest: schemas.Digest(nil)}, &bytes.Buffer{}); !errors.Is(err, bus.ErrNotFound) {
 		t.Errorf("a key in neither store: %v, want ErrNotFound", err)
 	}
-
 	// New artifacts go to the write-once stream, not the old store.
 	oldState := streamState(t, b, "OBJ_"+bus.DefaultArtifactsBucket)
 	ref, err := b.PutArtifact(ctx, "s2/input/in.txt", "in.txt", strings.NewReader("new"))
@@ -349,6 +348,18 @@ func TestArtifactLegacyObjectStore(t *testing.T) {
 	}
 	if _, legacy, err := fresh.ArtifactStores(ctx); err != nil || legacy != nil {
 		t.Errorf("ArtifactStores on a new data directory: %+v, %v", legacy, err)
+	}
+	// Metadata stored under an old artifact's key in the write-once
+	// stream (by anyone allowed to store) does not hide it.
+	for key := range old {
+		squat := &nats.Msg{Subject: bus.ArtifactMetaSubject(key), Header: nats.Header{bus.HeaderArtifactMeta: {`{"object":"` + key + `","size":0}`}}}
+		if _, err := b.JetStream().PublishMsg(ctx, squat); err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := b.GetArtifact(ctx, refs[key], &buf); err != nil || !bytes.Equal(buf.Bytes(), old[key]) {
+			t.Errorf("old artifact %s after metadata was stored under its key: %d bytes, %v", key, buf.Len(), err)
+		}
 	}
 }
 
@@ -412,7 +423,7 @@ func TestArtifactHostileMetadata(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			key := fmt.Sprintf("hostile/%d~x", i)
+			key := fmt.Sprintf("hostile/%d~tokentoken", i)
 			for subj, data := range tt.chunks {
 				write(t, subj, nil, data)
 			}
@@ -450,9 +461,9 @@ func TestArtifactHostileMetadata(t *testing.T) {
 	both := append(append([]byte{}, chunkA...), chunkB...)
 	write(t, "loopbus.art.c.reordered.1", nil, chunkB)
 	write(t, "loopbus.art.c.reordered.0", nil, chunkA)
-	write(t, bus.ArtifactMetaSubject("reordered~x"), meta(map[string]any{"object": "reordered~x", "size": 1025, "digest": schemas.Digest(both), "chunks": 2, "chunkId": "reordered", "chunkSize": 1024}), nil)
+	write(t, bus.ArtifactMetaSubject("reordered~tokentoken"), meta(map[string]any{"object": "reordered~tokentoken", "size": 1025, "digest": schemas.Digest(both), "chunks": 2, "chunkId": "reordered", "chunkSize": 1024}), nil)
 	var buf bytes.Buffer
-	if err := b.GetArtifact(ctx, schemas.ArtifactRef{Name: "a", Object: "reordered~x", Digest: schemas.Digest(both), Size: 1025}, &buf); err != nil || !bytes.Equal(buf.Bytes(), both) {
+	if err := b.GetArtifact(ctx, schemas.ArtifactRef{Name: "a", Object: "reordered~tokentoken", Digest: schemas.Digest(both), Size: 1025}, &buf); err != nil || !bytes.Equal(buf.Bytes(), both) {
 		t.Errorf("reordered chunks: %v", err)
 	}
 

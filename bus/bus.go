@@ -39,6 +39,8 @@ type Bus struct {
 	signer *signer
 	// trust checks the signatures of events read; nil checks none.
 	trust *Trust
+	// newToken makes the random parts of artifact keys and chunk ids.
+	newToken func() string
 
 	stream    jetstream.Stream
 	views     jetstream.KeyValue
@@ -253,7 +255,7 @@ func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalo
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	b := &Bus{cfg: cfg, nc: nc, js: js, cat: cat, log: log, source: source, signer: sg, trust: trust, deadLettered: new(atomic.Int64), conn: cs}
+	b := &Bus{cfg: cfg, nc: nc, js: js, cat: cat, log: log, source: source, signer: sg, trust: trust, newToken: randomToken, deadLettered: new(atomic.Int64), conn: cs}
 	// A refused API request gets no reply, only an asynchronous error: stop
 	// provisioning at the first one rather than waiting for a timeout.
 	pctx, cancel := context.WithCancel(ctx)

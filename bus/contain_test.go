@@ -40,8 +40,13 @@ func TestHandlerPanicsAreContained(t *testing.T) {
 			handled <- d.Event.ID
 			return nil
 		})
-	if id := <-handled; id != "fine" {
-		t.Fatalf("handled %s, want fine", id)
+	select {
+	case id := <-handled:
+		if id != "fine" {
+			t.Fatalf("handled %s, want fine", id)
+		}
+	case <-ctxT(t).Done():
+		t.Fatal("the event after the panicking one was never handled")
 	}
 	waitSettled(t, b, "panicky", good)
 	if r := deadLetters(t, b)[bad]; !strings.Contains(r, "panicked: a bug met a strange event") {

@@ -116,11 +116,22 @@ type artifactMeta struct {
 }
 
 // randomToken is 16 random bytes, base64url: a subject token no one can
-// guess. (A variable so that tests can make it predictable.)
-var randomToken = func() string {
+// guess. A Bus calls it through its newToken field (tests make it
+// predictable).
+func randomToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// storedByThisRelease reports whether key has the shape PutArtifact gives
+// keys ("<object>~<token>"). Only such keys are looked up in the
+// write-once stream, and only others in the old object store: otherwise
+// anyone allowed to store could write metadata under an old artifact's
+// key first and hide it for good.
+func storedByThisRelease(key string) bool {
+	i := strings.LastIndexByte(key, '~')
+	return i >= 0 && validToken(key[i+1:])
 }
 
 func validToken(s string) bool {
@@ -150,7 +161,7 @@ func (b *Bus) PutArtifact(ctx context.Context, object, name string, r io.Reader)
 	if object == "" || len(object) > MaxArtifactKey {
 		return schemas.ArtifactRef{}, fmt.Errorf("store artifact %.64q: the key must be 1 to %d bytes", object, MaxArtifactKey)
 	}
-	key := object + "~" + randomToken()
+	key := object + "~" + b.newToken()
 	meta := artifactMeta{Object: key, Name: name}
 	h := sha256.New()
 	fail := func(err error) (schemas.ArtifactRef, error) {
@@ -179,7 +190,7 @@ func (b *Bus) PutArtifact(ctx context.Context, object, name string, r io.Reader)
 			break
 		}
 		if meta.ChunkID == "" {
-			meta.ChunkID = randomToken()
+			meta.ChunkID = b.newToken()
 		}
 		h.Write(cur)
 		meta.Size += int64(len(cur))
@@ -430,15 +441,12 @@ func (b *Bus) GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Wri
 	if ref.Object == "" || len(ref.Object) > maxRefObject {
 		return fmt.Errorf("artifact %s (%.64q): %w", ref.Name, ref.Object, ErrNotFound)
 	}
+	if !storedByThisRelease(ref.Object) {
+		return b.getLegacyArtifact(ctx, ref, w)
+	}
 	subject := ArtifactMetaSubject(ref.Object)
 	m, err := b.artifacts.GetLastMsgForSubject(ctx, subject)
 	for attempt := 0; errors.Is(err, jetstream.ErrMsgNotFound); attempt++ {
-		if attempt == 0 {
-			// Stored by an earlier release?
-			if err := b.getLegacyArtifact(ctx, ref, w); !errors.Is(err, ErrNotFound) {
-				return err
-			}
-		}
 		if attempt == 2 {
 			return fmt.Errorf("artifact %s (%s): %w", ref.Name, ref.Object, ErrNotFound)
 		}

@@ -93,6 +93,12 @@ func TestCheck(t *testing.T) {
 		{name: "another worker claims a started job at the same delivery", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 1)}, ev: withID(jobStarted("only", 1, keyB, 1), "claim"), wantErr: ErrInconsistent, wantMsg: "a job changes hands only when it is delivered again"},
 		{name: "another worker takes a job over when it is delivered again", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 1)}, ev: jobStarted("only", 1, keyB, 2)},
 		{name: "the holder announces its job again", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 2)}, ev: withID(jobStarted("only", 1, keyA, 1), "again")},
+		{name: "a signed verdict on a result the orchestrator refused", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 1), signed(jobCompleted("only", 1), keyA)},
+			ev: caused(signed(rejected("only", 1, "no output"), keyV), "forged-result"), wantErr: ErrInconsistent, wantMsg: "judges result forged-result of job s1.only.1, but the job's accepted result is completed-only-1"},
+		{name: "a signed verdict on the accepted result", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 1), signed(jobCompleted("only", 1), keyA)},
+			ev: caused(signed(passed("only", 1), keyV), "completed-only-1")},
+		{name: "an artifact of a job never requested", given: []schemas.Event{started(p)}, ev: stored("only", 1, one), wantErr: ErrInconsistent, wantMsg: "belongs to job s1.only.1, which was never requested"},
+		{name: "a tool call of a job never requested", given: []schemas.Event{started(p)}, ev: toolStarted("only", 1), wantErr: ErrInconsistent, wantMsg: "which was never requested"},
 		{name: "a result signed by the worker whose job was taken over", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 1), jobStarted("only", 1, keyB, 2)}, ev: signed(jobCompleted("only", 1), keyA), wantErr: ErrInconsistent, wantMsg: "is held by UBBBBBBBBBBB…"},
 		{name: "a signed result of a job no worker started", given: []schemas.Event{started(p), requested("only", 1)}, ev: signed(jobCompleted("only", 1), keyA), wantErr: ErrInconsistent, wantMsg: "no worker announced starting job s1.only.1"},
 		{name: "a signed failure of a job no worker started", given: []schemas.Event{started(p), requested("only", 1)}, ev: signed(jobFailed("only", 1, "x", ""), keyA), wantErr: ErrInconsistent, wantMsg: "no worker announced starting job s1.only.1"},
@@ -197,7 +203,7 @@ func TestCheckAcceptsOwnDecisions(t *testing.T) {
 						typ, v.Artifacts, v.Errors = schemas.TypeValidationFailed, nil, []schemas.ValidationError{{Message: "not yet"}}
 					}
 					verdict := mk("verdict", typ, v)
-					verdict.Signer = keyV
+					verdict.Signer, verdict.Causation = keyV, "done-"+jr.JobID
 					queue = append(queue, verdict)
 				}
 			}
@@ -345,5 +351,10 @@ func oneLoop(worktree, passed bool) []schemas.Event {
 
 func withID(ev schemas.Event, id string) schemas.Event {
 	ev.ID = id
+	return ev
+}
+
+func caused(ev schemas.Event, by string) schemas.Event {
+	ev.Causation = by
 	return ev
 }

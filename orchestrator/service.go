@@ -17,6 +17,9 @@ import (
 type Bus interface {
 	Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error
 	PublishBatch(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error)
+	// OwnID makes a decision's id unguessable to other keys (see
+	// bus.Bus.OwnID), so no one can store something under it first.
+	OwnID(id string) string
 }
 
 // Config of the orchestrator service. The zero value is usable.
@@ -243,7 +246,7 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 // commit publishes one decision and settles the session's inflight mark.
 func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, expect uint64, evs []schemas.Event) {
 	log := s.log.With().Str("session", id).Str("trigger", trigger.Type).Int("events", len(evs)).Logger()
-	res, err := s.bus.PublishBatch(ctx, id, expect, evs)
+	res, err := s.bus.PublishBatch(ctx, id, expect, s.own(evs))
 	switch {
 	case err == nil:
 		s.mu.Lock()
@@ -266,7 +269,7 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 		s.mu.Lock()
 		fallback := Unrecordable(s.state, trigger, evs, err, s.now())
 		s.mu.Unlock()
-		fres, ferr := s.bus.PublishBatch(ctx, id, expect, fallback)
+		fres, ferr := s.bus.PublishBatch(ctx, id, expect, s.own(fallback))
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		switch {
@@ -280,6 +283,17 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 			delete(s.inflight, id)
 		}
 	}
+}
+
+// own gives decided events ids only this orchestrator's key can compute
+// (unchanged without one). Decide derives ids from the session's logical
+// position so that a decision made twice de-duplicates; anyone could store
+// a message under such an id first and have the decision dropped.
+func (s *Service) own(evs []schemas.Event) []schemas.Event {
+	for i := range evs {
+		evs[i].ID = s.bus.OwnID(evs[i].ID)
+	}
+	return evs
 }
 
 // superseded: newer events than expect exist. Those read while the batch

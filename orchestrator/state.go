@@ -288,6 +288,9 @@ type facts struct {
 	// holders maps a requested job to the signer of its latest job.started
 	// (only signed ones: with no trust configured nobody holds a job).
 	holders map[string]holder
+	// results maps a job to the id of its accepted signed result, which
+	// a signed verdict must answer (its causation).
+	results map[string]string
 }
 
 type storedKey struct{ job, name, digest string }
@@ -317,6 +320,12 @@ func (f *facts) record(ev schemas.Event) {
 		f.requested[d.JobID] = true
 	case *schemas.JobCompleted:
 		f.completed[d.JobID] = d.Artifacts
+		if ev.Signer != "" {
+			if f.results == nil {
+				f.results = map[string]string{}
+			}
+			f.results[d.JobID] = ev.ID
+		}
 	case *schemas.ArtifactStored:
 		f.stored[storedKey{d.JobID, d.Artifact.Name, d.Artifact.Digest}] = true
 	case *schemas.JobCancelled:
@@ -393,17 +402,23 @@ func (f *facts) check(s *Session, ev schemas.Event) error {
 				shortKey(ev.Signer), d.JobID, d.Delivery, shortKey(h.signer), h.delivery, h.at)
 		}
 	case *schemas.ArtifactStored:
-		return f.checkHolder(ev, d.JobID, false, bad)
+		return f.checkProgress(ev, d.JobID, bad)
 	case *schemas.ToolStarted:
-		return f.checkHolder(ev, d.JobID, false, bad)
+		return f.checkProgress(ev, d.JobID, bad)
 	case *schemas.ToolCompleted:
-		return f.checkHolder(ev, d.JobID, false, bad)
+		return f.checkProgress(ev, d.JobID, bad)
 	case *schemas.AgentMessage:
-		return f.checkHolder(ev, d.JobID, false, bad)
+		return f.checkProgress(ev, d.JobID, bad)
 	case *schemas.Verdict:
 		arts, ok := f.completed[d.JobID]
 		if !ok {
 			return bad("judges job %s, which never completed", d.JobID)
+		}
+		// A signed verdict answers the job's accepted result, not a
+		// result refused as another worker's (the validator judges every
+		// result it is given).
+		if want, signed := f.results[d.JobID]; ev.Signer != "" && signed && ev.Causation != want {
+			return bad("judges result %s of job %s, but the job's accepted result is %s", ev.Causation, d.JobID, want)
 		}
 		// A verdict passes on the job's artifacts, not others.
 		for _, a := range d.Artifacts {
@@ -437,6 +452,16 @@ func (f *facts) check(s *Session, ev schemas.Event) error {
 		}
 	}
 	return nil
+}
+
+// checkProgress refuses an event of a job's progress (an artifact, a
+// tool call, a message) for a job never requested, or (signed) not by its
+// holder.
+func (f *facts) checkProgress(ev schemas.Event, job string, bad func(string, ...any) error) error {
+	if !f.requested[job] {
+		return bad("belongs to job %s, which was never requested", job)
+	}
+	return f.checkHolder(ev, job, false, bad)
 }
 
 // checkHolder refuses a signed event about job that its holder did not

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -167,7 +168,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 	if jr.Worktree != nil && jr.Worktree.Merge {
 		return nil // a merge's result is the orchestrator's to judge
 	}
-	errs, reports, err := s.check(ctx, ev.Session, jr, jc)
+	errs, reports, err := s.safeCheck(ctx, ev.Session, jr, jc)
 	if err != nil {
 		return err
 	}
@@ -194,6 +195,19 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) error {
 		s.log.Info().Str("session", ev.Session).Str("job", jc.JobID).Str("verdict", typ).Int("errors", len(errs)).Msg("validated")
 	}
 	return err
+}
+
+// safeCheck is check, except that a panic (a bug meeting strange outputs)
+// becomes a validation error naming it: the job gets a verdict, and the
+// validator goes on with the others.
+func (s *Service) safeCheck(ctx context.Context, session string, jr *schemas.JobRequested, jc *schemas.JobCompleted) (errs []schemas.ValidationError, reports []schemas.Report, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error().Str("session", session).Str("job", jc.JobID).Str("stack", string(debug.Stack())).Msgf("checking the job's outputs panicked: %v", p)
+			errs, reports, err = []schemas.ValidationError{{Message: fmt.Sprintf("the validator crashed while checking the outputs: %v", p), Source: "command"}}, nil, nil
+		}
+	}()
+	return s.check(ctx, session, jr, jc)
 }
 
 // check returns the validation errors of a job's outputs and the reports of

@@ -99,6 +99,10 @@ type Result struct {
 	Tail string
 	// Stdout is the full stdout, up to MaxStdout bytes (the first ones).
 	Stdout []byte
+	// HandlerPanic is set when Spec.OnStdoutLine panicked (it runs on
+	// the output-copying goroutine, where a panic would end the whole
+	// program): the panic, after which no line was passed on.
+	HandlerPanic string
 }
 
 // Run starts the process in its own process group and waits for it.
@@ -261,6 +265,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	res.Duration = time.Since(start)
 	if lines != nil {
 		lines.flush() // the copying goroutines are done once Wait returned
+		res.HandlerPanic = lines.panicked
 	}
 
 	var exitErr *exec.ExitError

@@ -486,3 +486,27 @@ func TestOnStdoutLine(t *testing.T) {
 		})
 	}
 }
+
+// TestOnStdoutLinePanic: a line handler that panics (it runs on the
+// output-copying goroutine, where a panic ends the program) is contained:
+// the run completes, no later line is passed on, and the panic is
+// reported in the result.
+func TestOnStdoutLinePanic(t *testing.T) {
+	t.Parallel()
+	var got []string
+	res, err := Run(context.Background(), Spec{
+		Argv: []string{"sh", "-c", `printf 'a\nboom\nc\n'; exit 3`},
+		OnStdoutLine: func(l []byte) {
+			if string(l) == "boom" {
+				panic("the parser met " + string(l))
+			}
+			got = append(got, string(l))
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 3 || res.HandlerPanic != "the parser met boom" || !reflect.DeepEqual(got, []string{"a"}) {
+		t.Errorf("exit %d, panic %q, lines %q; want 3, the panic, [a]", res.ExitCode, res.HandlerPanic, got)
+	}
+}

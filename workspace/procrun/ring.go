@@ -2,6 +2,7 @@ package procrun
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -121,6 +122,21 @@ type lineWriter struct {
 	mu  sync.Mutex
 	fn  func([]byte)
 	buf []byte
+	// panicked is fn's first panic; fn is not called after it.
+	panicked string
+}
+
+// call passes line to fn unless fn has panicked, containing a panic.
+func (l *lineWriter) call(line []byte) {
+	if l.panicked != "" {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			l.panicked = fmt.Sprint(p)
+		}
+	}()
+	l.fn(line)
 }
 
 func (l *lineWriter) Write(p []byte) (int, error) {
@@ -137,10 +153,10 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 			break
 		}
 		if len(l.buf) == 0 {
-			l.fn(p[:i])
+			l.call(p[:i])
 		} else {
 			l.buf = append(l.buf, p[:i]...)
-			l.fn(l.buf)
+			l.call(l.buf)
 			l.buf = l.buf[:0]
 		}
 		p = p[i+1:]
@@ -157,7 +173,7 @@ func (l *lineWriter) flush() {
 
 func (l *lineWriter) flushLocked() {
 	if len(l.buf) > 0 {
-		l.fn(l.buf)
+		l.call(l.buf)
 		l.buf = l.buf[:0]
 	}
 }
