@@ -194,12 +194,14 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	}
 
 	start := time.Now()
+	forks, forksOK := forkCount()
 	if err := cmd.Start(); err != nil {
 		return res, fmt.Errorf("%w %q: %v", ErrStart, s.Argv[0], err)
 	}
 	pgid := cmd.Process.Pid // Setpgid with Pgid 0: the group id is the pid
 	// Processes of the run started no earlier than its leader.
 	since, _ := startTicks(pgid)
+	scope := sweepScope{since: since, leader: pgid, forks: forks, forksOK: forksOK}
 
 	// exited is closed once the leader has exited. waitExited does not reap
 	// it, so its pid, and with it the group id, cannot be reused while the
@@ -250,7 +252,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	<-exited
 	// Those that left the group are found by their mark.
 	swept := make(chan int, 1)
-	go func() { swept <- sweep(runID, since) }()
+	go func() { swept <- sweep(runID, scope) }()
 	select {
 	case n := <-swept:
 		if n > 0 {

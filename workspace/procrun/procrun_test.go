@@ -510,3 +510,35 @@ func TestOnStdoutLinePanic(t *testing.T) {
 		t.Errorf("exit %d, panic %q, lines %q; want 3, the panic, [a]", res.ExitCode, res.HandlerPanic, got)
 	}
 }
+
+// TestSweepScope: when the pid counter cannot have come round since the
+// leader started, the sweep skips every pid up to the leader's; when that
+// is not known, it skips none.
+func TestSweepScope(t *testing.T) {
+	forks, ok := forkCount()
+	if !ok {
+		t.Fatal("no fork count in /proc/stat")
+	}
+	if got := (sweepScope{leader: os.Getpid(), forks: forks, forksOK: true}).minPID(); got != os.Getpid() {
+		t.Errorf("minPID right after counting = %d, want the leader %d", got, os.Getpid())
+	}
+	if got := (sweepScope{leader: os.Getpid()}).minPID(); got != 0 {
+		t.Errorf("minPID with no fork count = %d, want 0", got)
+	}
+	tests := []struct {
+		name                 string
+		leader, last, pidMax int
+		forks, now           uint64
+		want                 int
+	}{
+		{name: "few forks since", leader: 500, last: 900, pidMax: 4 << 20, forks: 1000, now: 1400, want: 500},
+		{name: "as many forks as pids since", leader: 500, last: 900, pidMax: 4 << 20, forks: 1000, now: 1000 + 4<<20, want: 0},
+		{name: "the last pid below the leader (the counter came round)", leader: 500, last: 400, pidMax: 4 << 20, forks: 1000, now: 1400, want: 0},
+		{name: "a fork count that went back", leader: 500, last: 900, pidMax: 4 << 20, forks: 1000, now: 10, want: 0},
+	}
+	for _, tt := range tests {
+		if got := skippable(tt.leader, tt.forks, tt.now, tt.last, tt.pidMax); got != tt.want {
+			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}

@@ -35,29 +35,95 @@ const maxSweeps = 4
 // environment can block on that process's memory.
 const sweepTimeout = 2 * time.Second
 
+// sweepScope says which processes a sweep looks at: those started no
+// earlier than since (the run's leader, in clock ticks since boot). When
+// the kernel's fork count was read before the leader was started, and
+// fewer processes were created since then than there are pids, the pid
+// counter cannot have come round again: every process started since has
+// a pid above the leader's, and the others are not even looked at.
+type sweepScope struct {
+	since   uint64
+	leader  int
+	forks   uint64
+	forksOK bool
+}
+
+// minPID is the highest pid the sweep may skip (0: none).
+func (sc sweepScope) minPID() int {
+	if !sc.forksOK {
+		return 0
+	}
+	now, ok := forkCount()
+	last, ok1 := readInt("/proc/sys/kernel/ns_last_pid")
+	pidMax, ok2 := readInt("/proc/sys/kernel/pid_max")
+	if !ok || !ok1 || !ok2 {
+		return 0
+	}
+	return skippable(sc.leader, sc.forks, now, last, pidMax)
+}
+
+// skippable is the highest pid a sweep may skip: the leader's, if the
+// last pid handed out is not below it and fewer than pidMax processes
+// were created since forks (so the counter did not come round); else 0.
+func skippable(leader int, forks, now uint64, last, pidMax int) int {
+	if now < forks || last < leader || now-forks >= uint64(pidMax) {
+		return 0
+	}
+	return leader
+}
+
+// forkCount is the number of processes and threads created since boot
+// ("processes" in /proc/stat).
+func forkCount() (uint64, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.Index(b, []byte("\nprocesses "))
+	if i < 0 {
+		return 0, false
+	}
+	line := b[i+len("\nprocesses "):]
+	if j := bytes.IndexByte(line, '\n'); j >= 0 {
+		line = line[:j]
+	}
+	n, err := strconv.ParseUint(string(bytes.TrimSpace(line)), 10, 64)
+	return n, err == nil
+}
+
+func readInt(path string) (int, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(string(bytes.TrimSpace(b)))
+	return n, err == nil
+}
+
 // sweep kills, with SIGKILL, every process of this user that started no
-// earlier than since (the run's leader, in clock ticks since boot) and
+// earlier than sc.since (the run's leader, in clock ticks since boot) and
 // whose environment holds RunIDVar=id, and returns how many it killed. It
 // reads /proc (Linux); where there is none, it does nothing. Each process
 // is held by a pidfd from before its environment is read until it is
 // signalled, so a pid reused meanwhile is never killed. A process that
 // cleared its environment before leaving the group escapes it.
-func sweep(id string, since uint64) int {
+func sweep(id string, sc sweepScope) int {
 	marker := []byte(RunIDVar + "=" + id + "\x00")
 	self := os.Getpid()
 	killed := map[int]bool{}
+	skip := sc.minPID() // processes forked later have higher pids still
 	for range maxSweeps {
 		found := 0
-		entries, err := os.ReadDir("/proc")
+		names, err := procEntries()
 		if err != nil {
 			break
 		}
-		for _, e := range entries {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil || pid == self || killed[pid] {
+		for _, name := range names {
+			pid, err := strconv.Atoi(name)
+			if err != nil || pid <= skip || pid == self || killed[pid] {
 				continue
 			}
-			if st, ok := startTicks(pid); !ok || st < since {
+			if st, ok := startTicks(pid); !ok || st < sc.since {
 				continue // older than the run: not of it
 			}
 			if kill(pid, marker) {
@@ -70,6 +136,16 @@ func sweep(id string, since uint64) int {
 		}
 	}
 	return len(killed)
+}
+
+// procEntries lists the names in /proc (unsorted).
+func procEntries() ([]string, error) {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.Readdirnames(-1)
 }
 
 // kill sends SIGKILL to pid if its environment holds marker, through a
