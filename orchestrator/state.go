@@ -612,20 +612,11 @@ func (s *Session) blocker() (blocker, bool) {
 		if len(s.Steps) == 0 {
 			return blocker{kind: blockNoSteps}, true
 		}
+		// A pipeline session's steps are its pipeline's (newSession).
 		for _, d := range s.Pipeline.Steps {
 			if st := s.Steps[d.Name]; st != nil && st.Status != StepCompleted {
 				return blocker{kind: blockStep, name: d.Name, state: st.Status}, true
 			}
-		}
-		// Steps not in the pipeline: never for a normalized one.
-		var first string
-		for name, st := range s.Steps {
-			if st.Status != StepCompleted && (first == "" || name < first) {
-				first = name
-			}
-		}
-		if first != "" {
-			return blocker{kind: blockStep, name: first, state: s.Steps[first].Status}, true
 		}
 	}
 	return blocker{}, false
