@@ -179,14 +179,16 @@ func (s *Service) cancellation(ctx context.Context, req schemas.Event, jr *schem
 
 // starts counts how often workers started jr since its request: its
 // job.started events (one per delivery that began it).
-func (s *Service) starts(ctx context.Context, req schemas.Event, jr *schemas.JobRequested) (int, error) {
+func (s *Service) starts(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, delivery uint64) (int, error) {
 	subject, err := schemas.SubjectFor(req.Session, schemas.TypeJobStarted)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", bus.ErrPermanent, err)
 	}
 	deliveries := map[int]bool{}
 	err = s.bus.Read(ctx, bus.ReadOptions{Subjects: []string{subject}, StartSeq: req.Seq + 1}, func(ev schemas.Event) error {
-		if js, ok := ev.Data.(*schemas.JobStarted); ok && js.JobID == jr.JobID {
+		// Only earlier deliveries count: a start claiming this delivery
+		// or a later one did not happen (yet), whoever announced it.
+		if js, ok := ev.Data.(*schemas.JobStarted); ok && js.JobID == jr.JobID && js.Delivery < int(delivery) {
 			deliveries[js.Delivery] = true
 		}
 		return nil

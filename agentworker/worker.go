@@ -307,12 +307,71 @@ func (s *Service) event(req schemas.Event, typ string, data any, idParts ...stri
 	}
 }
 
-// announce publishes job.started for this delivery of the job.
+// announce publishes job.started for this delivery of the job. A worker
+// that signs its events states its lease: its ack wait.
 func (s *Service) announce(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, delivery uint64) error {
-	_, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, &schemas.JobStarted{
-		JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(delivery),
-	}, jr.JobID, strconv.FormatUint(delivery, 10)))
+	js := &schemas.JobStarted{JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(delivery)}
+	if s.bus.SignerKey() != "" {
+		js.LeaseMs = s.cfg.AckWait.Milliseconds()
+	}
+	_, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, js, jr.JobID, strconv.FormatUint(delivery, 10)))
 	return err
+}
+
+// holdLease keeps the lease of a job this worker announced, when it signs
+// its events (with signed events the orchestrator lets another worker take
+// a job over only when its holder released it or fell silent): it sends a
+// job.heartbeat every third of the lease until the returned function is
+// called with the handler's result. If that result hands the job back to
+// JetStream, the function announces job.released so the next worker may
+// take it over at once; if that cannot be published, it delays the
+// redelivery by a whole lease instead, after which the silence suffices.
+func (s *Service) holdLease(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, delivery uint64, log zerolog.Logger) func(*error) {
+	if s.bus.SignerKey() == "" {
+		return func(*error) {}
+	}
+	hctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(s.cfg.AckWait / 3)
+		defer t.Stop()
+		for n := 1; ; n++ {
+			select {
+			case <-hctx.Done():
+				return
+			case <-t.C:
+			}
+			ev := s.event(req, schemas.TypeJobHeartbeat, &schemas.JobHeartbeat{JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(delivery)},
+				jr.JobID, strconv.FormatUint(delivery, 10), strconv.Itoa(n))
+			if _, err := s.bus.Publish(hctx, ev); err != nil && hctx.Err() == nil {
+				log.Warn().Err(err).Msg("job heartbeat not published")
+			}
+		}
+	}()
+	return func(errp *error) {
+		stop()
+		<-done
+		// After the announcement the handler's only errors hand the job
+		// back, but for permanent ones (dead-lettered).
+		if err := *errp; err == nil || errors.Is(err, bus.ErrPermanent) {
+			return
+		}
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		// The error itself stays in this worker's log: it may quote the
+		// agent's environment.
+		reason := "the worker is shutting down"
+		if ctx.Err() == nil {
+			reason = "the worker hit an error; the job runs again"
+		}
+		ev := s.event(req, schemas.TypeJobReleased, &schemas.JobReleased{JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(delivery), Reason: reason},
+			jr.JobID, strconv.FormatUint(delivery, 10))
+		if _, err := s.bus.Publish(pctx, ev); err != nil {
+			log.Warn().Err(err).Dur("redeliver_in", s.cfg.AckWait).Msg("could not announce handing the job back; it goes to the next worker after a whole lease")
+			*errp = bus.Release(s.cfg.AckWait)
+		}
+	}
 }
 
 // resultEvent builds job.completed or job.failed. Both share one id per
@@ -418,7 +477,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 	if int(d.NumDelivered) > s.cfg.MaxAttempts {
 		// Deliveries count lane releases too: what counts is how often a
 		// worker started the job.
-		starts, err := s.starts(ctx, req, jr)
+		starts, err := s.starts(ctx, req, jr, d.NumDelivered)
 		if err != nil {
 			return err
 		}
@@ -436,6 +495,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 	if err := s.announce(ctx, req, jr, d.NumDelivered); err != nil {
 		return err
 	}
+	defer s.holdLease(ctx, req, jr, d.NumDelivered, log)(&err)
 	log.Info().Int("iteration", jr.Iteration).Uint64("delivery", d.NumDelivered).Msg("job started")
 	if err := checkRequest(jr); err != nil {
 		return fail("refusing the job request: "+err.Error(), -1, 0, "")

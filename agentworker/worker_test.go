@@ -756,6 +756,68 @@ func TestAbandonedJobFails(t *testing.T) {
 	}
 }
 
+// TestSignedWorkerHoldsItsLease: a worker that signs its events states a
+// lease in its job.started, sends a job.heartbeat every third of it while
+// the job runs, and announces job.released when it hands the job back
+// (shutting down), so the orchestrator lets the next worker take it over
+// at once. Unsigned, none of this is sent: nobody holds a job.
+func TestSignedWorkerHoldsItsLease(t *testing.T) {
+	for _, signed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("signed=%v", signed), func(t *testing.T) {
+			srv := testnats.Server(t)
+			b1, b2 := workerBus(t, srv.URL(), "w1", signed), workerBus(t, srv.URL(), "w2", signed)
+			jr := request("s1.step.1", "step", 1, writeScript(t, blockingAgent), "report.txt")
+			publishRequest(t, b1, jr)
+
+			const lease = 900 * time.Millisecond
+			stop1 := startWorker(t, b1, agentworker.Config{ID: "w1", AckWait: lease, Env: baseEnv("MODE=block")})
+			waitEvents(t, b1, "w1 to run the agent", func(evs []schemas.Event) bool {
+				return len(ofType(ofJob(evs, jr.JobID), schemas.TypeToolStarted)) == 1
+			})
+			if signed {
+				waitEvents(t, b1, "two heartbeats from w1", func(evs []schemas.Event) bool {
+					return len(ofType(ofJob(evs, jr.JobID), schemas.TypeJobHeartbeat)) >= 2
+				})
+			}
+			stop1()
+			startWorker(t, b2, agentworker.Config{ID: "w2", AckWait: lease})
+			all, res := waitResult(t, b2, jr.JobID)
+			if jc, ok := res.Data.(*schemas.JobCompleted); !ok || jc.Worker != "w2" {
+				t.Fatalf("result %s, want job.completed by w2; events:%s", res.Type, describe(all))
+			}
+			evs := ofJob(all, jr.JobID)
+			first := ofType(evs, schemas.TypeJobStarted)[0].Data.(*schemas.JobStarted)
+			heartbeats, releases := ofType(evs, schemas.TypeJobHeartbeat), ofType(evs, schemas.TypeJobReleased)
+			if !signed {
+				if first.LeaseMs != 0 || len(heartbeats) != 0 || len(releases) != 0 {
+					t.Errorf("unsigned: lease %d ms, %d heartbeats, %d releases; want none", first.LeaseMs, len(heartbeats), len(releases))
+				}
+				return
+			}
+			if first.LeaseMs != lease.Milliseconds() {
+				t.Errorf("job.started states a lease of %d ms, want %d", first.LeaseMs, lease.Milliseconds())
+			}
+			for _, hb := range heartbeats {
+				if d := hb.Data.(*schemas.JobHeartbeat); d.Worker == "w1" && d.Delivery != 1 {
+					t.Errorf("w1's heartbeat names delivery %d, want 1", d.Delivery)
+				}
+			}
+			if len(releases) != 1 {
+				t.Fatalf("%d job.released events, want 1 (w1's); events:%s", len(releases), describe(evs))
+			}
+			rel := releases[0]
+			if d := rel.Data.(*schemas.JobReleased); d.Worker != "w1" || d.Delivery != 1 || !strings.Contains(d.Reason, "shutting down") {
+				t.Errorf("job.released = %+v, want w1's release of delivery 1 on shutdown", *d)
+			}
+			// The release comes before the next worker's start.
+			if second := ofType(evs, schemas.TypeJobStarted)[1]; second.Seq < rel.Seq {
+				t.Errorf("w2 started the job (seq %d) before w1 released it (seq %d)", second.Seq, rel.Seq)
+			}
+			waitAcked(t, b2)
+		})
+	}
+}
+
 // workerBus connects a worker's bus to url, signing with a key of its own
 // when signed.
 func workerBus(t *testing.T, url, name string, signed bool) *bus.Bus {

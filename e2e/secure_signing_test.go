@@ -17,7 +17,8 @@ import (
 // service signs with its own key, and every process trusts only the keys
 // of the trust file for their roles. A second worker, a legitimate member
 // of the agentworker role, completes a job the first worker started, with
-// its own artifact; an unsigned completion is published too. Both are
+// its own artifact, after claiming to take the job over at a redelivery
+// that never happened; an unsigned completion is published too. All are
 // dead-lettered with the reason, and the step completes with the first
 // worker's output.
 func TestSecureSignedEvents(t *testing.T) {
@@ -110,6 +111,9 @@ steps:
 			t.Fatalf("publish the forged %s: %v", typ, err)
 		}
 	}
+	// A takeover claimed while worker1 holds the job and is heard from:
+	// no redelivery happened, whatever delivery count it states.
+	forge(evil, "forged-takeover", schemas.TypeJobStarted, &schemas.JobStarted{JobID: jr.JobID, Worker: "evil", Delivery: 2, LeaseMs: 30_000})
 	forge(evil, "forged-stored", schemas.TypeArtifactStored, &schemas.ArtifactStored{JobID: jr.JobID, Artifact: ref})
 	forge(evil, "forged-result", schemas.TypeJobCompleted, &schemas.JobCompleted{JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration,
 		RequestSeq: req.Seq, Worker: "evil", Artifacts: []schemas.ArtifactRef{ref}})
@@ -123,7 +127,8 @@ steps:
 	}
 	eventually(t, 60*time.Second, "the orchestrator to dead-letter the forgeries", func() bool {
 		d := dlq()
-		return strings.Contains(d, "but job "+jr.JobID+" is held by") && strings.Contains(d, "not signed")
+		return strings.Contains(d, "but job "+jr.JobID+" is held by") && strings.Contains(d, "not signed") &&
+			strings.Contains(d, "takes job "+jr.JobID+" over from")
 	})
 	if err := os.WriteFile(release, nil, 0o600); err != nil {
 		t.Fatal(err)

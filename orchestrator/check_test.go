@@ -116,6 +116,31 @@ func TestCheck(t *testing.T) {
 		{name: "a tool completed by the job's holder", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 1)}, ev: signed(toolCompleted("only", 1), keyA)},
 		{name: "an agent message from the job's holder", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 1)}, ev: signed(agentMessage("only", 1), keyA)},
 		{name: "a signed progress event of a job no worker started", given: []schemas.Event{started(p), requested("only", 1)}, ev: signed(toolStarted("only", 1), keyA)},
+
+		// Leases: a job changes hands only when its holder released it
+		// or was silent for two thirds of its lease (by the stream's clock).
+		{name: "a takeover while the holder is heard from", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(heartbeat("only", 1, keyA, 1), 10)},
+			ev: at(jobStarted("only", 1, keyB, 2), 25), wantErr: ErrInconsistent, wantMsg: "which was heard from 15s before (its lease is 30s): a job changes hands only when its holder released it or was silent for 20s"},
+		{name: "a takeover after the holder went silent", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(heartbeat("only", 1, keyA, 1), 10)},
+			ev: at(jobStarted("only", 1, keyB, 2), 40)},
+		{name: "a takeover timed by the holder's progress", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(signed(toolStarted("only", 1), keyA), 30)},
+			ev: at(jobStarted("only", 1, keyB, 2), 45), wantErr: ErrInconsistent, wantMsg: "heard from 15s before"},
+		{name: "another worker's heartbeat does not keep the job", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0)},
+			ev: at(heartbeat("only", 1, keyB, 1), 10), wantErr: ErrInconsistent, wantMsg: "is held by UAAAAAAAAAAA…"},
+		{name: "a takeover after the holder released the job", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(released("only", 1, keyA, 1), 1)},
+			ev: at(jobStarted("only", 1, keyB, 2), 2)},
+		{name: "a release by another worker", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0)},
+			ev: at(released("only", 1, keyB, 1), 1), wantErr: ErrInconsistent, wantMsg: "is held by UAAAAAAAAAAA…"},
+		{name: "a takeover at once after a refused release", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(released("only", 1, keyB, 1), 1)},
+			ev: at(jobStarted("only", 1, keyB, 2), 2), wantErr: ErrInconsistent, wantMsg: "which was heard from 2s before"},
+		{name: "a takeover with no stream time", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0)},
+			ev: jobStarted("only", 1, keyB, 2), wantErr: ErrInconsistent, wantMsg: "cannot be checked"},
+		{name: "a takeover at the same delivery after a release", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(released("only", 1, keyA, 1), 1)},
+			ev: at(withID(jobStarted("only", 1, keyB, 1), "b"), 2), wantErr: ErrInconsistent, wantMsg: "a job changes hands only when it is delivered again"},
+		{name: "the holder's own redelivery while it was heard from", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(heartbeat("only", 1, keyA, 1), 10)},
+			ev: at(jobStarted("only", 1, keyA, 2), 11)},
+		{name: "a result of the worker whose takeover was refused", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(heartbeat("only", 1, keyA, 1), 10)},
+			ev: signed(jobCompleted("only", 1), keyB), wantErr: ErrInconsistent, wantMsg: "is held by UAAAAAAAAAAA…"},
 		// With no trust configured, events carry no signer: nobody holds a job.
 		{name: "an unsigned result after a signed job.started", given: []schemas.Event{started(p), requested("only", 1), jobStarted("only", 1, keyA, 1)}, ev: jobCompleted("only", 1), wantErr: nil},
 		{name: "an unsigned result of a job no worker started", given: []schemas.Event{started(p), requested("only", 1)}, ev: jobCompleted("only", 1)},
@@ -269,6 +294,35 @@ func jobStarted(step string, iteration int, key string, delivery int) schemas.Ev
 	return schemas.Event{ID: fmt.Sprintf("jobstarted-%s-%d-%d", step, iteration, delivery), Type: schemas.TypeJobStarted, Session: sess, Step: step,
 		Job: jid(step, iteration), Time: fixedNow, Signer: key,
 		Data: &schemas.JobStarted{JobID: jid(step, iteration), Worker: "w", Delivery: delivery}}
+}
+
+// leased is a job.started stored at second s of the test clock, stating
+// a lease of 30 seconds.
+func leased(ev schemas.Event, s int) schemas.Event {
+	d := *ev.Data.(*schemas.JobStarted)
+	d.LeaseMs = 30_000
+	ev.Data = &d
+	return at(ev, s)
+}
+
+// at is ev as stored by the stream at second s of the test clock.
+func at(ev schemas.Event, s int) schemas.Event {
+	ev.Stored = fixedNow.Add(time.Duration(s) * time.Second)
+	return ev
+}
+
+// heartbeat is a job.heartbeat signed by key.
+func heartbeat(step string, iteration int, key string, delivery int) schemas.Event {
+	return schemas.Event{ID: fmt.Sprintf("heartbeat-%s-%d-%s", step, iteration, key[1:2]), Type: schemas.TypeJobHeartbeat, Session: sess, Step: step,
+		Job: jid(step, iteration), Time: fixedNow, Signer: key,
+		Data: &schemas.JobHeartbeat{JobID: jid(step, iteration), Worker: "w", Delivery: delivery}}
+}
+
+// released is a job.released signed by key.
+func released(step string, iteration int, key string, delivery int) schemas.Event {
+	return schemas.Event{ID: fmt.Sprintf("released-%s-%d-%s", step, iteration, key[1:2]), Type: schemas.TypeJobReleased, Session: sess, Step: step,
+		Job: jid(step, iteration), Time: fixedNow, Signer: key,
+		Data: &schemas.JobReleased{JobID: jid(step, iteration), Worker: "w", Delivery: delivery, Reason: "shutting down"}}
 }
 
 // cancelledBeforeStart is what a worker publishes for a job it finds

@@ -304,7 +304,22 @@ type holder struct {
 	at string
 	// delivery is JetStream's delivery count of the job it started.
 	delivery int
+	// lease is how long the holder may stay silent about the job before
+	// another worker may take it over; zero when its job.started named
+	// none (then a higher delivery alone hands the job over).
+	lease time.Duration
+	// last is when the stream stored the holder's latest event about the
+	// job; zero when unknown.
+	last time.Time
+	// released: the holder handed the job back (job.released).
+	released bool
 }
+
+// takeoverMargin is the share of a lease that must pass in silence before
+// another worker may take a job over. JetStream redelivers a job a whole
+// ack wait (the lease) after the worker's last heartbeat; a live worker
+// states a sign of life every third of it; two thirds sit between.
+const takeoverMargin = 2.0 / 3
 
 func newFacts() *facts {
 	// cancelled and holders are made when first needed: most sessions
@@ -343,7 +358,8 @@ func (f *facts) record(ev schemas.Event) {
 			if at.IsZero() {
 				at = ev.Time
 			}
-			h := holder{signer: ev.Signer, at: "event " + ev.ID, delivery: d.Delivery}
+			h := holder{signer: ev.Signer, at: "event " + ev.ID, delivery: d.Delivery,
+				lease: time.Duration(d.LeaseMs) * time.Millisecond, last: ev.Stored}
 			if !at.IsZero() {
 				h.at = at.UTC().Format(time.RFC3339)
 			}
@@ -352,7 +368,34 @@ func (f *facts) record(ev schemas.Event) {
 			}
 			f.holders[d.JobID] = h
 		}
+	case *schemas.JobReleased:
+		f.heard(ev, d.JobID, true)
+	case *schemas.JobHeartbeat:
+		f.heard(ev, d.JobID, false)
+	case *schemas.ToolStarted:
+		f.heard(ev, d.JobID, false)
+	case *schemas.ToolCompleted:
+		f.heard(ev, d.JobID, false)
+	case *schemas.AgentMessage:
+		f.heard(ev, d.JobID, false)
 	}
+	if d, ok := ev.Data.(*schemas.ArtifactStored); ok {
+		f.heard(ev, d.JobID, false)
+	}
+}
+
+// heard notes a sign of life (or, with released, the hand-back) that a
+// job's holder signed.
+func (f *facts) heard(ev schemas.Event, job string, released bool) {
+	h, ok := f.holders[job]
+	if !ok || ev.Signer != h.signer {
+		return
+	}
+	if ev.Stored.After(h.last) {
+		h.last = ev.Stored
+	}
+	h.released = h.released || released
+	f.holders[job] = h
 }
 
 // check refuses a fact the history of session s contradicts. Every job
@@ -394,13 +437,11 @@ func (f *facts) check(s *Session, ev schemas.Event) error {
 			return err
 		}
 	case *schemas.JobStarted:
-		// A job changes hands only when JetStream delivers it again (its
-		// worker crashed or stopped): another key announcing it at the
-		// same delivery claims a job it was never given.
-		if h, ok := f.holders[d.JobID]; ok && ev.Signer != "" && h.signer != ev.Signer && d.Delivery <= h.delivery {
-			return bad("is signed by %s and starts job %s at delivery %d, but %s holds it since delivery %d (started it at %s): a job changes hands only when it is delivered again",
-				shortKey(ev.Signer), d.JobID, d.Delivery, shortKey(h.signer), h.delivery, h.at)
-		}
+		return f.checkTakeover(ev, d, bad)
+	case *schemas.JobHeartbeat:
+		return f.checkProgress(ev, d.JobID, bad)
+	case *schemas.JobReleased:
+		return f.checkProgress(ev, d.JobID, bad)
 	case *schemas.ArtifactStored:
 		return f.checkProgress(ev, d.JobID, bad)
 	case *schemas.ToolStarted:
@@ -450,6 +491,36 @@ func (f *facts) check(s *Session, ev schemas.Event) error {
 		if b, blocked := s.blocker(); blocked {
 			return bad("completes session %s, but %s", s.ID, b)
 		}
+	}
+	return nil
+}
+
+// checkTakeover refuses a job.started by which another key than the
+// holder's would take a job over, unless JetStream can have delivered the
+// job again: at a higher delivery, and once the holder released the job or
+// (with a lease) stayed silent about it for most of its lease, by the
+// stream's clock. A worker's own word on its delivery is not enough: any
+// key could claim one.
+func (f *facts) checkTakeover(ev schemas.Event, d *schemas.JobStarted, bad func(string, ...any) error) error {
+	h, ok := f.holders[d.JobID]
+	if !ok || ev.Signer == "" || h.signer == ev.Signer {
+		return nil
+	}
+	if d.Delivery <= h.delivery {
+		return bad("is signed by %s and starts job %s at delivery %d, but %s holds it since delivery %d (started it at %s): a job changes hands only when it is delivered again",
+			shortKey(ev.Signer), d.JobID, d.Delivery, shortKey(h.signer), h.delivery, h.at)
+	}
+	if h.released || h.lease == 0 {
+		return nil
+	}
+	need := time.Duration(float64(h.lease) * takeoverMargin)
+	if ev.Stored.IsZero() || h.last.IsZero() {
+		return bad("is signed by %s and takes job %s over from %s, whose lease of %s cannot be checked (no stream time)",
+			shortKey(ev.Signer), d.JobID, shortKey(h.signer), h.lease)
+	}
+	if silent := ev.Stored.Sub(h.last); silent < need {
+		return bad("is signed by %s and takes job %s over from %s, which was heard from %s before (its lease is %s): a job changes hands only when its holder released it or was silent for %s",
+			shortKey(ev.Signer), d.JobID, shortKey(h.signer), silent.Round(time.Millisecond), h.lease, need.Round(time.Millisecond))
 	}
 	return nil
 }

@@ -37,6 +37,8 @@ func catalogueEntries() map[string]entry {
 		TypeSessionFailed:      {func() any { return new(SessionFailed) }},
 		TypeJobRequested:       {func() any { return new(JobRequested) }},
 		TypeJobStarted:         {func() any { return new(JobStarted) }},
+		TypeJobHeartbeat:       {func() any { return new(JobHeartbeat) }},
+		TypeJobReleased:        {func() any { return new(JobReleased) }},
 		TypeJobCompleted:       {func() any { return new(JobCompleted) }},
 		TypeJobFailed:          {func() any { return new(JobFailed) }},
 		TypeToolStarted:        {func() any { return new(ToolStarted) }},

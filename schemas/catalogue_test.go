@@ -126,7 +126,9 @@ func samples(t *testing.T) map[string]any {
 				{Iteration: 1, Kind: "job", Message: "agent exited 1"},
 			},
 		},
-		TypeJobStarted: &JobStarted{JobID: "job-1", Worker: "worker-a", Delivery: 2},
+		TypeJobStarted:   &JobStarted{JobID: "job-1", Worker: "worker-a", Delivery: 2, LeaseMs: 30000},
+		TypeJobHeartbeat: &JobHeartbeat{JobID: "job-1", Worker: "worker-a", Delivery: 2},
+		TypeJobReleased:  &JobReleased{JobID: "job-1", Worker: "worker-a", Delivery: 2, Reason: "the worker is shutting down"},
 		TypeJobCompleted: &JobCompleted{
 			JobID:      "job-1",
 			Step:       "outline",
@@ -240,8 +242,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 39 {
-		t.Errorf("catalogue has %d types, want 39", len(want))
+	if len(want) != 41 {
+		t.Errorf("catalogue has %d types, want 41", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

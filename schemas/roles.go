@@ -30,7 +30,7 @@ func Publishers(t string) []Role {
 		return []Role{RoleClient}
 	case TypeTaskAdded, TypeTaskUpdated:
 		return []Role{RoleClient, RoleOrchestrator}
-	case TypeJobStarted, TypeJobCompleted, TypeJobFailed, TypeToolStarted, TypeToolCompleted, TypeAgentMessage, TypeArtifactStored:
+	case TypeJobStarted, TypeJobHeartbeat, TypeJobReleased, TypeJobCompleted, TypeJobFailed, TypeToolStarted, TypeToolCompleted, TypeAgentMessage, TypeArtifactStored:
 		return []Role{RoleAgentworker}
 	case TypeValidationPassed, TypeValidationFailed:
 		return []Role{RoleValidator}

@@ -18,6 +18,8 @@ const (
 	TypeSessionFailed    = "loopbus.session.failed"
 	TypeJobRequested     = "loopbus.job.requested"
 	TypeJobStarted       = "loopbus.job.started"
+	TypeJobHeartbeat     = "loopbus.job.heartbeat"
+	TypeJobReleased      = "loopbus.job.released"
 	TypeJobCompleted     = "loopbus.job.completed"
 	TypeJobFailed        = "loopbus.job.failed"
 	TypeToolStarted      = "loopbus.tool.started"
@@ -310,6 +312,28 @@ type JobStarted struct {
 	// Delivery is JetStream's delivery count: above 1, an earlier worker
 	// took the job and did not finish it.
 	Delivery int `json:"delivery"`
+	// LeaseMs is set by a worker that signs its events: it states a sign
+	// of life about the job (a job.heartbeat or any progress) at least
+	// every third of it, and another worker may take the job over only
+	// once it has been silent that long or released it.
+	LeaseMs int64 `json:"leaseMs,omitempty"`
+}
+
+// JobHeartbeat says the worker holding a job still runs it. A worker that
+// signs its events sends one every third of its lease (JobStarted.LeaseMs).
+type JobHeartbeat struct {
+	JobID    string `json:"jobId"`
+	Worker   string `json:"worker"`
+	Delivery int    `json:"delivery"`
+}
+
+// JobReleased says the worker holding a job handed it back unfinished
+// (it is shutting down): another worker may take it over at once.
+type JobReleased struct {
+	JobID    string `json:"jobId"`
+	Worker   string `json:"worker"`
+	Delivery int    `json:"delivery"`
+	Reason   string `json:"reason,omitempty"`
 }
 
 // ToolStarted reports one tool job (for the exec backend: the agent process).

@@ -65,6 +65,14 @@ func Describe(ev schemas.Event, m *projections.Manifest) string {
 			s += fmt.Sprintf(" (delivery %d: an earlier worker did not finish)", d.Delivery)
 		}
 		return s
+	case *schemas.JobHeartbeat:
+		return tag(d.JobID) + " still running on " + d.Worker
+	case *schemas.JobReleased:
+		s := tag(d.JobID) + " handed back by " + d.Worker
+		if d.Reason != "" {
+			s += ": " + d.Reason
+		}
+		return s
 	case *schemas.ToolStarted:
 		s := tag(d.JobID) + " tool " + d.Name + " started"
 		if in := OneLine(toolInput(d.Input), 100); in != "" {

@@ -37,6 +37,10 @@ func summarize(e schemas.Event) string {
 		return fmt.Sprintf("job=%s iteration=%d", d.JobID, d.Iteration)
 	case *schemas.JobStarted:
 		return fmt.Sprintf("job=%s worker=%s delivery=%d", d.JobID, d.Worker, d.Delivery)
+	case *schemas.JobHeartbeat:
+		return fmt.Sprintf("job=%s worker=%s delivery=%d", d.JobID, d.Worker, d.Delivery)
+	case *schemas.JobReleased:
+		return fmt.Sprintf("job=%s worker=%s delivery=%d %s", d.JobID, d.Worker, d.Delivery, clipFields(d.Reason, 60))
 	case *schemas.ToolStarted:
 		return fmt.Sprintf("tool=%s %s", d.Name, clipFields(d.Input, 60))
 	case *schemas.ToolCompleted:
