@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -33,6 +34,11 @@ type Bus interface {
 	Consume(ctx context.Context, cfg bus.ConsumerConfig, h bus.Handler) error
 	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
 	GetEvent(ctx context.Context, seq uint64) (schemas.Event, error)
+	// GetArtifact copies an artifact to w, checking its size and digest
+	// (see bus.Bus.GetArtifact): outputs are checked in memory.
+	GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Writer) error
+	// GetArtifactFile writes an artifact to a file: the inputs and
+	// definition files of a validate command.
 	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
 	// OwnID makes a derived event id unguessable to other keys (see
 	// bus.Bus.OwnID).
@@ -58,7 +64,8 @@ func verdictID(ev schemas.Event) string {
 type Config struct {
 	// Concurrency is the number of verdicts worked on at once; default 2.
 	Concurrency int
-	// WorkDir holds validation workspaces; default $TMPDIR/loopbus-validate.
+	// WorkDir holds the workspaces of validate commands (outputs are
+	// otherwise checked in memory); default $TMPDIR/loopbus-validate.
 	WorkDir string
 	// RepoCache holds the validator's git repository caches, one per
 	// session, in which the commits of worktree jobs are checked out to run
@@ -213,30 +220,31 @@ func (s *Service) safeCheck(ctx context.Context, session string, jr *schemas.Job
 // check returns the validation errors of a job's outputs and the reports of
 // its outputs declared with Report (to carry only when there are no
 // errors). The error return is for failures to check (fetching, disk),
-// which are retried.
+// which are retried. The outputs are checked in memory; a workspace is
+// made only for a step with a validate command, which reads them there.
 func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequested, jc *schemas.JobCompleted) ([]schemas.ValidationError, []schemas.Report, error) {
-	ws, err := workspace.Create(s.cfg.WorkDir, session, fmt.Sprintf("%s-%d", jr.Step, jr.Iteration))
-	if err != nil {
-		return nil, nil, err
-	}
-	if !s.cfg.KeepWorkspaces {
-		defer ws.Remove()
-	}
 	byName := map[string]schemas.ArtifactRef{}
 	for _, a := range jc.Artifacts {
 		byName[a.Name] = a
 	}
 	var errs []schemas.ValidationError
-	var present []schemas.ArtifactRef
 	for _, out := range jr.Outputs {
-		a, ok := byName[out.Name]
-		if !ok {
+		if _, ok := byName[out.Name]; !ok {
 			errs = append(errs, schemas.ValidationError{Artifact: out.Name, Message: "declared output was not produced", Source: "schema"})
-			continue
 		}
-		present = append(present, a)
 	}
-	if err := ws.Fetch(ctx, s.bus, present, ws.Out); err != nil {
+	var ws *workspace.Workspace
+	if len(jr.Validate) > 0 {
+		var err error
+		if ws, err = workspace.Create(s.cfg.WorkDir, session, fmt.Sprintf("%s-%d", jr.Step, jr.Iteration)); err != nil {
+			return nil, nil, err
+		}
+		if !s.cfg.KeepWorkspaces {
+			defer ws.Remove()
+		}
+	}
+	fetched, err := s.fetchOutputs(ctx, jr.Outputs, byName, ws)
+	if err != nil {
 		if errors.Is(err, bus.ErrNotFound) || errors.Is(err, bus.ErrDigestMismatch) {
 			return []schemas.ValidationError{{Message: "cannot read outputs: " + err.Error()}}, nil, nil
 		}
@@ -244,22 +252,18 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	}
 	var reports []schemas.Report
 	reportBytes := 0
-	for _, out := range jr.Outputs {
-		if _, ok := byName[out.Name]; !ok {
-			continue
+	for i, out := range jr.Outputs {
+		o := fetched[i]
+		if o == nil {
+			continue // not produced
 		}
-		path := filepath.Join(ws.Out, out.Name)
-		var doc []byte // the output's content, once read
 		if len(out.Schema) > 0 {
 			sch, err := schemas.CompileArtifactSchema(out.Name, out.Schema)
 			if err != nil {
 				errs = append(errs, schemas.ValidationError{Artifact: out.Name, Message: "the step's schema does not compile: " + err.Error(), Source: "schema"})
 				continue
 			}
-			if doc, err = os.ReadFile(path); err != nil {
-				return nil, nil, err
-			}
-			if verrs := sch.Validate(out.Name, doc); len(verrs) > 0 {
+			if verrs := sch.Validate(out.Name, o.content()); len(verrs) > 0 {
 				errs = append(errs, verrs...)
 				continue
 			}
@@ -267,10 +271,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 		if !out.Report {
 			continue
 		}
-		r, problem, err := readReport(out.Name, path, doc, out.ReportText)
-		if err != nil {
-			return nil, nil, err
-		}
+		r, problem := makeReport(out.Name, o, out.ReportText)
 		if problem == "" {
 			reportBytes += len(r.Content)
 			if reportBytes > MaxReportsBytes {
@@ -285,7 +286,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	}
 	// The command runs on schema-valid outputs only: its errors would
 	// otherwise bury the schema's more precise ones.
-	if len(errs) > 0 || len(jr.Validate) == 0 {
+	if len(errs) > 0 || ws == nil { // ws == nil: no validate command
 		return errs, reports, nil
 	}
 	err = ws.Fetch(ctx, s.bus, jr.Inputs, ws.In)
@@ -365,52 +366,140 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 // list.
 const MaxReportsBytes = bus.MaxEventBytes / 2
 
-// readReport makes the output at path a report: at most
+// fetchOutputs fetches the produced outputs (those of outs that byName
+// lists) in the order declared and returns what the checks read of each,
+// indexed like outs; nil stands for an output not produced. Each digest is
+// checked. With a workspace, each output is also written to its out/
+// directory for the validate command. Every name is validated before
+// anything is fetched. An output that cannot be had as listed gives an
+// error wrapping bus.ErrNotFound or bus.ErrDigestMismatch.
+func (s *Service) fetchOutputs(ctx context.Context, outs []schemas.Output, byName map[string]schemas.ArtifactRef, ws *workspace.Workspace) ([]*output, error) {
+	for _, out := range outs {
+		if ref, ok := byName[out.Name]; ok {
+			if err := schemas.ValidateName(ref.Name); err != nil {
+				return nil, err
+			}
+		}
+	}
+	fetched := make([]*output, len(outs))
+	for i, out := range outs {
+		ref, ok := byName[out.Name]
+		if !ok {
+			continue
+		}
+		o := newOutput(out, ref)
+		if err := s.fetchOutput(ctx, ref, o, ws); err != nil {
+			return nil, err
+		}
+		fetched[i] = o
+	}
+	return fetched, nil
+}
+
+// fetchOutput fetches one output into o and, with a workspace, also into
+// the file of its name in out/ (mode 0600).
+func (s *Service) fetchOutput(ctx context.Context, ref schemas.ArtifactRef, o *output, ws *workspace.Workspace) error {
+	if ws == nil {
+		return s.bus.GetArtifact(ctx, ref, o)
+	}
+	f, err := os.OpenFile(filepath.Join(ws.Out, ref.Name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("validator: output %s: %w", ref.Name, err)
+	}
+	err = s.bus.GetArtifact(ctx, ref, io.MultiWriter(f, o))
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("validator: output %s: %w", ref.Name, cerr)
+	}
+	return err
+}
+
+// output is what the checks read of one fetched output: its size and, if
+// that is at most keep bytes, its content. It is the io.Writer an output
+// is fetched into; its writes never fail.
+type output struct {
+	keep int64  // bytes of content kept at most
+	want int64  // size listed for the output, which the store has checked before the first write
+	size int64  // bytes written
+	data []byte // content written, while size <= keep
+}
+
+// newOutput returns the destination of a fetch of out, listed as ref. It
+// keeps what the checks read and no more: all of an output with a schema
+// (which is validated whole; its size is bounded by the worker that stored
+// it), schemas.MaxReportBytes of a report (a longer one is refused on its
+// size alone), nothing of any other output.
+func newOutput(out schemas.Output, ref schemas.ArtifactRef) *output {
+	o := &output{want: ref.Size}
+	switch {
+	case len(out.Schema) > 0:
+		o.keep = ref.Size
+	case out.Report:
+		o.keep = schemas.MaxReportBytes
+	}
+	return o
+}
+
+// Write counts p and appends it to the content while the size stays
+// within keep; past it, the content is dropped.
+func (o *output) Write(p []byte) (int, error) {
+	o.size += int64(len(p))
+	switch {
+	case o.size > o.keep:
+		o.data = nil
+	case o.data == nil:
+		// The store has checked the listed size by now (see
+		// GetArtifact): one allocation holds all that is kept.
+		o.data = append(make([]byte, 0, max(min(o.want, o.keep), int64(len(p)))), p...)
+	default:
+		o.data = append(o.data, p...)
+	}
+	return len(p), nil
+}
+
+// content returns the output's content: all of it if its size is at most
+// keep (never nil then, even when empty), else nil.
+func (o *output) content() []byte {
+	if o.size > o.keep {
+		return nil
+	}
+	if o.data == nil {
+		return []byte{}
+	}
+	return o.data
+}
+
+// makeReport makes the output o named name a report: at most
 // schemas.MaxReportBytes of UTF-8 JSON, or of any UTF-8 text when text is
-// set (carried as a JSON string). doc is its content when already
-// read (nil: it is read here, unless too big). The report's content is the
-// JSON as the bus encodes it (compacted, with <, > and & escaped), so the
-// verdict carries the bytes its readers decode. problem says why the
-// output cannot be a report; the error return is for failures to read.
-func readReport(name, path string, doc []byte, text bool) (r schemas.Report, problem string, err error) {
-	tooBig := func(n int64) string {
-		return fmt.Sprintf("report output is %d bytes, over the %d-byte limit of a report", n, schemas.MaxReportBytes)
+// set (carried as a JSON string). The report's content is the JSON as the
+// bus encodes it (compacted, with <, > and & escaped), so the verdict
+// carries the bytes its readers decode. problem says why the output cannot
+// be a report. o must hold its content if that is at most
+// schemas.MaxReportBytes (see newOutput).
+func makeReport(name string, o *output, text bool) (r schemas.Report, problem string) {
+	if o.size > schemas.MaxReportBytes {
+		return r, fmt.Sprintf("report output is %d bytes, over the %d-byte limit of a report", o.size, schemas.MaxReportBytes)
 	}
-	if doc == nil {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return r, "", err
-		}
-		if fi.Size() > schemas.MaxReportBytes {
-			return r, tooBig(fi.Size()), nil
-		}
-		if doc, err = os.ReadFile(path); err != nil {
-			return r, "", err
-		}
-	}
-	if len(doc) > schemas.MaxReportBytes {
-		return r, tooBig(int64(len(doc))), nil
-	}
+	doc := o.content()
 	if !utf8.Valid(doc) {
-		return r, "report output is not UTF-8 text", nil
+		return r, "report output is not UTF-8 text"
 	}
 	if text {
 		// Text (a loop's plan to split): carried as one JSON string.
 		content, err := json.Marshal(string(doc))
 		if err != nil {
-			return r, "report output: " + err.Error(), nil
+			return r, "report output: " + err.Error()
 		}
-		return schemas.Report{Name: name, Content: content}, "", nil
+		return schemas.Report{Name: name, Content: content}, ""
 	}
 	var raw json.RawMessage
 	if err := json.Unmarshal(doc, &raw); err != nil {
-		return r, "report output is not valid JSON: " + err.Error(), nil
+		return r, "report output is not valid JSON: " + err.Error()
 	}
 	content, err := json.Marshal(raw)
 	if err != nil { // raw is valid JSON: cannot happen
-		return r, "report output is not valid JSON: " + err.Error(), nil
+		return r, "report output is not valid JSON: " + err.Error()
 	}
-	return schemas.Report{Name: name, Content: content}, "", nil
+	return schemas.Report{Name: name, Content: content}, ""
 }
 
 func retryHint(errs []schemas.ValidationError) string {
