@@ -120,11 +120,13 @@ func TestCheck(t *testing.T) {
 		// Leases: a job changes hands only when its holder released it
 		// or was silent for two thirds of its lease (by the stream's clock).
 		{name: "a takeover while the holder is heard from", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(heartbeat("only", 1, keyA, 1), 10)},
-			ev: at(jobStarted("only", 1, keyB, 2), 25), wantErr: ErrInconsistent, wantMsg: "which was heard from 15s before (its lease is 30s): a job changes hands only when its holder released it or was silent for 20s"},
+			ev: at(jobStarted("only", 1, keyB, 2), 20), wantErr: ErrInconsistent, wantMsg: "which was heard from 10s before (its lease is 30s): a job changes hands only when its holder released it or was silent for 15s"},
 		{name: "a takeover after the holder went silent", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(heartbeat("only", 1, keyA, 1), 10)},
 			ev: at(jobStarted("only", 1, keyB, 2), 40)},
 		{name: "a takeover timed by the holder's progress", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(signed(toolStarted("only", 1), keyA), 30)},
-			ev: at(jobStarted("only", 1, keyB, 2), 45), wantErr: ErrInconsistent, wantMsg: "heard from 15s before"},
+			ev: at(jobStarted("only", 1, keyB, 2), 40), wantErr: ErrInconsistent, wantMsg: "heard from 10s before"},
+		{name: "a lease beyond an hour counts as an hour", given: []schemas.Event{started(p), requested("only", 1), leasedFor(jobStarted("only", 1, keyA, 1), 0, 1_000_000_000_000)},
+			ev: at(jobStarted("only", 1, keyB, 2), 1800)},
 		{name: "another worker's heartbeat does not keep the job", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0)},
 			ev: at(heartbeat("only", 1, keyB, 1), 10), wantErr: ErrInconsistent, wantMsg: "is held by UAAAAAAAAAAA…"},
 		{name: "a takeover after the holder released the job", given: []schemas.Event{started(p), requested("only", 1), leased(jobStarted("only", 1, keyA, 1), 0), at(released("only", 1, keyA, 1), 1)},
@@ -299,8 +301,13 @@ func jobStarted(step string, iteration int, key string, delivery int) schemas.Ev
 // leased is a job.started stored at second s of the test clock, stating
 // a lease of 30 seconds.
 func leased(ev schemas.Event, s int) schemas.Event {
+	return leasedFor(ev, s, 30_000)
+}
+
+// leasedFor is a job.started stored at second s, stating a lease of ms.
+func leasedFor(ev schemas.Event, s int, ms int64) schemas.Event {
 	d := *ev.Data.(*schemas.JobStarted)
-	d.LeaseMs = 30_000
+	d.LeaseMs = ms
 	ev.Data = &d
 	return at(ev, s)
 }

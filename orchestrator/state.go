@@ -317,9 +317,15 @@ type holder struct {
 
 // takeoverMargin is the share of a lease that must pass in silence before
 // another worker may take a job over. JetStream redelivers a job a whole
-// ack wait (the lease) after the worker's last heartbeat; a live worker
-// states a sign of life every third of it; two thirds sit between.
-const takeoverMargin = 2.0 / 3
+// ack wait (the lease) after the worker's last heartbeat, and the worker
+// states a sign of life on a tick of its own, every third of it: a real
+// takeover follows at least two thirds of silence, while a live holder is
+// never silent much beyond a third. Half sits between, a sixth from each.
+const takeoverMargin = 0.5
+
+// maxLease bounds the lease a job.started may state: a key that claims a
+// longer one cannot pin a job beyond it by falling silent.
+const maxLease = time.Hour
 
 func newFacts() *facts {
 	// cancelled and holders are made when first needed: most sessions
@@ -359,7 +365,7 @@ func (f *facts) record(ev schemas.Event) {
 				at = ev.Time
 			}
 			h := holder{signer: ev.Signer, at: "event " + ev.ID, delivery: d.Delivery,
-				lease: time.Duration(d.LeaseMs) * time.Millisecond, last: ev.Stored}
+				lease: min(time.Duration(d.LeaseMs)*time.Millisecond, maxLease), last: ev.Stored}
 			if !at.IsZero() {
 				h.at = at.UTC().Format(time.RFC3339)
 			}

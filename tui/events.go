@@ -70,7 +70,7 @@ func Describe(ev schemas.Event, m *projections.Manifest) string {
 	case *schemas.JobReleased:
 		s := tag(d.JobID) + " handed back by " + d.Worker
 		if d.Reason != "" {
-			s += ": " + d.Reason
+			s += ": " + OneLine(d.Reason, 200)
 		}
 		return s
 	case *schemas.ToolStarted:
