@@ -4,7 +4,7 @@ BIN      ?= bin/loopbus
 PKGS     ?= ./...
 GOFLAGS  ?=
 
-.PHONY: build test vet fmt-check bench bench-quick run-example fuzz clean
+.PHONY: build test vet fmt-check bench bench-quick run-example fuzz clean chromium screenshot
 
 build:
 	$(GO) build -o $(BIN) ./cmd/loopbus
@@ -14,12 +14,26 @@ build:
 # (their checked-in seed corpora also run as part of the plain tests).
 # The end-to-end tests mostly wait on the processes they start, so four
 # run at once even on two cores.
-test: fmt-check vet
+test: fmt-check vet chromium
 	$(GO) test -race -count=1 -parallel 4 -timeout 30m $(PKGS)
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_CI)
 
 vet:
 	$(GO) vet $(PKGS)
+
+# chromium: the dashboard's browser tests drive Debian's Chromium; it is
+# installed when missing. Only when that is impossible are those tests
+# skipped, and this says so loudly.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the dashboard's browser tests"; \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo -n"; \
+	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 || \
+	  echo "WARNING: Chromium could not be installed: the dashboard's BROWSER TESTS WILL BE SKIPPED"; }
+
+# screenshot: the session page's picture in README, made by the browser test.
+screenshot:
+	LOOPBUS_SCREENSHOT=$(CURDIR)/docs/dashboard.png $(GO) test -count=1 -run '^TestBrowserFollowsASession$$' ./dashboard/
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

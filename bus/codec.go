@@ -1,9 +1,14 @@
 package bus
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
@@ -31,6 +36,9 @@ const (
 	extJob         = "job"
 	extCausation   = "causation"
 	extCorrelation = "correlation"
+	// ExtTraceparent is the CloudEvents distributed-tracing extension:
+	// the W3C trace context of the span the event belongs to (see SpanOf).
+	ExtTraceparent = "traceparent"
 )
 
 // Encode validates ev and returns the NATS message that carries it: the
@@ -70,24 +78,33 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 	ce.SetSubject(ev.Subject())
 	ce.SetTime(ev.Time.UTC())
 	ce.SetDataSchema(schemas.DataSchemaURI(ev.Type))
-	if err := ce.SetData(cloudevents.ApplicationJSON, json.RawMessage(raw)); err != nil {
-		return nil, fmt.Errorf("event %s: %w", ev.Type, err)
-	}
-	for name, val := range map[string]string{
-		extSession: ev.Session, extStep: ev.Step, extJob: ev.Job,
-		extCausation: ev.Causation, extCorrelation: ev.Correlation,
+	// raw is the catalogue's compact JSON: the body takes it as it is
+	// (SetData would marshal it again).
+	ce.SetDataContentType(cloudevents.ApplicationJSON)
+	ce.DataEncoded = raw
+	for _, x := range [...]struct{ name, val string }{
+		{extSession, ev.Session}, {extStep, ev.Step}, {extJob, ev.Job},
+		{extCausation, ev.Causation}, {extCorrelation, ev.Correlation},
 	} {
-		if val != "" {
-			ce.SetExtension(name, val)
+		if x.val != "" {
+			ce.SetExtension(x.name, x.val)
 		}
 	}
+	// Derived from the attributes alone, never taken from the caller: see
+	// SpanOf. Decode does not need it (events of other publishers may lack
+	// it or carry their own); it is for tracers and subscribers.
+	ce.SetExtension(ExtTraceparent, SpanOf(ev).Traceparent())
 	if err := ce.Validate(); err != nil {
 		return nil, fmt.Errorf("event %s: %w", ev.Type, err)
 	}
-	body, err := json.Marshal(ce)
-	if err != nil {
+	// WriteJson is what json.Marshal(ce) calls, without encoding/json's
+	// second pass over the whole body (and its copy), into a buffer sized
+	// for the data and the attributes.
+	buf := bytes.NewBuffer(make([]byte, 0, len(raw)+512))
+	if err := cloudevents.WriteJson(&ce, buf); err != nil {
 		return nil, fmt.Errorf("event %s: %w", ev.Type, err)
 	}
+	body := buf.Bytes()
 	if len(body) > MaxEventBytes {
 		return nil, fmt.Errorf("event %s: %d bytes exceeds the %d-byte limit", ev.Type, len(body), MaxEventBytes)
 	}
@@ -199,4 +216,251 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.E
 	}
 	ev.Data = d
 	return ev, nil
+}
+
+// SpanKind says what a span of a session's trace stands for.
+type SpanKind uint8
+
+// The spans of a session's trace, from the root down: the session, each
+// iteration of a step, each job (one agent run of an iteration), each tool
+// call of a job.
+const (
+	SpanSession SpanKind = iota
+	SpanIteration
+	SpanJob
+	SpanTool
+)
+
+func (k SpanKind) String() string {
+	switch k {
+	case SpanSession:
+		return "session"
+	case SpanIteration:
+		return "iteration"
+	case SpanJob:
+		return "job"
+	case SpanTool:
+		return "tool"
+	}
+	return "SpanKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// SpanRef names a span of a session's trace by what identifies it. Its
+// trace and span ids are pure functions of these parts (TraceID, SpanID),
+// so anyone holding an event can compute the span it belongs to, and that
+// span's parents, without any state.
+type SpanRef struct {
+	Kind    SpanKind
+	Session string
+	// Step and Iteration identify an iteration span, and the iteration
+	// of a job or tool span. Iteration is the job id's part after
+	// "<session>.<step>." without the attempt: "3", "3.r1" (iteration 3
+	// of the step's second round), "merge2" (a loop's merge job); the
+	// whole job id when it is not of that form.
+	Step, Iteration string
+	// Job identifies a job span and a tool span's job; Tool a tool span.
+	Job, Tool string
+}
+
+// SpanOf returns the span ev belongs to, from its attributes and the ids
+// its data carries:
+//
+//   - tool.started, tool.completed: the tool call's span (job and tool id);
+//   - job.started, job.heartbeat, job.released, agent.message,
+//     artifact.stored, job.completed, job.failed: the job's span;
+//   - job.requested, job.cancelled, validation.passed, validation.failed,
+//     step.waiting, step.completed: the span of the step iteration the
+//     job id names;
+//   - every other event (session.*, signal.*, step.failed, which does not
+//     say which round of the step failed, step.paused, task.*, loop.*, …):
+//     the session's root span.
+//
+// An event of those kinds without a job id belongs to the root span, a
+// tool event without a tool id to its job's span. The job id is the job
+// extension, else the data's jobId.
+func SpanOf(ev schemas.Event) SpanRef {
+	root := SpanRef{Kind: SpanSession, Session: ev.Session}
+	job := ev.Job
+	tool := ""
+	kind := SpanSession
+	switch d := ev.Data.(type) {
+	case *schemas.ToolStarted:
+		job, tool, kind = orElse(job, d.JobID), d.ToolID, SpanTool
+	case *schemas.ToolCompleted:
+		job, tool, kind = orElse(job, d.JobID), d.ToolID, SpanTool
+	case *schemas.JobStarted:
+		job, kind = orElse(job, d.JobID), SpanJob
+	case *schemas.JobHeartbeat:
+		job, kind = orElse(job, d.JobID), SpanJob
+	case *schemas.JobReleased:
+		job, kind = orElse(job, d.JobID), SpanJob
+	case *schemas.AgentMessage:
+		job, kind = orElse(job, d.JobID), SpanJob
+	case *schemas.ArtifactStored:
+		job, kind = orElse(job, d.JobID), SpanJob
+	case *schemas.JobCompleted:
+		job, kind = orElse(job, d.JobID), SpanJob
+	case *schemas.JobFailed:
+		job, kind = orElse(job, d.JobID), SpanJob
+	case *schemas.JobRequested:
+		job, kind = orElse(job, d.JobID), SpanIteration
+	case *schemas.JobCancelled:
+		job, kind = orElse(job, d.JobID), SpanIteration
+	case *schemas.Verdict:
+		job, kind = orElse(job, d.JobID), SpanIteration
+	case *schemas.StepWaiting:
+		job, kind = orElse(job, d.JobID), SpanIteration
+	case *schemas.StepCompleted:
+		job, kind = orElse(job, d.JobID), SpanIteration
+	}
+	if job == "" || kind == SpanSession {
+		return root
+	}
+	r := SpanRef{Kind: kind, Session: ev.Session, Step: ev.Step, Job: job, Tool: tool}
+	r.Iteration = iterationKey(ev.Session, ev.Step, job)
+	switch {
+	case kind == SpanTool && tool == "":
+		r.Kind = SpanJob
+	case kind == SpanIteration:
+		r.Job = ""
+		if r.Iteration == "" {
+			return root
+		}
+	}
+	return r
+}
+
+func orElse(s, otherwise string) string {
+	if s == "" {
+		return otherwise
+	}
+	return s
+}
+
+// iterationKey is the part of a job id naming its step iteration: the
+// job id is "<session>.<step>.<iteration>[.a<attempt>][.r<round>]"
+// (orchestrator.JobID; a loop's merge job has "merge<n>" for the
+// iteration), and the attempts of one iteration share its span. A job id
+// not of that form (a job requested by another tool) is its own
+// iteration.
+func iterationKey(session, step, job string) string {
+	if step == "" || len(job) <= len(session)+len(step)+2 ||
+		job[:len(session)] != session || job[len(session)] != '.' ||
+		job[len(session)+1:len(session)+1+len(step)] != step || job[len(session)+1+len(step)] != '.' {
+		return job
+	}
+	rest := job[len(session)+len(step)+2:]
+	first, tail, _ := strings.Cut(rest, ".")
+	if tail == "" {
+		return first
+	}
+	var b strings.Builder
+	b.WriteString(first)
+	for part := range strings.SplitSeq(tail, ".") {
+		if isAttempt(part) {
+			continue
+		}
+		b.WriteByte('.')
+		b.WriteString(part)
+	}
+	return b.String()
+}
+
+// isAttempt reports whether a job id part is "a" and digits.
+func isAttempt(part string) bool {
+	if len(part) < 2 || part[0] != 'a' {
+		return false
+	}
+	for i := 1; i < len(part); i++ {
+		if part[i] < '0' || part[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// Parent returns the span r's span is a child of: a tool call's job, a
+// job's step iteration, an iteration's session. The session's root span
+// has none (ok false).
+func (r SpanRef) Parent() (SpanRef, bool) {
+	switch r.Kind {
+	case SpanTool:
+		return SpanRef{Kind: SpanJob, Session: r.Session, Step: r.Step, Iteration: r.Iteration, Job: r.Job}, true
+	case SpanJob:
+		if r.Iteration != "" {
+			return SpanRef{Kind: SpanIteration, Session: r.Session, Step: r.Step, Iteration: r.Iteration}, true
+		}
+		return SpanRef{Kind: SpanSession, Session: r.Session}, true
+	case SpanIteration:
+		return SpanRef{Kind: SpanSession, Session: r.Session}, true
+	}
+	return SpanRef{}, false
+}
+
+// TraceID is the trace of r's session: the first 16 bytes of
+// SHA-256 over the parts "loopbus.trace" and the session id, each written
+// as its decimal byte length, ":" and the part (the hex of it is
+// schemas.DeterministicID("loopbus.trace", session)).
+func (r SpanRef) TraceID() [16]byte {
+	sum := traceHash("loopbus.trace", r.Session)
+	var id [16]byte
+	copy(id[:], sum[:16])
+	if id == [16]byte{} {
+		id[15] = 1 // all zeros is not a valid trace id
+	}
+	return id
+}
+
+// SpanID is the first 8 bytes of the same hash over "loopbus.span", the
+// kind's name and the parts that identify the span:
+//
+//	session:   "loopbus.span", "session", <session>
+//	iteration: "loopbus.span", "iteration", <session>, <step>, <iteration>
+//	job:       "loopbus.span", "job", <session>, <job id>
+//	tool:      "loopbus.span", "tool", <session>, <job id>, <tool id>
+func (r SpanRef) SpanID() [8]byte {
+	var sum [32]byte
+	switch r.Kind {
+	case SpanIteration:
+		sum = traceHash("loopbus.span", "iteration", r.Session, r.Step, r.Iteration)
+	case SpanJob:
+		sum = traceHash("loopbus.span", "job", r.Session, r.Job)
+	case SpanTool:
+		sum = traceHash("loopbus.span", "tool", r.Session, r.Job, r.Tool)
+	default:
+		sum = traceHash("loopbus.span", "session", r.Session)
+	}
+	var id [8]byte
+	copy(id[:], sum[:8])
+	if id == [8]byte{} {
+		id[7] = 1 // all zeros is not a valid span id
+	}
+	return id
+}
+
+// Traceparent is the W3C traceparent of r's span, as every event carries
+// it: "00-<trace id>-<span id>-01" in lowercase hex (version 0, sampled).
+func (r SpanRef) Traceparent() string {
+	tid, sid := r.TraceID(), r.SpanID()
+	var b [55]byte
+	copy(b[:], "00-")
+	hex.Encode(b[3:35], tid[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], sid[:])
+	copy(b[52:], "-01")
+	return string(b[:])
+}
+
+// traceHash is SHA-256 over parts, each written as its decimal byte
+// length, ":" and the part: the input of schemas.DeterministicID, without
+// its allocations.
+func traceHash(parts ...string) [32]byte {
+	var buf [192]byte
+	b := buf[:0]
+	for _, p := range parts {
+		b = strconv.AppendInt(b, int64(len(p)), 10)
+		b = append(b, ':')
+		b = append(b, p...)
+	}
+	return sha256.Sum256(b)
 }

@@ -120,6 +120,9 @@ func TestEncodeStructuredCloudEvent(t *testing.T) {
 		"job":             "job-outline-2",
 		"causation":       "cause-id",
 		"correlation":     "corr-id",
+		// job-outline-2 is not an orchestrator job id: its own iteration.
+		"traceparent": "00-" + schemas.DeterministicID("loopbus.trace", "s1") + "-" +
+			schemas.DeterministicID("loopbus.span", "iteration", "s1", "outline", "job-outline-2")[:16] + "-01",
 	}
 	for k, want := range wantAttrs {
 		if got, _ := ce[k].(string); got != want {
@@ -143,7 +146,7 @@ func TestEncodeStructuredCloudEvent(t *testing.T) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	wantKeys := []string{"causation", "correlation", "data", "datacontenttype", "dataschema", "id", "job", "session", "source", "specversion", "step", "subject", "time", "type"}
+	wantKeys := []string{"causation", "correlation", "data", "datacontenttype", "dataschema", "id", "job", "session", "source", "specversion", "step", "subject", "time", "traceparent", "type"}
 	if !reflect.DeepEqual(keys, wantKeys) {
 		t.Errorf("members %v, want %v", keys, wantKeys)
 	}

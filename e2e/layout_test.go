@@ -25,12 +25,14 @@ var layers = map[string]int{
 	"agent/agenttest": 4, "agent/openai": 4, "agent/anthropic": 4,
 	"internal/modelserver": 5,
 
-	"orchestrator": 5, "agentworker": 5, "validator": 5, "hooks": 5, "projections/projector": 5,
+	"orchestrator": 5, "agentworker": 5, "validator": 5, "hooks": 5, "projections/projector": 5, "metrics": 5,
+	"tracing": 5,
 
 	"serve": 6, "client": 6,
 	"tui": 7,
 
-	"cmd/loopbus": 8, "bench": 8, "bench/cmd/benchline": 9,
+	"dashboard":   8,
+	"cmd/loopbus": 9, "bench": 8, "bench/cmd/benchline": 9,
 	"e2e": 10,
 }
 

@@ -1,6 +1,7 @@
 // Package serve runs loopbus services in one process: any set of the
-// orchestrator, validator, projector and agent workers on one bus, and, with
-// Start, an embedded NATS server beside them.
+// orchestrator, validator, projector and agent workers on one bus, with
+// Prometheus metrics beside them if asked, and, with Start, an embedded
+// NATS server beside them.
 //
 // It is what `loopbus serve`, the single-service commands and an embedded
 // `loopbus run` are built from, and what a Go program uses to run the whole
@@ -16,9 +17,11 @@ import (
 
 	"github.com/loopbus/loopbus/agentworker"
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/metrics"
 	"github.com/loopbus/loopbus/orchestrator"
 	"github.com/loopbus/loopbus/projections/projector"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/tracing"
 	"github.com/loopbus/loopbus/validator"
 	"github.com/oklog/run"
 	"github.com/rs/zerolog"
@@ -40,6 +43,14 @@ type Services struct {
 	SecretEnv []string
 	// ValidatorAckWait: see validator.Config.AckWait.
 	ValidatorAckWait time.Duration
+	// Metrics, when its Listen address is set, adds a metrics service
+	// (named "metrics") that follows the stream from this process and
+	// serves /metrics there; the zero value serves none.
+	Metrics metrics.Config
+	// Traces, when set, adds the tracing service (named "tracing"): it
+	// follows the stream and exports spans over OTLP. One process of a
+	// deployment should run it (serve, or the orchestrator's).
+	Traces *tracing.Config
 }
 
 // All returns every service, with an agent worker of workers job slots.
@@ -51,6 +62,14 @@ func All(workers int) Services {
 func (s Services) Validate() error {
 	if s.Workers < 0 {
 		return fmt.Errorf("serve: workers must be >= 0, got %d", s.Workers)
+	}
+	if err := s.Metrics.Validate(); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if s.Traces != nil {
+		if err := s.Traces.Validate(); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
 	}
 	return nil
 }
@@ -116,6 +135,20 @@ func (s Services) Build(b *bus.Bus, log zerolog.Logger, now func() time.Time) ([
 		}
 		out = append(out, Named{"agentworker", w})
 	}
+	if s.Metrics.Listen != "" {
+		m, err := metrics.New(s.Metrics, b, sub("metrics"))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Named{"metrics", m})
+	}
+	if s.Traces != nil {
+		tr, err := tracing.New(*s.Traces, b, sub("tracing"), now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Named{"tracing", tr})
+	}
 	return out, nil
 }
 
@@ -177,7 +210,8 @@ type Config struct {
 	// server's.
 	Bus bus.Config
 	// Services run beside the server; a set that runs no service at all
-	// means every service, with 4 job slots.
+	// (metrics aside) means every service, with 4 job slots, and the
+	// metrics asked for.
 	Services Services
 }
 
@@ -196,9 +230,9 @@ type Node struct {
 // on until Close. Use URL to connect clients.
 func Start(ctx context.Context, cfg Config, log zerolog.Logger) (*Node, error) {
 	if s := cfg.Services; !s.Orchestrator && !s.Validator && !s.Projector && s.Workers == 0 {
-		w := cfg.Services.Worker
+		w, m, tr := cfg.Services.Worker, cfg.Services.Metrics, cfg.Services.Traces
 		cfg.Services = All(4)
-		cfg.Services.Worker = w
+		cfg.Services.Worker, cfg.Services.Metrics, cfg.Services.Traces = w, m, tr
 	}
 	srv, err := bus.StartEmbedded(cfg.Embedded, log)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
+	"github.com/loopbus/loopbus/metrics"
 	"github.com/loopbus/loopbus/serve"
 	"github.com/oklog/run"
 )
@@ -25,6 +26,7 @@ func TestBuildNamesEveryService(t *testing.T) {
 		{"all", serve.All(2), []string{"orchestrator", "validator", "projector", "agentworker"}},
 		{"projector rebuilding", serve.Services{Projector: true, RebuildViews: true}, []string{"projector"}},
 		{"worker only", serve.Services{Workers: 1}, []string{"agentworker"}},
+		{"with metrics", serve.Services{Validator: true, Metrics: metrics.Config{Listen: "127.0.0.1:0"}}, []string{"validator", "metrics"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := tt.set.Build(b, testnats.Logger(t), time.Now)
@@ -42,6 +44,9 @@ func TestBuildNamesEveryService(t *testing.T) {
 	}
 	if _, err := (serve.Services{Workers: -1}).Build(b, testnats.Logger(t), time.Now); err == nil {
 		t.Error("negative workers accepted")
+	}
+	if _, err := (serve.Services{Metrics: metrics.Config{Listen: "no-port"}}).Build(b, testnats.Logger(t), time.Now); !errors.Is(err, metrics.ErrInvalidConfig) {
+		t.Errorf("metrics address without a port: %v", err)
 	}
 }
 

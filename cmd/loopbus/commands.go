@@ -5,16 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/loopbus/loopbus/agentworker"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/client"
 	"github.com/loopbus/loopbus/config"
+	"github.com/loopbus/loopbus/dashboard"
 	"github.com/loopbus/loopbus/definition"
+	"github.com/loopbus/loopbus/metrics"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/serve"
+	"github.com/loopbus/loopbus/tracing"
 	"github.com/loopbus/loopbus/tui"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -429,7 +433,8 @@ func newEventsCmd(g *globals) *cobra.Command {
 }
 
 func newServeCmd(g *globals) *cobra.Command {
-	var listen string
+	var listen, metricsAddr string
+	var web httpFlags
 	var workers int
 	var keep bool
 	var ackWait time.Duration
@@ -442,8 +447,22 @@ func newServeCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := g.logger(zerolog.InfoLevel)
+			mcfg, err := metricsConfig(metricsAddr)
+			if err != nil {
+				return err
+			}
+			dcfg, withDashboard, err := web.config()
+			if err != nil {
+				return err
+			}
+			if withDashboard && dcfg.Token == "" && g.secured() {
+				if cmd.Flags().Changed("http") {
+					return usageErr(errTokenNeeded)
+				}
+				log.Warn().Msg("the dashboard is not served: " + errTokenNeeded.Error() + ", or --http= to silence this")
+				withDashboard = false
+			}
 			wcfg := agentworker.Config{KeepWorkspaces: keep, AckWait: ackWait, MaxOutputBytes: maxOutput}
-			var err error
 			if wcfg.Lanes, wcfg.LaneTable, err = config.WorkerLanes(cmd.Flags().Lookup("lanes")); err != nil {
 				return err
 			}
@@ -457,11 +476,20 @@ func newServeCmd(g *globals) *cobra.Command {
 				log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
 			}
 			set := serve.All(workers)
-			set.Worker, set.SecretEnv, set.ValidatorAckWait = wcfg, secretEnv, ackWait
-			return g.runServices(ctx, "serve", set)
+			set.Worker, set.SecretEnv, set.ValidatorAckWait, set.Metrics = wcfg, secretEnv, ackWait, mcfg
+			set.Traces = tracesConfig()
+			if !withDashboard {
+				return g.runServices(ctx, "serve", set)
+			}
+			given := cmd.Flags().Changed("http")
+			return g.runService(ctx, "serve", func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error {
+				return set.Run(ctx, b, log, func(ctx context.Context) error { return serveDashboard(ctx, dcfg, given, b, log) })
+			})
 		},
 	}
+	web.add(cmd, dashboard.DefaultAddr)
 	cmd.Flags().StringVar(&listen, "listen", defaultPort, "address of the embedded NATS server")
+	metricsFlag(cmd, &metricsAddr)
 	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the agent worker")
 	cmd.Flags().BoolVar(&keep, "keep-workspaces", false, "keep job workspaces on disk for debugging")
 	cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job (or job completion) whose worker (or validator) sends no heartbeat this long goes to another one")
@@ -533,16 +561,25 @@ own --data and --listen, and use --replicas 3 with the services, e.g.
 func newServiceCmd(g *globals, name string) *cobra.Command {
 	var secretEnv []string
 	var ackWait time.Duration
+	var metricsAddr string
 	cmd := &cobra.Command{
 		Use:   name,
 		Short: "Run the " + name + " service",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			mcfg, err := metricsConfig(metricsAddr)
+			if err != nil {
+				return err
+			}
 			set := serve.Services{Orchestrator: name == "orchestrator", Validator: name == "validator", Projector: name == "projector",
-				SecretEnv: secretEnv, ValidatorAckWait: ackWait}
+				SecretEnv: secretEnv, ValidatorAckWait: ackWait, Metrics: mcfg}
+			if name == "orchestrator" {
+				set.Traces = tracesConfig()
+			}
 			return g.runServices(cmd.Context(), name, set)
 		},
 	}
+	metricsFlag(cmd, &metricsAddr)
 	if name == "validator" {
 		cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
 		cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job completion whose validator sends no heartbeat this long goes to another validator")
@@ -550,37 +587,73 @@ func newServiceCmd(g *globals, name string) *cobra.Command {
 	return cmd
 }
 
+// tracesConfig is the tracing service when the OTEL_* environment asks for
+// an OTLP exporter, else nil. serve and the orchestrator run it: each
+// deployment has one of them.
+func tracesConfig() *tracing.Config {
+	if !tracing.Enabled(os.Getenv) {
+		return nil
+	}
+	return &tracing.Config{}
+}
+
+// metricsFlag adds --metrics ADDR to a command that runs services.
+func metricsFlag(cmd *cobra.Command, addr *string) {
+	cmd.Flags().StringVar(addr, "metrics", "", "serve Prometheus metrics at /metrics on this host:port (e.g. 127.0.0.1:9464; a non-loopback address is logged); empty serves none")
+}
+
+// metricsConfig is the metrics service of --metrics ADDR; a bad address
+// is a usage error.
+func metricsConfig(addr string) (metrics.Config, error) {
+	cfg := metrics.Config{Listen: addr}
+	if err := cfg.Validate(); err != nil {
+		return metrics.Config{}, usageErr(fmt.Errorf("--metrics: %w", err))
+	}
+	return cfg, nil
+}
+
 // secretEnvUsage describes --secret-env wherever validate commands or agents run.
 const secretEnvUsage = "name of an environment variable whose value is masked in events and logs and refused in outputs (repeatable; names like *TOKEN*, *SECRET*, *PASSWORD*, *_KEY are secret anyway)"
 
 func newProjectorCmd(g *globals) *cobra.Command {
 	var rebuild bool
+	var metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "projector",
 		Short: "Run the projector: keep session manifests in the views bucket current",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return g.runServices(cmd.Context(), "projector", serve.Services{Projector: true, RebuildViews: rebuild})
+			mcfg, err := metricsConfig(metricsAddr)
+			if err != nil {
+				return err
+			}
+			return g.runServices(cmd.Context(), "projector", serve.Services{Projector: true, RebuildViews: rebuild, Metrics: mcfg})
 		},
 	}
 	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "first recompute every view from the whole stream")
+	metricsFlag(cmd, &metricsAddr)
 	return cmd
 }
 
 func newAgentworkerCmd(g *globals) *cobra.Command {
 	var cfg agentworker.Config
+	var metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "agentworker",
 		Short: "Run an agent worker; start several to add capacity",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
+			mcfg, err := metricsConfig(metricsAddr)
+			if err != nil {
+				return err
+			}
 			if cfg.Lanes, cfg.LaneTable, err = config.WorkerLanes(cmd.Flags().Lookup("lanes")); err != nil {
 				return err
 			}
-			return g.runServices(cmd.Context(), "agentworker", serve.Services{Workers: max(cfg.Concurrency, 1), Worker: cfg})
+			return g.runServices(cmd.Context(), "agentworker", serve.Services{Workers: max(cfg.Concurrency, 1), Worker: cfg, Metrics: mcfg})
 		},
 	}
+	metricsFlag(cmd, &metricsAddr)
 	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 1, "jobs this worker runs at once")
 	cmd.Flags().StringVar(&cfg.ID, "id", "", "worker id shown in job.started (default host-pid)")
 	cmd.Flags().StringVar(&cfg.WorkDir, "work-dir", "", "directory for job workspaces (default $TMPDIR/loopbus-work)")

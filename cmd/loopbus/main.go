@@ -157,7 +157,7 @@ server another loopbus command already runs there).`,
 		newRunCmd(g), newWaitCmd(g), newStatusCmd(g), newEventsCmd(g), newReplayCmd(g), newExportCmd(g),
 		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
 		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g), newSignalCmd(g), newWatchCmd(g),
-		newHooksCmd(g), newTasksCmd(g), newSessionsCmd(g), newPullCmd(g), newKeygenCmd(g),
+		newHooksCmd(g), newTasksCmd(g), newSessionsCmd(g), newPullCmd(g), newKeygenCmd(g), newDashboardCmd(g),
 	)
 	return root
 }

@@ -1,0 +1,293 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// Bounds of what one request may ask for.
+const (
+	maxListed      = 1000
+	defaultListed  = 200
+	maxDeadLetters = 500
+	maxSignalBody  = 64 << 10
+	// signalWait is how long a button waits for the orchestrator's answer.
+	signalWait = 5 * time.Second
+)
+
+// writeJSON answers v as JSON.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// apiError answers err as {"error": "..."} with the status it maps to.
+func (s *Service) apiError(w http.ResponseWriter, err error) {
+	status := statusOf(err)
+	if status == http.StatusInternalServerError {
+		s.log.Warn().Err(err).Msg("dashboard API")
+	}
+	writeJSON(w, status, map[string]string{"error": err.Error()})
+}
+
+// sessionID is the request's session id, checked.
+func sessionID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if err := schemas.ValidateSessionID(id); err != nil {
+		return "", fmt.Errorf("%w: %v", client.ErrBadInput, err)
+	}
+	return id, nil
+}
+
+// apiSessions lists sessions, newest first: ?status=running,paused
+// &pipeline=NAME &age=24h &limit=N (default 200, at most 1000).
+func (s *Service) apiSessions(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := client.SessionFilter{Pipeline: q.Get("pipeline"), Limit: defaultListed}
+	if st := q.Get("status"); st != "" {
+		f.Status = strings.Split(st, ",")
+	}
+	if a := q.Get("age"); a != "" {
+		d, err := time.ParseDuration(a)
+		if err != nil {
+			s.apiError(w, fmt.Errorf("%w: age %q: want a duration such as 90m or 24h", client.ErrBadInput, a))
+			return
+		}
+		f.MaxAge = d
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > maxListed {
+			s.apiError(w, fmt.Errorf("%w: limit %q: want 1 to %d", client.ErrBadInput, l, maxListed))
+			return
+		}
+		f.Limit = n
+	}
+	list, err := client.Sessions(r.Context(), s.c.Bus(), f, s.now())
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	if list == nil {
+		list = []client.SessionSummary{}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// sessionAPI answers, as JSON, what get returns for the request's
+// session: its manifest (client.Status) or task list (client.Tasks).
+func sessionAPI[T any](s *Service, get func(ctx context.Context, id string) (T, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := sessionID(r)
+		if err != nil {
+			s.apiError(w, err)
+			return
+		}
+		v, err := get(r.Context(), id)
+		if err != nil {
+			s.apiError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+// apiArtifact answers one artifact of a session: ?object=OBJECT (as the
+// manifest names it), as a download, or with &view=1 as plain text. Only
+// artifacts the session's manifest names are served, and never as a page
+// the browser would run.
+func (s *Service) apiArtifact(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	m, err := s.c.Status(r.Context(), id)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	ref, ok := artifactOf(m, r.URL.Query().Get("object"))
+	if !ok {
+		s.apiError(w, fmt.Errorf("%w: session %s has no artifact %q", bus.ErrNotFound, id, r.URL.Query().Get("object")))
+		return
+	}
+	out := &artifactWriter{w: w, start: func(h http.Header) {
+		if r.URL.Query().Get("view") != "" {
+			h.Set("Content-Type", "text/plain; charset=utf-8")
+		} else {
+			h.Set("Content-Type", "application/octet-stream")
+			h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": ref.Name}))
+		}
+		h.Set("Content-Security-Policy", "default-src 'none'; sandbox")
+		h.Set("Content-Length", strconv.FormatInt(ref.Size, 10))
+	}}
+	err = s.c.Bus().GetArtifact(r.Context(), ref, out)
+	switch {
+	case err != nil && !out.started:
+		if errors.Is(err, bus.ErrDigestMismatch) {
+			err = fmt.Errorf("%w (the stored bytes do not match the artifact's digest)", err)
+		}
+		s.apiError(w, err)
+	case err != nil:
+		// The headers are gone: the cut-short body (against its
+		// Content-Length) tells the browser.
+		s.log.Warn().Err(err).Str("object", ref.Object).Msg("dashboard artifact")
+	case !out.started:
+		out.start(w.Header()) // an empty artifact
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+// artifactWriter sets an artifact's headers on its first bytes, so that
+// an artifact that cannot be read is answered with an error, not an empty
+// download.
+type artifactWriter struct {
+	w       http.ResponseWriter
+	start   func(http.Header)
+	started bool
+}
+
+func (a *artifactWriter) Write(p []byte) (int, error) {
+	if !a.started {
+		a.started = true
+		a.start(a.w.Header())
+		a.w.WriteHeader(http.StatusOK)
+	}
+	return a.w.Write(p)
+}
+
+// artifactOf finds the artifact named object among m's: the input, the
+// final artifacts and every step's.
+func artifactOf(m *projections.Manifest, object string) (schemas.ArtifactRef, bool) {
+	if object == "" {
+		return schemas.ArtifactRef{}, false
+	}
+	if m.Input != nil && m.Input.Object == object {
+		return *m.Input, true
+	}
+	for _, a := range m.Final {
+		if a.Object == object {
+			return a, true
+		}
+	}
+	for _, st := range m.Steps {
+		for _, a := range st.Artifacts {
+			if a.Object == object {
+				return a, true
+			}
+		}
+	}
+	return schemas.ArtifactRef{}, false
+}
+
+// signalBody is what the page's buttons post.
+type signalBody struct {
+	Verb    string `json:"verb"`
+	Step    string `json:"step,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// apiSignal sends a signal to the session (or one of its steps), as
+// `loopbus signal` does, and answers what became of it: applied or
+// ignored by the orchestrator, or recorded when it did not answer within
+// a few seconds.
+func (s *Service) apiSignal(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
+		// A cross-site form cannot send JSON without asking first (CORS).
+		s.apiError(w, fmt.Errorf("%w: send the signal as application/json", client.ErrBadInput))
+		return
+	}
+	var body signalBody
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSignalBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		s.apiError(w, fmt.Errorf("%w: signal: %v", client.ErrBadInput, err))
+		return
+	}
+	req := client.SignalRequest{Verb: body.Verb, Target: client.SignalTarget{Session: id, Step: body.Step}, Reason: body.Reason, Message: body.Message}
+	if body.Step != "" {
+		if err := schemas.ValidateStepName(body.Step); err != nil {
+			s.apiError(w, fmt.Errorf("%w: step: %v", client.ErrBadInput, err))
+			return
+		}
+	}
+	if err := client.Exists(r.Context(), s.c.Bus(), id); err != nil {
+		s.apiError(w, err)
+		return
+	}
+	sent, acks, err := s.c.Signal(r.Context(), req, signalWait)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		s.apiError(w, err)
+		return
+	}
+	out := make([]client.SignalResult, 0, len(sent))
+	for _, sg := range sent {
+		out = append(out, client.ResultOf(sg, body.Verb, acks[sg.Event.ID], "no orchestrator answered within "+signalWait.String()))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// apiDeadLetters answers the newest dead letters (at most 500), newest
+// first; ?session=ID keeps one session's.
+func (s *Service) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
+	session := r.URL.Query().Get("session")
+	if session != "" {
+		if err := schemas.ValidateSessionID(session); err != nil {
+			s.apiError(w, fmt.Errorf("%w: %v", client.ErrBadInput, err))
+			return
+		}
+	}
+	type letter struct {
+		bus.DeadLetter
+		Session string `json:"session,omitempty"`
+		// Data is the original body as text (bytes that are not UTF-8
+		// are replaced).
+		Data string `json:"data"`
+	}
+	var ring []letter
+	total := 0
+	err := s.c.Bus().DeadLetters(r.Context(), func(dl bus.DeadLetter) error {
+		sess, _ := schemas.SessionOfSubject(dl.Subject)
+		if session != "" && sess != session {
+			return nil
+		}
+		total++
+		ring = append(ring, letter{DeadLetter: dl, Session: sess, Data: strings.ToValidUTF8(string(dl.Data), "\uFFFD")})
+		if len(ring) > maxDeadLetters {
+			ring = ring[1:]
+		}
+		return nil
+	})
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	out := make([]letter, 0, len(ring))
+	for i := len(ring) - 1; i >= 0; i-- {
+		out = append(out, ring[i])
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"total": total, "letters": out})
+}

@@ -1,0 +1,206 @@
+package dashboard_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/loopbus/loopbus/dashboard"
+	"github.com/loopbus/loopbus/internal/testnats"
+	"github.com/loopbus/loopbus/projections"
+)
+
+// chromium finds Debian's Chromium ($LOOPBUS_CHROMIUM, else chromium on
+// PATH). Without it the browser tests are skipped, loudly: `make test`
+// installs it where it can (see .ci/run).
+func chromium(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("LOOPBUS_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Skip("SKIPPING BROWSER TEST: no Chromium found (install Debian's chromium package, or set LOOPBUS_CHROMIUM)")
+	return ""
+}
+
+// browser starts a headless Chromium for one test; every action on the
+// returned context must finish within a minute.
+func browser(t testing.TB) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1400, 1100),
+		// This machine's network is closed: no background connections.
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() {
+		cancel()
+		cancelCtx()
+		cancelAlloc()
+	})
+	if err := chromedp.Do(tctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return tctx
+}
+
+func run(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		out, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
+		t.Fatalf("%s: %v\npage text:\n%s", what, err, out)
+	}
+}
+
+// value runs an action that reads something from the page.
+func value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
+	t.Helper()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// TestBrowserFollowsASession drives the real pages in headless Chromium:
+// the sessions list shows a running session; its page updates live as its
+// steps complete (no reload); the pause button pauses it. With
+// LOOPBUS_SCREENSHOT set, it saves the session page there as a PNG.
+func TestBrowserFollowsASession(t *testing.T) {
+	ctx := browser(t)
+	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0"})
+	open := s.submitGated(t, "browser-1")
+	defer open("c")
+
+	run(t, ctx, "the sessions list shows the running session",
+		chromedp.Navigate(s.srv.URL+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`#sessions tr[data-session="browser-1"] .s-running`)),
+	)
+	run(t, ctx, "the session's page shows step a running",
+		chromedp.Click(chromedp.CSS(`#sessions tr[data-session="browser-1"] a`)),
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="a"][data-status="in_progress"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="c"][data-status="pending"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#live.on`)),
+	)
+	loc := value(t, ctx, "read the location", chromedp.Location())
+	open("a")
+	run(t, ctx, "the page updates as step a completes",
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="a"][data-status="completed"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="b"][data-status="in_progress"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#timeline tr[data-type="step.completed"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#artifacts a[href*="view=1"]`)),
+	)
+	after := value(t, ctx, "read the location again", chromedp.Location())
+	if after != loc {
+		t.Errorf("the page moved from %s to %s: it should update in place", loc, after)
+	}
+
+	run(t, ctx, "the pause button pauses the session",
+		chromedp.SendKeys(chromedp.CSS(`#text`), "look at b first"),
+		chromedp.Click(chromedp.CSS(`button[data-verb="pause"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#signal-result[data-result="applied"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.s-paused`)),
+	)
+	m := s.waitManifest(t, "browser-1", "the session to be paused", func(m *projections.Manifest) bool { return m.Status == projections.StatusPaused })
+	if m.Hold == nil || !strings.Contains(m.Hold.Reason, "look at b first") {
+		t.Errorf("hold = %+v, want the reason typed on the page", m.Hold)
+	}
+	run(t, ctx, "the resume button resumes it",
+		chromedp.WaitVisible(chromedp.CSS(`#text[data-empty]`)),
+		chromedp.Click(chromedp.CSS(`button[data-verb="resume"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.s-running`)),
+	)
+	open("b")
+	run(t, ctx, "step b completes on the page",
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="b"][data-status="completed"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="c"][data-status="in_progress"]`)),
+	)
+	if path := os.Getenv("LOOPBUS_SCREENSHOT"); path != "" {
+		png := value(t, ctx, "screenshot", chromedp.FullScreenshot(100))
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot of the session page: %s", path)
+	}
+}
+
+// TestBrowserNeedsTheToken: on a listener beyond loopback, a browser
+// without the token is sent to the login form and sees no session; with
+// the token typed there, it sees the sessions.
+func TestBrowserNeedsTheToken(t *testing.T) {
+	ctx := browser(t)
+	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0"})
+	open := s.submitGated(t, "token-1")
+	defer open("c")
+	defer open("b")
+	defer open("a")
+
+	d, err := dashboard.New(dashboard.Config{Addr: "0.0.0.0:0", Token: "s3cret-token-0123"}, s.c, testnats.Logger(t), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(sctx, ln) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	url := "http://127.0.0.1:" + portOf(ln.Addr().String())
+
+	run(t, ctx, "without the token, the login form",
+		chromedp.Navigate(url+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`input[name="token"]`)),
+	)
+	loc := value(t, ctx, "location", chromedp.Location())
+	body := value(t, ctx, "page text", chromedp.Text(chromedp.CSS("body")))
+	if !strings.Contains(loc, "/login") || strings.Contains(body, "token-1") {
+		t.Fatalf("without the token: at %s, page %q", loc, body)
+	}
+	run(t, ctx, "the API refuses the browser too", chromedp.Navigate(url+"/api/sessions"))
+	body = value(t, ctx, "page text", chromedp.Text(chromedp.CSS("body")))
+	if !strings.Contains(body, "unauthorized") || strings.Contains(body, "token-1") {
+		t.Fatalf("API without the token: %q", body)
+	}
+	run(t, ctx, "a wrong token is refused",
+		chromedp.Navigate(url+"/login"),
+		chromedp.SendKeys(chromedp.CSS(`input[name="token"]`), "guess"),
+		chromedp.Submit(chromedp.CSS(`input[name="token"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`p.error`)),
+	)
+	run(t, ctx, "with the token, the sessions",
+		chromedp.SendKeys(chromedp.CSS(`input[name="token"]`), "s3cret-token-0123"),
+		chromedp.Submit(chromedp.CSS(`input[name="token"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#sessions tr[data-session="token-1"]`)),
+	)
+}
+
+func portOf(addr string) string {
+	_, p, _ := net.SplitHostPort(addr)
+	return p
+}

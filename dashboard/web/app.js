@@ -1,0 +1,375 @@
+// loopbus dashboard: plain DOM, no framework. Data comes from /api/ as
+// JSON and live from server-sent events; text is always set with
+// textContent, never parsed as HTML.
+"use strict";
+
+const MAX_ROWS = 2000; // timeline rows kept in the page
+const MAX_TOOLS = 500; // tool calls kept in the page
+
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else e.setAttribute(k, v);
+  }
+  for (const k of kids) if (k !== null && k !== undefined) e.append(k);
+  return e;
+}
+
+function badge(status) {
+  return el("span", { class: "st s-" + (status || "pending"), text: (status || "pending").replace("_", " ") });
+}
+
+function money(x) { return x ? "$" + x.toFixed(x < 1 ? 4 : 2) : "–"; }
+function tokens(u) { return u ? (u.inputTokens || 0) + (u.outputTokens || 0) : 0; }
+function size(n) {
+  if (n < 1024) return n + " B";
+  if (n < 1 << 20) return (n / 1024).toFixed(1) + " KiB";
+  return (n / (1 << 20)).toFixed(1) + " MiB";
+}
+function dur(ms) {
+  if (ms < 0 || !isFinite(ms)) return "–";
+  if (ms < 1000) return ms + " ms";
+  const s = Math.round(ms / 1000);
+  if (s < 60) return s + " s";
+  if (s < 3600) return Math.floor(s / 60) + " min " + (s % 60) + " s";
+  return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+}
+function when(t) { return t ? new Date(t).toLocaleString() : "–"; }
+function showError(msg) {
+  const e = document.getElementById("error");
+  if (!e) return;
+  e.hidden = !msg;
+  e.textContent = msg || "";
+}
+
+async function api(path, opts) {
+  const r = await fetch(path, Object.assign({ credentials: "same-origin", headers: { Accept: "application/json" } }, opts || {}));
+  let body = null;
+  try { body = await r.json(); } catch (_) { /* not JSON */ }
+  if (!r.ok) throw new Error((body && body.error) || r.status + " " + r.statusText);
+  return body;
+}
+
+// stream opens an EventSource with the given handlers and shows whether
+// it is connected; the browser reconnects by itself.
+function stream(url, handlers) {
+  const live = document.getElementById("live");
+  const es = new EventSource(url);
+  es.onopen = () => { live.textContent = "● live"; live.classList.add("on"); };
+  es.onerror = () => { live.textContent = "○ reconnecting"; live.classList.remove("on"); };
+  for (const [name, fn] of Object.entries(handlers)) {
+    es.addEventListener(name, (ev) => fn(JSON.parse(ev.data), ev));
+  }
+  return es;
+}
+
+// ---- sessions page ----
+
+function sessionsPage() {
+  const form = document.getElementById("filter");
+  const params = new URLSearchParams(location.search);
+  for (const name of ["status", "pipeline", "age"]) if (params.get(name)) form.elements[name].value = params.get(name);
+  let pending = null, busy = false, again = false;
+
+  async function refresh() {
+    if (busy) { again = true; return; }
+    busy = true;
+    const q = new URLSearchParams();
+    for (const name of ["status", "pipeline", "age"]) if (form.elements[name].value) q.set(name, form.elements[name].value);
+    try {
+      const list = await api("/api/sessions?" + q);
+      render(list);
+      showError("");
+    } catch (e) {
+      showError("Could not list sessions: " + e.message);
+    }
+    busy = false;
+    if (again) { again = false; schedule(); }
+  }
+  function schedule() {
+    if (pending) return;
+    pending = setTimeout(() => { pending = null; refresh(); }, 1000);
+  }
+  function render(list) {
+    const body = document.querySelector("#sessions tbody");
+    const rows = list.map((s) => {
+      const end = s.status === "running" || s.status === "paused" ? Date.now() : Date.parse(s.updated);
+      return el("tr", { "data-session": s.id },
+        el("td", {}, el("a", { href: "/sessions/" + encodeURIComponent(s.id), text: s.id })),
+        el("td", { text: s.pipeline + (s.kind ? " (" + s.kind + ")" : "") }),
+        el("td", {}, badge(s.status), s.error ? el("div", { class: "muted", text: s.error }) : null),
+        el("td", { class: "num", text: s.stepsDone + " / " + s.steps }),
+        el("td", { class: "num", text: money(s.costUsd) }),
+        el("td", { text: when(s.started) }),
+        el("td", { class: "num", text: dur(end - Date.parse(s.started)) }));
+    });
+    body.replaceChildren(...rows);
+    document.getElementById("empty").hidden = list.length > 0;
+  }
+  form.addEventListener("change", () => {
+    const q = new URLSearchParams();
+    for (const name of ["status", "pipeline", "age"]) if (form.elements[name].value) q.set(name, form.elements[name].value);
+    history.replaceState(null, "", "?" + q);
+    refresh();
+  });
+  form.addEventListener("submit", (e) => { e.preventDefault(); refresh(); });
+  refresh();
+  stream("/api/updates", { changed: schedule, error: (d) => showError(d.error) });
+}
+
+// ---- session page ----
+
+function sessionPage() {
+  const id = document.body.dataset.session;
+  const enc = encodeURIComponent(id);
+  let manifest = null;
+  const tools = new Map(); // job/tool id -> row element
+  const timeline = document.querySelector("#timeline tbody");
+  const box = document.getElementById("timeline");
+  let seen = 0, rateStart = Date.now(), rateCount = 0;
+
+  stream("/api/sessions/" + enc + "/events", {
+    manifest: (m) => { manifest = m; render(m); },
+    events: (d) => { addRows(d.rows, d.dropped); },
+    error: (d) => showError("The event stream failed: " + d.error),
+  });
+
+  function addRows(rows, dropped) {
+    const atBottom = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
+    const frag = document.createDocumentFragment();
+    if (dropped) frag.append(el("tr", {}, el("td", {}), el("td", {}), el("td", {}), el("td", { class: "text muted", text: "… " + dropped + " earlier events not shown" })));
+    for (const r of rows) {
+      frag.append(el("tr", { "data-seq": r.seq, "data-type": r.type },
+        el("td", { class: "seq", text: r.seq }),
+        el("td", { text: new Date(r.time).toLocaleTimeString() }),
+        el("td", { text: r.type }),
+        el("td", { class: "text", text: r.text })));
+      if (r.tool) tool(r);
+    }
+    timeline.append(frag);
+    let extra = timeline.rows.length - MAX_ROWS;
+    while (extra-- > 0) timeline.deleteRow(0);
+    if (atBottom) box.scrollTop = box.scrollHeight;
+    seen += rows.length;
+    rateCount += rows.length;
+    const now = Date.now();
+    if (now - rateStart >= 1000) {
+      document.getElementById("rate").textContent = seen + " events · " + Math.round(rateCount * 1000 / (now - rateStart)) + "/s";
+      rateStart = now; rateCount = 0;
+    }
+  }
+
+  function tool(r) {
+    const key = r.job + "/" + r.tool.id;
+    let tr = tools.get(key);
+    const cells = [r.job, r.tool.name, r.tool.lane || "–", r.tool.status || "running", r.tool.durationMs ? dur(r.tool.durationMs) : "…"];
+    if (!tr) {
+      tr = el("tr", {}, ...cells.map((c) => el("td", { text: c })));
+      tr.cells[3].replaceChildren(badge(cells[3] === "ok" ? "completed" : cells[3] === "running" ? "running" : "failed"));
+      document.querySelector("#tools tbody").prepend(tr);
+      tools.set(key, tr);
+      if (tools.size > MAX_TOOLS) {
+        const [first] = tools.keys();
+        tools.get(first).remove();
+        tools.delete(first);
+      }
+      return;
+    }
+    if (r.tool.status) {
+      tr.cells[3].replaceChildren(badge(r.tool.status === "ok" ? "completed" : "failed"));
+      tr.cells[3].title = r.tool.status;
+      tr.cells[4].textContent = dur(r.tool.durationMs || 0);
+    }
+  }
+
+  function render(m) {
+    document.getElementById("status").replaceWith(Object.assign(badge(m.status), { id: "status" }));
+    const u = m.usage || {};
+    const b = m.budget || {};
+    const parts = ["pipeline " + m.pipeline + (m.kind ? " (" + m.kind + ")" : ""), "started " + when(m.createdAt)];
+    const end = m.status === "running" || m.status === "paused" ? Date.now() : Date.parse(m.updatedAt);
+    parts.push("running for " + dur(end - Date.parse(m.createdAt)));
+    parts.push("cost " + money(u.costUsd) + (b.maxCostUsd ? " of " + money(b.maxCostUsd) : ""));
+    parts.push(tokens(u) + " tokens" + (b.maxTokens ? " of " + b.maxTokens : ""));
+    if (m.hold) parts.push(m.hold.kind + (m.hold.reason ? ": " + m.hold.reason : ""));
+    if (m.error) parts.push("error: " + m.error);
+    document.getElementById("summary").textContent = parts.join(" · ");
+    stepOptions(m);
+    if (m.kind === "loops") loopTree(m); else dag(m);
+    jobs(m);
+    artifacts(m);
+    if (m.kind === "backlog") tasks();
+    if (document.getElementById("manifest-box").open) document.getElementById("manifest").textContent = JSON.stringify(m, null, 2);
+  }
+
+  function stepOptions(m) {
+    const sel = document.getElementById("step");
+    const names = m.stepOrder || Object.keys(m.steps || {});
+    if (sel.options.length - 1 === names.length) return;
+    const keep = sel.value;
+    sel.replaceChildren(el("option", { value: "", text: "whole session" }), ...names.map((n) => el("option", { value: n, text: n })));
+    sel.value = keep;
+  }
+
+  function node(name, st, extra) {
+    st = st || {};
+    const it = st.iterations ? "iteration " + st.iterations + (st.maxIterations ? " of " + st.maxIterations : "") : "not started";
+    const meta = [it];
+    if (st.worker) meta.push("on " + st.worker);
+    if (st.usage && st.usage.costUsd) meta.push(money(st.usage.costUsd));
+    if (st.hold) meta.push(st.hold.kind + (st.hold.reason ? ": " + st.hold.reason : ""));
+    if (st.wait) meta.push("waits until " + when(st.wait.until));
+    return el("div", { class: "node s-" + (st.status || "pending"), "data-step": name, "data-status": st.status || "pending" },
+      el("div", { class: "name" }, name + " ", badge(st.status)),
+      extra ? el("div", { class: "meta", text: extra }) : null,
+      el("div", { class: "meta", text: meta.join(" · ") }),
+      st.errorMessage ? el("div", { class: "fb error", text: st.errorMessage }) : null,
+      st.lastFeedback ? el("div", { class: "fb", text: "last feedback: " + st.lastFeedback }) : null);
+  }
+
+  function dag(m) {
+    document.getElementById("graph-title").textContent = m.kind === "backlog" ? "Runs" : "Steps";
+    const steps = m.steps || {};
+    const order = m.stepOrder || Object.keys(steps);
+    const depth = {};
+    const depthOf = (n, path) => {
+      if (depth[n] !== undefined) return depth[n];
+      if (path.has(n)) return 0;
+      path.add(n);
+      const req = (steps[n] && steps[n].requires) || [];
+      const d = req.length ? 1 + Math.max(...req.map((r) => depthOf(r, path))) : 0;
+      path.delete(n);
+      return (depth[n] = d);
+    };
+    const cols = [];
+    for (const n of order) {
+      const d = depthOf(n, new Set());
+      (cols[d] = cols[d] || []).push(n);
+    }
+    const graph = document.getElementById("graph");
+    graph.className = "graph";
+    graph.replaceChildren(...cols.filter(Boolean).map((c) => el("div", { class: "col" },
+      ...c.map((n) => node(n, steps[n], steps[n] && steps[n].requires ? "after " + steps[n].requires.join(", ") : null)))));
+  }
+
+  function loopTree(m) {
+    document.getElementById("graph-title").textContent = "Loops";
+    const steps = m.steps || {};
+    const kids = new Map();
+    for (const l of m.loops || []) {
+      const p = l.parent || "";
+      if (!kids.has(p)) kids.set(p, []);
+      kids.get(p).push(l);
+    }
+    const list = (parent, depth) => {
+      const ls = kids.get(parent) || [];
+      if (!ls.length || depth > 20) return null;
+      return el("ul", {}, ...ls.map((l) => {
+        const st = Object.assign({}, steps[l.id] || {}, { status: l.status });
+        return el("li", {}, node(l.id, st, l.level + (l.title ? ": " + l.title : "") + (l.branch ? " · " + l.branch : "")), list(l.id, depth + 1));
+      }));
+    };
+    const graph = document.getElementById("graph");
+    graph.className = "tree";
+    graph.replaceChildren(list("", 0) || el("p", { class: "muted", text: "No loop spawned yet." }));
+  }
+
+  function jobs(m) {
+    const rows = Object.entries(m.jobs || {}).slice(-300).reverse().map(([jid, j]) =>
+      el("tr", {},
+        el("td", { text: jid }),
+        el("td", { text: j.step + (j.iteration ? " #" + j.iteration : "") + (j.merge ? " (merge)" : "") }),
+        el("td", {}, badge(j.status), j.reason ? el("div", { class: "muted", text: j.reason }) : null),
+        el("td", { text: j.worker || "–" }),
+        el("td", { class: "num", text: tokens(j.usage) || "–" }),
+        el("td", { class: "num", text: money(j.usage && j.usage.costUsd) })));
+    document.querySelector("#jobs tbody").replaceChildren(...rows);
+  }
+
+  function artifacts(m) {
+    const list = [];
+    const seenObj = new Set();
+    const add = (a, step) => {
+      if (!a || seenObj.has(a.object)) return;
+      seenObj.add(a.object);
+      list.push([a, step]);
+    };
+    add(m.input, "input");
+    for (const n of m.stepOrder || []) for (const a of (m.steps[n] && m.steps[n].artifacts) || []) add(a, n);
+    for (const a of m.final || []) add(a, "final");
+    const link = (a, view, text) => el("a", { href: "/api/sessions/" + enc + "/artifact?object=" + encodeURIComponent(a.object) + (view ? "&view=1" : ""), text, target: view ? "_blank" : null, rel: "noopener" });
+    document.querySelector("#artifacts tbody").replaceChildren(...list.map(([a, step]) => el("tr", {},
+      el("td", { text: a.name }), el("td", { text: step }), el("td", { class: "num", text: size(a.size || 0) }),
+      el("td", { text: (a.digest || "").slice(0, 19) }),
+      el("td", {}, link(a, true, "view"), " · ", link(a, false, "download")))));
+  }
+
+  let tasksTimer = null;
+  function tasks() {
+    if (tasksTimer) return;
+    tasksTimer = setTimeout(async () => {
+      tasksTimer = null;
+      try {
+        const tl = await api("/api/sessions/" + enc + "/tasks");
+        document.getElementById("tasks-section").hidden = false;
+        document.querySelector("#tasks tbody").replaceChildren(...(tl.tasks || []).map((t) => el("tr", {},
+          el("td", { text: t.id }), el("td", { text: t.title || "" }), el("td", {}, badge(t.status)),
+          el("td", { class: "num", text: t.priority || "–" }),
+          el("td", { class: "muted", text: (t.blockers || []).length ? "blocked by " + t.blockers.join(", ") : (t.notes || []).slice(-1).join("") }))));
+      } catch (e) { showError("Could not read the task list: " + e.message); }
+    }, 500);
+  }
+
+  document.getElementById("manifest-box").addEventListener("toggle", (e) => {
+    if (e.target.open && manifest) document.getElementById("manifest").textContent = JSON.stringify(manifest, null, 2);
+  });
+
+  document.getElementById("text").addEventListener("input", (e) => { delete e.target.dataset.empty; });
+  for (const btn of document.querySelectorAll(".controls button")) {
+    btn.addEventListener("click", async () => {
+      const verb = btn.dataset.verb;
+      const step = document.getElementById("step").value;
+      const text = document.getElementById("text").value;
+      const out = document.getElementById("signal-result");
+      const body = { verb };
+      if (step) body.step = step;
+      if (verb === "info") body.message = text; else if (text) body.reason = text;
+      out.textContent = verb + "…";
+      try {
+        const res = await api("/api/sessions/" + enc + "/signal", { method: "POST", headers: { "Content-Type": "application/json", Accept: "application/json" }, body: JSON.stringify(body) });
+        out.textContent = res.map((r) => r.signal + (r.step ? " " + r.step : "") + ": " + r.result + (r.detail ? " — " + r.detail : "")).join("; ") || "nothing to signal";
+        out.dataset.result = res.length ? res[0].result : "";
+        const input = document.getElementById("text");
+        input.value = "";
+        input.dataset.empty = "";
+      } catch (e) {
+        out.textContent = verb + " refused: " + e.message;
+        out.dataset.result = "error";
+      }
+    });
+  }
+}
+
+// ---- dead letters page ----
+
+async function deadLettersPage() {
+  try {
+    const d = await api("/api/deadletters");
+    document.getElementById("total").textContent = "(" + d.total + ")";
+    document.querySelector("#letters tbody").replaceChildren(...d.letters.map((l) => el("tr", {},
+      el("td", { text: when(l.stored) }),
+      el("td", {}, l.session ? el("a", { href: "/sessions/" + encodeURIComponent(l.session), text: l.session }) : "–"),
+      el("td", { text: l.consumer }),
+      el("td", { text: l.reason }),
+      el("td", {}, el("details", {}, el("summary", { text: l.subject + " #" + l.sourceSeq }), el("pre", { text: l.data }))))));
+  } catch (e) { showError("Could not list dead letters: " + e.message); }
+}
+
+switch (document.body.dataset.page) {
+  case "sessions": sessionsPage(); break;
+  case "session": sessionPage(); break;
+  case "deadletters": deadLettersPage(); break;
+}
