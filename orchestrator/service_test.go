@@ -13,6 +13,7 @@ import (
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/orchestrator"
+	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -944,6 +945,11 @@ func TestRunnerDeadLettersForgedCompletions(t *testing.T) {
 		if !strings.Contains(reasons[i], w) {
 			t.Errorf("dead letter %d: reason %q, want it to say %q", i, reasons[i], w)
 		}
+	}
+
+	// Readers of the stream do not end the session on the forgery either.
+	if m := projections.BuildManifest(session, waitEvents(t, b, session, "the forgeries", has(schemas.TypeSessionCompleted, ""))); m.Status != projections.StatusRunning {
+		t.Errorf("the manifest folded from the stream says %s after a forged session.completed, want running", m.Status)
 	}
 
 	// The session goes on as if they had never been sent.

@@ -116,6 +116,9 @@ type Manifest struct {
 	// MaxSummaryIterations is a backlog's iterations per task run (the
 	// MaxIterations of its steps).
 	MaxSummaryIterations int `json:"maxSummaryIterations,omitempty"`
+	// BlockedTasks counts a backlog's tasks that were blocked when it
+	// reached phase done: it completed, but not all its work is done.
+	BlockedTasks int `json:"blockedTasks,omitempty"`
 	// Loops are the loops of a loops session (Kind "loops"), in spawn
 	// order (a loop spawned again keeps its place). Each runs as the step
 	// named after its id, added to Steps when it is spawned.
@@ -383,6 +386,9 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 	case schemas.TypeBacklogPhase:
 		if d, ok := dataAs[schemas.BacklogPhase](ev.Data); ok && m.Kind == schemas.KindBacklog {
 			m.Phase = d.Phase
+			if d.Phase == schemas.PhaseDone {
+				m.BlockedTasks = d.Counts[schemas.TaskBlocked]
+			}
 			if d.Phase == schemas.PhaseBootstrap || d.Phase == schemas.PhaseRepair || d.Phase == schemas.PhaseReview {
 				m.runStep(d.Phase, m.MaxSummaryIterations)
 			}
@@ -681,6 +687,12 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		m.Status = StatusRunning
 
 	case schemas.TypeSessionCompleted:
+		// A pipeline completes once every step did; the orchestrator
+		// dead-letters a completion before that (whoever sent it), so
+		// readers of the stream must not end on it either.
+		if m.Kind == "" && m.anyStepNot(StepStatusCompleted) {
+			return m
+		}
 		m.Status = StatusCompleted
 		m.Hold = nil
 		if d, ok := dataAs[schemas.SessionCompleted](ev.Data); ok {
@@ -794,6 +806,16 @@ func startManifest(ev schemas.Event) *Manifest {
 		m.Budget = &b
 	}
 	return m
+}
+
+// anyStepNot reports whether a step of m is in another status than st.
+func (m *Manifest) anyStepNot(st string) bool {
+	for _, sv := range m.Steps {
+		if sv.Status != st {
+			return true
+		}
+	}
+	return false
 }
 
 // settle sets the status of a step that has not completed or failed from

@@ -158,6 +158,16 @@ func requested(seq uint64, step string, it int) schemas.Event {
 	return ev(seq, schemas.TypeJobRequested, &schemas.JobRequested{JobID: jobID(sessionID, step, it), Step: step, Iteration: it})
 }
 
+// allStepsDone is a session started at seq-1 whose three steps then
+// completed, one per sequence from seq.
+func allStepsDone(seq uint64) []schemas.Event {
+	evs := []schemas.Event{started(seq - 1)}
+	for i, step := range []string{"summary", "ideas", "writing-kit"} {
+		evs = append(evs, ev(seq+uint64(i), schemas.TypeStepCompleted, &schemas.StepCompleted{Step: step, JobID: jobID(sessionID, step, 1), Iterations: 1}))
+	}
+	return evs
+}
+
 func at(seq uint64) time.Time { return t0.Add(time.Duration(seq) * time.Second) }
 
 func TestFoldTransitions(t *testing.T) {
@@ -263,9 +273,18 @@ func TestFoldTransitions(t *testing.T) {
 		},
 		{
 			name: "session completed",
+			events: append(allStepsDone(2),
+				ev(5, schemas.TypeSessionCompleted, &schemas.SessionCompleted{Final: []schemas.ArtifactRef{sum}})),
+			want: want{status: StatusCompleted, lastSeq: 5, updatedAt: at(5), final: 1,
+				steps: map[string]stepWant{"summary": {status: StepStatusCompleted, iterations: 1, jobID: jobID(sessionID, "summary", 1)}}},
+		},
+		{
+			// The orchestrator dead-letters it; readers of the stream
+			// must not take it for the end either.
+			name: "pipeline completed while a step is pending is ignored",
 			events: []schemas.Event{started(1),
 				ev(2, schemas.TypeSessionCompleted, &schemas.SessionCompleted{Final: []schemas.ArtifactRef{sum}})},
-			want: want{status: StatusCompleted, lastSeq: 2, updatedAt: at(2), final: 1,
+			want: want{status: StatusRunning, lastSeq: 2, updatedAt: at(2),
 				steps: map[string]stepWant{"summary": pending}},
 		},
 		{
@@ -318,8 +337,8 @@ func TestFoldTransitions(t *testing.T) {
 		},
 		{
 			name:   "events without a sequence apply but keep LastSeq",
-			events: []schemas.Event{started(2), ev(0, schemas.TypeSessionCompleted, &schemas.SessionCompleted{})},
-			want:   want{status: StatusCompleted, lastSeq: 2, updatedAt: at(0)},
+			events: []schemas.Event{started(2), ev(0, schemas.TypeSessionFailed, &schemas.SessionFailed{})},
+			want:   want{status: StatusFailed, lastSeq: 2, updatedAt: at(0)},
 		},
 		{
 			name: "events of another session are ignored",
@@ -736,8 +755,8 @@ func TestControlOnEndedSessions(t *testing.T) {
 	}{
 		{
 			name: "completed session is not paused",
-			events: []schemas.Event{started(1), ev(2, schemas.TypeSessionCompleted, &schemas.SessionCompleted{}),
-				ev(3, schemas.TypeSessionPaused, &schemas.SessionPaused{Reason: "late"}), ev(4, schemas.TypeSessionStopped, nil)},
+			events: append(allStepsDone(2), ev(5, schemas.TypeSessionCompleted, &schemas.SessionCompleted{}),
+				ev(6, schemas.TypeSessionPaused, &schemas.SessionPaused{Reason: "late"}), ev(7, schemas.TypeSessionStopped, nil)),
 			status: StatusCompleted,
 			check: func(t *testing.T, m *Manifest) {
 				if m.Hold != nil {

@@ -381,7 +381,12 @@ func TestEventsUpdateTheScreen(t *testing.T) {
 		e.add(schemas.TypeStepCompleted, "a", &schemas.StepCompleted{JobID: "ja1", Step: "a", Iterations: 1}),
 	))
 	waitFor(t, tm, "completed  1/3   $0.03", "cost $0.03 of $0.10", "step a completed after 1 iteration, $0.03")
-	tm.Send(f.msgs(e.add(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{})))
+	tm.Send(f.msgs(
+		e.add(schemas.TypeStepCompleted, "b", &schemas.StepCompleted{JobID: "jb1", Step: "b", Iterations: 1}),
+		e.add(schemas.TypeStepCompleted, "c", &schemas.StepCompleted{JobID: "jc1", Step: "c", Iterations: 1}),
+		e.add(schemas.TypeStepCompleted, "d", &schemas.StepCompleted{JobID: "jd1", Step: "d", Iterations: 1}),
+		e.add(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{}),
+	))
 	tm.WaitFinished(t, teatest.WithFinalTimeout(10*time.Second))
 	if out := lastScreen(t, tm); !strings.Contains(out, "session over") {
 		t.Errorf("last screen lacks the end:\n%s", out)
