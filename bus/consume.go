@@ -226,17 +226,17 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumerConfig, h Handler) error 
 func (b *Bus) ensureConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (jetstream.Consumer, error) {
 	lctx, cancel := b.untilClosed(ctx)
 	defer cancel()
-	// Replicas sharing a durable must share its ack wait: JetStream keeps
-	// one, so a replica whose heartbeats are slower than another's ack
-	// wait sees its work handed to others while it still runs it.
-	if old, err := b.js.Consumer(lctx, b.cfg.Stream, cc.Durable); err == nil && old.CachedInfo() != nil {
-		if was := old.CachedInfo().Config.AckWait; was != cc.AckWait {
-			b.log.Warn().Str("consumer", cc.Durable).Dur("was", was).Dur("now", cc.AckWait).
-				Msg("this process changes the shared consumer's ack wait: give every process that uses it the same --ack-wait")
-		}
-	}
 	for attempt := 0; ; attempt++ {
-		cons, err := b.js.CreateOrUpdateConsumer(lctx, b.cfg.Stream, cc)
+		cons, err := b.js.CreateConsumer(lctx, b.cfg.Stream, cc)
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			// Replicas sharing a durable must share its settings: JetStream
+			// keeps one ack wait, so a replica whose heartbeats are slower
+			// than another's ack wait sees its work handed to others while
+			// it still runs it.
+			b.log.Warn().Str("consumer", cc.Durable).Dur("ack_wait", cc.AckWait).
+				Msg("this process changes the settings of a consumer it shares (after an upgrade, or another --ack-wait): give every process that uses it the same --ack-wait")
+			cons, err = b.js.UpdateConsumer(lctx, b.cfg.Stream, cc)
+		}
 		if err == nil {
 			return cons, nil
 		}

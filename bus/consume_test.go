@@ -15,6 +15,7 @@ import (
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 )
 
 const requested = "loopbus.evt.*.job.requested"
@@ -570,4 +571,42 @@ func TestConsumeRecreatesDeletedDurable(t *testing.T) {
 
 	publish(t, b, jobRequested("s1", "after"))
 	await("after")
+}
+
+// TestConsumerSettingsChangeIsLogged: a process that starts a shared
+// durable with the settings it already has changes nothing and says
+// nothing; one with another ack wait says that it changes them (workers
+// sharing a consumer must share its ack wait).
+func TestConsumerSettingsChangeIsLogged(t *testing.T) {
+	t.Parallel()
+	srv := testnats.Server(t)
+	consume := func(ackWait time.Duration) string {
+		t.Helper()
+		var logs testnats.SyncBuffer
+		b := testnats.ConnectLogged(t, srv.URL(), "test/consumer", zerolog.New(&logs))
+		ctx, cancel := context.WithCancel(ctxT(t))
+		done := make(chan error, 1)
+		go func() {
+			done <- b.Consume(ctx, bus.ConsumerConfig{Durable: "shared", Subjects: []string{requested}, AckWait: ackWait},
+				func(context.Context, bus.Delivery) error { return nil })
+		}()
+		waitFor(t, 10*time.Second, "the consumer", func() bool {
+			info, err := tryConsumerInfo(t, b, "shared")
+			return err == nil && info.Config.AckWait == ackWait
+		})
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Consume: %v", err)
+		}
+		return logs.String()
+	}
+	if log := consume(time.Second); strings.Contains(log, "changes the settings") {
+		t.Errorf("creating the consumer logged a change: %s", log)
+	}
+	if log := consume(time.Second); strings.Contains(log, "changes the settings") {
+		t.Errorf("the same settings logged a change: %s", log)
+	}
+	if log := consume(2 * time.Second); !strings.Contains(log, "changes the settings") {
+		t.Errorf("another ack wait was not logged: %s", log)
+	}
 }

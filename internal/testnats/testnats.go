@@ -28,13 +28,19 @@ func Server(t testing.TB) *bus.Embedded {
 // Connect returns a provisioned Bus on url with the given CloudEvent source.
 func Connect(t testing.TB, url, source string) *bus.Bus {
 	t.Helper()
+	return ConnectLogged(t, url, source, Logger(t))
+}
+
+// ConnectLogged is Connect with the bus logging to log.
+func ConnectLogged(t testing.TB, url, source string, log zerolog.Logger) *bus.Bus {
+	t.Helper()
 	cat, err := schemas.NewCatalogue()
 	if err != nil {
 		t.Fatalf("catalogue: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: source}, source, cat, Logger(t))
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: source}, source, cat, log)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
