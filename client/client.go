@@ -165,15 +165,26 @@ func CheckBudget(b schemas.Budget) error {
 // the session has no session.started.
 func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Event, *projections.Manifest)) (*projections.Manifest, error) {
 	var m *projections.Manifest
-	err := b.Read(ctx, bus.ReadOptions{
+	// A stop by the budget ends the watch only at the head: a later
+	// session.budget may have raised it, and the session goes on.
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	caughtUp := false
+	err := b.Read(rctx, bus.ReadOptions{
 		Subjects: []string{schemas.SessionSubjects(session)},
 		Follow:   true,
+		OnCaughtUp: func() {
+			caughtUp = true
+			if m.StoppedByBudget() {
+				stop()
+			}
+		},
 	}, func(ev schemas.Event) error {
 		m = projections.FoldManifest(m, ev)
 		if onEvent != nil && m != nil {
 			onEvent(ev, m)
 		}
-		if m.Terminal() || m.StoppedByBudget() {
+		if m.Terminal() || caughtUp && m.StoppedByBudget() {
 			return bus.ErrStop
 		}
 		return nil

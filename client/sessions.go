@@ -18,7 +18,7 @@ import (
 // every session.
 type SessionFilter struct {
 	// Status keeps sessions in one of these states (running, paused,
-	// stopped, completed, failed); empty keeps all.
+	// stopped, completed, failed, closed); empty keeps all.
 	Status []string
 	// Pipeline keeps sessions of the pipeline or backlog of this name.
 	Pipeline string
@@ -29,7 +29,7 @@ type SessionFilter struct {
 }
 
 // sessionStates are the states a SessionFilter may name.
-var sessionStates = []string{projections.StatusRunning, projections.StatusPaused, projections.StatusStopped, projections.StatusCompleted, projections.StatusFailed}
+var sessionStates = []string{projections.StatusRunning, projections.StatusPaused, projections.StatusStopped, projections.StatusCompleted, projections.StatusFailed, projections.StatusClosed}
 
 // Validate reports an unknown state or a negative bound, wrapping
 // ErrBadInput.

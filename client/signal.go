@@ -74,6 +74,9 @@ type SignalRequest struct {
 	Reason string
 	// Message is the hint of an info signal.
 	Message string
+	// By names who approves or rejects (approve, reject); empty for
+	// other verbs.
+	By string
 }
 
 // Check validates the combination of verb, target and options: info needs
@@ -85,7 +88,23 @@ func (r SignalRequest) Check() error {
 		return fmt.Errorf("%w: %s", ErrBadInput, fmt.Sprintf(format, args...))
 	}
 	if _, ok := schemas.SignalTypes()[r.Verb]; !ok {
-		return bad("unknown signal %q (want stop, pause, resume, info or invalidate)", r.Verb)
+		return bad("unknown signal %q (want stop, pause, resume, info, invalidate, approve or reject)", r.Verb)
+	}
+	if r.Verb == "approve" || r.Verb == "reject" {
+		// Approval gates: the step awaiting approval, a comment
+		// (approve, optional) or the reason (reject, required) in Reason.
+		switch {
+		case r.Target.All || r.Target.Step == "":
+			return bad("%s needs SESSION/STEP: the step awaiting approval", r.Verb)
+		case r.Message != "":
+			return bad("%s takes no --message", r.Verb)
+		case r.Verb == "reject" && strings.TrimSpace(r.Reason) == "":
+			return bad("reject needs --reason: it is the feedback of the step's next iteration")
+		case len(r.By) > 256 || !utf8.ValidString(r.By):
+			return bad("--by must be valid UTF-8 of at most 256 bytes")
+		}
+	} else if r.By != "" {
+		return bad("%s takes no --by (only approve and reject do)", r.Verb)
 	}
 	if r.Verb == "info" {
 		switch {
@@ -165,8 +184,8 @@ func lifecycleSubject(session, typ string) string {
 	return schemas.SubjectPrefix + "." + session + "." + strings.TrimPrefix(typ, "loopbus.")
 }
 
-// runningSessions lists the sessions started and neither completed nor
-// failed, in the order they started.
+// runningSessions lists the sessions started and neither completed,
+// failed nor closed, in the order they started.
 func runningSessions(ctx context.Context, b Bus) ([]SignalDest, error) {
 	var order []string
 	started := map[string]string{}
@@ -175,6 +194,7 @@ func runningSessions(ctx context.Context, b Bus) ([]SignalDest, error) {
 		lifecycleSubject("*", schemas.TypeSessionStarted),
 		lifecycleSubject("*", schemas.TypeSessionCompleted),
 		lifecycleSubject("*", schemas.TypeSessionFailed),
+		lifecycleSubject("*", schemas.TypeSessionClosed),
 	}}, func(ev schemas.Event) error {
 		switch ev.Type {
 		case schemas.TypeSessionStarted:
@@ -182,7 +202,7 @@ func runningSessions(ctx context.Context, b Bus) ([]SignalDest, error) {
 				order = append(order, ev.Session)
 				started[ev.Session] = ev.ID
 			}
-		case schemas.TypeSessionCompleted, schemas.TypeSessionFailed:
+		case schemas.TypeSessionCompleted, schemas.TypeSessionFailed, schemas.TypeSessionClosed:
 			ended[ev.Session] = true
 		}
 		return nil
@@ -238,6 +258,7 @@ func SendSignal(ctx context.Context, b Bus, r SignalRequest, dests []SignalDest,
 				Step:    r.Target.Step,
 				Reason:  r.Reason,
 				Message: r.Message,
+				By:      r.By,
 			},
 		}
 		p, err := b.Publish(ctx, ev)

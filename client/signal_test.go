@@ -81,6 +81,15 @@ func TestSignalRequestCheck(t *testing.T) {
 		{name: "reason too long", req: SignalRequest{Verb: "pause", Target: session, Reason: strings.Repeat("r", 5000)}, wantErr: "--reason is 5000 bytes"},
 		{name: "invalidate a session", req: SignalRequest{Verb: "invalidate", Target: session}, wantErr: "invalidate needs SESSION/STEP"},
 		{name: "invalidate all", req: SignalRequest{Verb: "invalidate", Target: all}, wantErr: "invalidate needs SESSION/STEP"},
+		{name: "approve a step", req: SignalRequest{Verb: "approve", Target: step, By: "alice"}},
+		{name: "approve with a comment", req: SignalRequest{Verb: "approve", Target: step, Reason: "reads well"}},
+		{name: "reject with a reason", req: SignalRequest{Verb: "reject", Target: step, Reason: "too long", By: "bob"}},
+		{name: "approve a session", req: SignalRequest{Verb: "approve", Target: session}, wantErr: "approve needs SESSION/STEP"},
+		{name: "reject all", req: SignalRequest{Verb: "reject", Target: all, Reason: "r"}, wantErr: "reject needs SESSION/STEP"},
+		{name: "reject without reason", req: SignalRequest{Verb: "reject", Target: step, Reason: " "}, wantErr: "reject needs --reason"},
+		{name: "approve with message", req: SignalRequest{Verb: "approve", Target: step, Message: "m"}, wantErr: "approve takes no --message"},
+		{name: "approve comment too long", req: SignalRequest{Verb: "approve", Target: step, Reason: strings.Repeat("r", 5000)}, wantErr: "--reason is 5000 bytes"},
+		{name: "by on stop", req: SignalRequest{Verb: "stop", Target: session, By: "alice"}, wantErr: "stop takes no --by"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

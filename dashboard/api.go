@@ -228,6 +228,9 @@ func (s *Service) apiSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := client.SignalRequest{Verb: body.Verb, Target: client.SignalTarget{Session: id, Step: body.Step}, Reason: body.Reason, Message: body.Message}
+	if body.Verb == "approve" || body.Verb == "reject" {
+		req.By = "dashboard" // approvals name who gave them
+	}
 	if body.Step != "" {
 		if err := schemas.ValidateStepName(body.Step); err != nil {
 			s.apiError(w, fmt.Errorf("%w: step: %v", client.ErrBadInput, err))

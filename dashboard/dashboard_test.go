@@ -266,7 +266,8 @@ func TestAPI(t *testing.T) {
 		t.Errorf("signal results %+v, want pause applied", res)
 	}
 	s.waitManifest(t, "api-1", "the session to pause", func(m *projections.Manifest) bool { return m.Status == projections.StatusPaused })
-	for _, bad := range []string{`{"verb":"explode"}`, `{"verb":"info"}`, `{"verb":"pause","extra":1}`, `{"verb":"invalidate"}`, `{"verb":"pause","step":"../x"}`} {
+	for _, bad := range []string{`{"verb":"explode"}`, `{"verb":"info"}`, `{"verb":"pause","extra":1}`, `{"verb":"invalidate"}`, `{"verb":"pause","step":"../x"}`,
+		`{"verb":"approve"}`, `{"verb":"reject","step":"a"}`, `{"verb":"approve","step":"a","message":"m"}`} {
 		if r := post(t, u+"/api/sessions/api-1/signal", bad, nil); r.StatusCode != http.StatusBadRequest {
 			t.Errorf("signal %s: %d, want 400", bad, r.StatusCode)
 		}

@@ -325,7 +325,7 @@ func TestParseBacklogErrors(t *testing.T) {
 		{
 			name:    "pipeline keys are not backlog keys",
 			yaml:    "kind: pipeline\n" + minimalBacklog[len("kind: backlog\n"):],
-			wantErr: []string{`p.yaml:1: steps: required`, `p.yaml:3: agents: unknown key "agents" (allowed: name, steps, budget, breaker, kind)`, `p.yaml:6: roles: unknown key "roles"`},
+			wantErr: []string{`p.yaml:1: steps: required`, `p.yaml:3: agents: unknown key "agents" (allowed: name, steps, budget, breaker, kind, job_dispatch_timeout)`, `p.yaml:6: roles: unknown key "roles"`},
 		},
 
 		// Name and project.

@@ -11,6 +11,7 @@
 //	name: writing-kit
 //	budget: {max_cost_usd: 2.5, max_tokens: 2000000, max_iterations: 20}
 //	breaker: {no_progress: 3, identical_failures: 3}
+//	job_dispatch_timeout: 10m   # optional: fail a job no worker started by then
 //	steps:
 //	  summary:
 //	    agent: {backend: exec, command: [sh, agents/summarize.sh], env: {K: V}, secret_env: [API_TOKEN]}
@@ -302,6 +303,9 @@ func (l *loader) pipeline(data []byte) schemas.Pipeline {
 	if be, ok := top.Get("breaker"); ok {
 		p.Breaker = l.breaker(be)
 	}
+	if te, ok := top.Get("job_dispatch_timeout"); ok {
+		p.JobDispatchTimeoutMs = l.duration(te, 0)
+	}
 	p.Name = l.name(top)
 	se, ok := top.Get("steps")
 	if !ok {
@@ -333,7 +337,9 @@ func (l *loader) pipeline(data []byte) schemas.Pipeline {
 }
 
 // pipelineKeys returns the top-level keys of a pipeline file.
-func pipelineKeys() []string { return []string{"name", "steps", "budget", "breaker", "kind"} }
+func pipelineKeys() []string {
+	return []string{"name", "steps", "budget", "breaker", "kind", "job_dispatch_timeout"}
+}
 
 // fileKind returns the kind of the file: pipeline when top has no kind, ""
 // when its kind is not one of the kinds (the problem is reported).
@@ -397,7 +403,7 @@ func (l *loader) step(e yamlread.Entry) (schemas.Step, stepInfo) {
 	}
 	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, []string{
 		"requires", "agent", "prompt", "outputs", "validate",
-		"max_iterations", "timeout", "validate_timeout", "final", "breaker",
+		"max_iterations", "timeout", "validate_timeout", "final", "breaker", "approval",
 	})
 	if !ok {
 		info.bad = true
@@ -452,7 +458,50 @@ func (l *loader) step(e yamlread.Entry) (schemas.Step, stepInfo) {
 		info.final = fe.KeyPos
 		s.Final, _ = l.boolean(fe)
 	}
+	if ae, ok := m.Get("approval"); ok {
+		s.Approval = l.approval(ae)
+	}
 	return s, info
+}
+
+// approval decodes a step's approval gate: "required", or a mapping
+// {timeout: 24h, on_timeout: fail|reject|approve} (both optional; fail
+// is the default). It returns nil on error.
+func (l *loader) approval(e yamlread.Entry) *schemas.Approval {
+	if _, null := e.Val.(*ast.NullNode); null || e.Val == nil {
+		return nil
+	}
+	if text, ok := yamlread.Scalar(e.Val); ok {
+		if _, isStr := e.Val.(*ast.StringNode); isStr && text == "required" {
+			return &schemas.Approval{}
+		}
+		l.Errorf(e.ValPos, e.Field, "want required or {timeout: 24h, on_timeout: fail|reject|approve}, got %s", describeValue(e.Val))
+		return nil
+	}
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, []string{"timeout", "on_timeout"})
+	if !ok {
+		return nil
+	}
+	a := &schemas.Approval{}
+	if te, ok := m.Get("timeout"); ok {
+		a.TimeoutMs = l.duration(te, 0)
+	}
+	if oe, ok := m.Get("on_timeout"); ok {
+		if text, ok := l.Str(oe); ok {
+			switch text {
+			case schemas.OnTimeoutFail, schemas.OnTimeoutReject, schemas.OnTimeoutApprove:
+				a.OnTimeout = text
+				if a.TimeoutMs == 0 {
+					if _, set := m.Get("timeout"); !set {
+						l.Errorf(oe.KeyPos, oe.Field, "applies only with a timeout: add timeout: 24h (or another duration)")
+					}
+				}
+			default:
+				l.Errorf(oe.ValPos, oe.Field, "want fail, reject or approve, got %q", text)
+			}
+		}
+	}
+	return a
 }
 
 // runLimits decodes the keys that bound a step's or a loop level's runs

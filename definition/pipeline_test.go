@@ -249,7 +249,7 @@ stepz: {}
 steps:
   a: {agent: {backend: exec, command: [echo]}, prompt: go, outputs: [{name: a.txt}]}
 `,
-			wantErr: `p.yaml:2: stepz: unknown key "stepz" (allowed: name, steps, budget, breaker, kind)`,
+			wantErr: `p.yaml:2: stepz: unknown key "stepz" (allowed: name, steps, budget, breaker, kind, job_dispatch_timeout)`,
 		},
 		{
 			name: "unknown step key",
@@ -261,7 +261,7 @@ steps:
     outputs: [{name: a.txt}]
     retries: 3
 `,
-			wantErr: `p.yaml:7: steps.a.retries: unknown key "retries" (allowed: requires, agent, prompt, outputs, validate, max_iterations, timeout, validate_timeout, final, breaker)`,
+			wantErr: `p.yaml:7: steps.a.retries: unknown key "retries" (allowed: requires, agent, prompt, outputs, validate, max_iterations, timeout, validate_timeout, final, breaker, approval)`,
 		},
 		{
 			name: "unknown agent key",
@@ -950,7 +950,7 @@ name: q
 		{
 			name:    "not a mapping",
 			yaml:    "- a\n- b\n",
-			wantErr: `p.yaml:1: want a mapping with keys name, steps, budget, breaker, kind, got a list`,
+			wantErr: `p.yaml:1: want a mapping with keys name, steps, budget, breaker, kind, job_dispatch_timeout, got a list`,
 		},
 		{
 			name: "two documents",

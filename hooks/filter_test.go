@@ -35,6 +35,8 @@ func TestHookMatches(t *testing.T) {
 		{"session listed", Hook{Types: []string{"loopbus.task.updated"}, Sessions: []string{"a", "b"}}, ev("b", "loopbus.task.updated"), true},
 		{"session not listed", Hook{Types: []string{"loopbus.task.updated"}, Sessions: []string{"a", "b"}}, ev("c", "loopbus.task.updated"), false},
 		{"session listed, type not", Hook{Types: []string{"loopbus.task.updated"}, Sessions: []string{"a"}}, ev("a", "loopbus.task.added"), false},
+		{"awaiting approval", Hook{Types: []string{schemas.TypeApprovalRequested}}, ev("s1", "loopbus.approval.requested"), true},
+		{"approval wildcard", Hook{Types: []string{"loopbus.approval.*"}}, ev("s1", "loopbus.approval.expired"), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

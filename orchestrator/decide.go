@@ -26,7 +26,7 @@ import (
 // step, and a request beyond the budget stops the session instead.
 func Decide(st *State, trigger schemas.Event, now time.Time) []schemas.Event {
 	orig := st.Sessions[trigger.Session]
-	if orig == nil || orig.terminal() && len(orig.Pending) == 0 {
+	if orig == nil || orig.terminal() && len(orig.Pending) == 0 && len(orig.Orphans) == 0 {
 		return nil
 	}
 	d := &decider{s: orig.clone(), trigger: trigger, now: now}
@@ -155,11 +155,29 @@ func (d *decider) decide() {
 	for len(s.Pending) > 0 {
 		d.answer(s.Pending[0])
 	}
+	for len(s.Orphans) > 0 {
+		// A closed session's jobs still running: workers kill them.
+		o := s.Orphans[0]
+		d.emit(schemas.TypeJobCancelled, o.Step, &o, o.JobID)
+	}
 	if s.terminal() {
 		return
 	}
+	if s.Status == StatusStopped && s.StopKind == schemas.StopBudget && s.BudgetID != s.StopBudgetID {
+		// session.budget set the bounds again since the budget stopped
+		// the session: go on if they allow it, else say it still holds.
+		if reason := s.overBudget(true); reason != "" {
+			d.emit(schemas.TypeSessionStopped, "", &schemas.SessionStopped{Kind: schemas.StopBudget, Reason: "budget: still spent after the new budget: " + reason},
+				"budget", "raise", s.BudgetID)
+		} else {
+			d.emit(schemas.TypeSessionResumed, "", &schemas.SessionResumed{Reason: "budget raised"}, "budget", s.BudgetID)
+		}
+	}
 	if s.Backlog != nil && s.Backlog.Phase == "" {
 		d.backlogStart()
+	}
+	if d.dispatchTimeouts() {
+		return
 	}
 	dispatchable := func(st *Step) bool { return s.Status == StatusRunning && st.Hold == "" }
 	// Each pass changes some step; the bound only guards against a bug
@@ -169,6 +187,31 @@ func (d *decider) decide() {
 		for _, name := range s.stepNames() {
 			st := s.Steps[name]
 			switch {
+			case st.Status == StepRunning && st.Outcome == outcomePassed && s.gated(st) && !st.Approved:
+				// An approval gate: the step waits for approve or reject
+				// (signals), or for its timeout.
+				if st.AwaitJob != st.JobID {
+					d.awaitApproval(st)
+					changed = true
+				} else if !st.AwaitUntil.IsZero() && s.Status == StatusRunning && !d.now.Before(st.AwaitUntil) {
+					if d.approvalExpired(st); s.terminal() {
+						return
+					}
+					changed = true
+				}
+			case st.Status == StepRunning && st.Outcome == outcomeFailed && st.Failure != nil && st.Failure.Kind == schemas.FeedbackRejected &&
+				st.Iteration-st.Free < st.Def.MaxIterations:
+				// Rejected at its approval gate: the next iteration runs
+				// with the reason as feedback (a person's rejection is
+				// free; one by the gate's timeout counts, and once
+				// max_iterations are spent the step fails below).
+				if dispatchable(st) {
+					fb := schemas.BoundFeedback(slices.Concat(st.Feedback, []schemas.Feedback{*st.Failure}))
+					if !d.request(st, st.Iteration+1, 1, fb) {
+						return
+					}
+					changed = true
+				}
 			case st.Status == StepRunning && st.Outcome == outcomePassed && s.Backlog != nil:
 				d.finishRun(st)
 				changed = true
@@ -275,6 +318,28 @@ func (d *decider) decide() {
 			d.stopForBudget(reason)
 		}
 	}
+}
+
+// dispatchTimeouts fails the first step (in file order) whose job no
+// worker started within the pipeline's job_dispatch_timeout: the job is
+// cancelled (a worker that takes it later drops it) and the step and the
+// session fail, naming the job's lanes' likely cause. It reports whether
+// the session ended.
+func (d *decider) dispatchTimeouts() bool {
+	s := d.s
+	for _, name := range s.stepNames() {
+		st := s.Steps[name]
+		at, has := s.dispatchDeadline(st)
+		if !has || d.now.Before(at) {
+			continue
+		}
+		timeout := time.Duration(s.Pipeline.JobDispatchTimeoutMs) * time.Millisecond
+		reason := fmt.Sprintf("job %s was not started within job_dispatch_timeout %s: no worker took it (does a worker run its tool lanes? see agentworker --lanes)", st.JobID, timeout)
+		d.cancel(st, "job_dispatch_timeout")
+		d.fail(name, st.Iteration, reason)
+		return true
+	}
+	return false
 }
 
 func (s *Session) anyInFlight() bool {
@@ -426,6 +491,8 @@ func (d *decider) answer(p PendingSignal) {
 			return
 		}
 		ack(schemas.SignalApplied, "added to the next prompt of step "+strings.Join(names, ", "))
+	case p.Verb == "approve" || p.Verb == "reject":
+		d.answerApproval(p, st, ack, ignore)
 	case p.Verb == "invalidate" && s.Loops != nil && s.Backlog == nil:
 		if st == nil {
 			ignore("invalidate names a loop: SESSION/LOOP")
@@ -460,6 +527,78 @@ func (d *decider) answer(p PendingSignal) {
 	}
 }
 
+// gated reports whether st has an approval gate: a pipeline step with
+// approval set (loop levels and backlog runs have none).
+func (s *Session) gated(st *Step) bool {
+	return st.Def.Approval != nil && s.Backlog == nil && s.Loops == nil
+}
+
+// awaitApproval records that st's passed outputs wait for approval, until
+// its timeout if it has one.
+func (d *decider) awaitApproval(st *Step) {
+	a := st.Def.Approval
+	data := &schemas.ApprovalRequested{Step: st.Def.Name, JobID: st.JobID, Iteration: st.Iteration, Artifacts: st.Passed}
+	if a.Timeout() > 0 {
+		until := d.now.Add(a.Timeout()).UTC()
+		data.Until, data.OnTimeout = &until, a.Action()
+	}
+	d.emit(schemas.TypeApprovalRequested, st.Def.Name, data, st.Def.Name, st.JobID)
+}
+
+// approvalExpired applies st's on_timeout: the step fails (and the session
+// with it), is rejected (another iteration runs) or is approved (it
+// completes on the next pass).
+func (d *decider) approvalExpired(st *Step) {
+	a := st.Def.Approval
+	action := a.Action()
+	reason := fmt.Sprintf("no approval within %s", a.Timeout())
+	if action == schemas.OnTimeoutReject {
+		reason = fmt.Sprintf("rejected: no approval within %s", a.Timeout())
+	}
+	d.emit(schemas.TypeApprovalExpired, st.Def.Name, &schemas.ApprovalExpired{Step: st.Def.Name, JobID: st.JobID, Iteration: st.Iteration,
+		OnTimeout: action, Reason: reason}, st.Def.Name, st.JobID)
+	if action == schemas.OnTimeoutFail {
+		d.fail(st.Def.Name, st.Iteration, fmt.Sprintf("approval timed out: no approval within %s (on_timeout: fail)", a.Timeout()))
+	}
+}
+
+// answerApproval acts on an approve or reject signal: only a step awaiting
+// approval takes one; any other is acknowledged as ignored, saying why.
+func (d *decider) answerApproval(p PendingSignal, st *Step, ack func(result, detail string), ignore func(string, ...any)) {
+	switch {
+	case st == nil:
+		ignore("%s names a step awaiting approval: SESSION/STEP", p.Verb)
+		return
+	case !d.s.gated(st):
+		ignore("step %s has no approval gate", st.Def.Name)
+		return
+	case !st.awaitingApproval():
+		state := st.Status
+		switch {
+		case st.Status == StepRunning && st.Outcome == outcomeNone:
+			state = "running"
+		case st.Status == StepRunning && st.Outcome == outcomePassed && st.Approved:
+			state = "approved"
+		case st.Status == StepRunning && st.Outcome == outcomeFailed:
+			state = "running again"
+		}
+		ignore("step %s is not awaiting approval (it is %s)", st.Def.Name, state)
+		return
+	case p.Verb == "reject" && strings.TrimSpace(p.Reason) == "":
+		ignore("a reject needs a reason: it is the next iteration's feedback")
+		return
+	}
+	by := ""
+	if p.By != "" {
+		by = " by " + p.By
+	}
+	if p.Verb == "approve" {
+		ack(schemas.SignalApplied, fmt.Sprintf("step %s approved%s; it completes", st.Def.Name, by))
+		return
+	}
+	ack(schemas.SignalApplied, fmt.Sprintf("step %s rejected%s; iteration %d runs with the reason as feedback", st.Def.Name, by, st.Iteration+1))
+}
+
 // resume resumes the session (and every held or waiting step) or one step.
 func (d *decider) resume(p PendingSignal, st *Step, ack func(result, detail string), ignore func(string, ...any)) {
 	s := d.s
@@ -478,7 +617,7 @@ func (d *decider) resume(p PendingSignal, st *Step, ack func(result, detail stri
 	if st == nil && s.Status != StatusRunning {
 		if s.StopKind == schemas.StopBudget {
 			if reason := s.overBudget(true); reason != "" {
-				ignore("the budget is still exhausted (%s); start a new session with a larger budget", reason)
+				ignore("the budget is still exhausted (%s); raise it with loopbus budget %s, or close the session with loopbus close %s", reason, s.ID, s.ID)
 				return
 			}
 		}
@@ -518,6 +657,8 @@ func stepState(st *Step) string {
 		return "already paused"
 	case st.waiting():
 		return "waiting until " + st.WaitUntil.Format(time.RFC3339)
+	case st.awaitingApproval():
+		return "awaiting approval"
 	case st.Status == StepCompleted:
 		return "completed"
 	}

@@ -358,7 +358,7 @@ func TestDecideBudget(t *testing.T) {
 			name: "resume is refused while the budget is spent",
 			given: []schemas.Event{started(runs), requested("p", 1), rejected("p", 1, "a"), requested("p", 2), rejected("p", 2, "b"),
 				control(schemas.TypeSessionStopped, &schemas.SessionStopped{Kind: schemas.StopBudget, Reason: "x"}), signal(1, "resume", "")},
-			want: []string{"signal.acknowledged sig-1 resume ignored: the budget is still exhausted (2 agent runs reached max_iterations 2); start a new session with a larger budget"},
+			want: []string{"signal.acknowledged sig-1 resume ignored: the budget is still exhausted (2 agent runs reached max_iterations 2); raise it with loopbus budget s1, or close the session with loopbus close s1"},
 		},
 	})
 	// The session's own budget tightens the pipeline's.

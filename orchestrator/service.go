@@ -139,7 +139,7 @@ func (s *Service) Run(ctx context.Context) error {
 			s.log.Info().Int("sessions", len(s.state.Sessions)).Dur("took", time.Since(start)).Msg("caught up with the stream")
 			// Decisions a crash may have lost: make them now.
 			for id, sess := range s.state.Sessions {
-				if !sess.terminal() || len(sess.Pending) > 0 {
+				if !sess.terminal() || len(sess.Pending) > 0 || len(sess.Orphans) > 0 {
 					s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
 				}
 			}
@@ -213,7 +213,7 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 	switch {
 	case sess == nil:
 		return
-	case sess.terminal() && len(sess.Pending) == 0:
+	case sess.terminal() && len(sess.Pending) == 0 && len(sess.Orphans) == 0:
 		if s.inflight[sess.ID] != committing {
 			delete(s.inflight, sess.ID) // nothing more to decide
 		}

@@ -982,3 +982,21 @@ func TestRunnerDeadLettersForgedCompletions(t *testing.T) {
 	r.stop()
 	r.assertNoErrors(t)
 }
+
+// TestClosedSessionCancelsItsJobs: a session closed while its job runs
+// gets a job.cancelled for it, so the agent stops spending.
+func TestClosedSessionCancelsItsJobs(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	startRunner(t, b, "o1")
+	const session = "closing"
+	start := startSession(t, b, session, twoSteps())
+	waitEvents(t, b, session, "job.requested for draft", has(schemas.TypeJobRequested, "draft"))
+	closed := schemas.Event{ID: "close-1", Type: schemas.TypeSessionClosed, Session: session, Correlation: start.ID, Time: time.Now(),
+		Data: &schemas.SessionClosed{Reason: "not needed any more"}}
+	if _, err := b.Publish(ctx, closed); err != nil {
+		t.Fatal(err)
+	}
+	waitEvents(t, b, session, "job.cancelled for draft", has(schemas.TypeJobCancelled, "draft"))
+}

@@ -24,10 +24,12 @@ const (
 	StatusStopped   = "stopped"
 	StatusCompleted = "completed"
 	StatusFailed    = "failed"
-	StepPending     = "pending"
-	StepRunning     = "running"
-	StepCompleted   = "completed"
-	StepFailed      = "failed"
+	// StatusClosed: session.closed ended the session for good.
+	StatusClosed  = "closed"
+	StepPending   = "pending"
+	StepRunning   = "running"
+	StepCompleted = "completed"
+	StepFailed    = "failed"
 )
 
 // Outcomes of a step's current job.
@@ -60,8 +62,19 @@ type Session struct {
 	// StopKind is the kind of session.stopped of a stopped session (resume
 	// is refused while a budget stop still holds).
 	StopKind string
-	// Budget is the pipeline's budget tightened by the session's.
+	// Budget is the pipeline's budget tightened by the session's, with
+	// the bounds of session.budget events replacing it field by field.
 	Budget schemas.Budget
+	// BudgetID is the id of the newest session.budget applied ("" when
+	// none): a session its budget stopped answers each raise, resuming
+	// when it lets it go on, else recording the stop again.
+	BudgetID string
+	// StopBudgetID is BudgetID when the session last stopped: a newer
+	// session.budget is still to be answered (resumed or stopped again).
+	StopBudgetID string
+	// Orphans are the jobs in flight when session.closed arrived: the
+	// closed session cancels them, then keeps nothing else.
+	Orphans []schemas.JobCancelled
 	// Usage holds each job's reported usage: a job reporting twice counts
 	// once.
 	Usage map[string]schemas.Usage
@@ -139,14 +152,29 @@ type Step struct {
 	// file's tasks.
 	Summary   *backlog.Summary
 	FileTasks []schemas.Task
+	// RequestedAt is when the current job was requested (its event's
+	// time) and Started whether a worker announced starting it: with the
+	// pipeline's job_dispatch_timeout, a job not started in time fails.
+	RequestedAt time.Time
+	Started     bool
 	// Free counts iterations that do not count against MaxIterations (a
-	// loop's iterations after conflicting merges).
+	// loop's iterations after conflicting merges, a gated step's
+	// iterations after a rejection).
 	Free int
+	// AwaitJob is the current job whose passed outputs wait for approval
+	// (approval.requested recorded it), and AwaitUntil when the wait's
+	// timeout elapses (zero: no timeout). Approved marks the current job
+	// approved (by a signal or its timeout): the step completes.
+	AwaitJob   string
+	AwaitUntil time.Time
+	Approved   bool
 }
 
 // PendingSignal is a signal the orchestrator has not acknowledged yet.
 type PendingSignal struct {
 	ID, Verb, Step, Reason, Message string
+	// By is who sent an approve or reject.
+	By string
 }
 
 func (s *Session) clone() *Session {
@@ -161,6 +189,7 @@ func (s *Session) clone() *Session {
 	}
 	c.Usage = maps.Clone(s.Usage)
 	c.Pending = slices.Clone(s.Pending)
+	c.Orphans = slices.Clone(s.Orphans)
 	if s.Backlog != nil {
 		c.Backlog = s.Backlog.clone()
 	}
@@ -170,8 +199,11 @@ func (s *Session) clone() *Session {
 	return &c
 }
 
-// terminal reports whether the session has ended.
-func (s *Session) terminal() bool { return s.Status == StatusCompleted || s.Status == StatusFailed }
+// terminal reports whether the session has ended: completed, failed or
+// closed.
+func (s *Session) terminal() bool {
+	return s.Status == StatusCompleted || s.Status == StatusFailed || s.Status == StatusClosed
+}
 
 // Spent returns the session's usage so far, summed over its jobs.
 // The sum runs in job id order and rounds cost to a billionth of a dollar
@@ -198,14 +230,52 @@ func (s *Session) WakeAt() (at time.Time, ok bool) {
 		if st.waiting() && st.Hold == "" && (!ok || st.WaitUntil.Before(at)) {
 			at, ok = st.WaitUntil, true
 		}
+		// A job no worker started fails at its dispatch deadline.
+		if dl, has := s.dispatchDeadline(st); has && (!ok || dl.Before(at)) {
+			at, ok = dl, true
+		}
+		// An approval gate's timeout: the service decides again then.
+		if st.awaitingApproval() && !st.AwaitUntil.IsZero() && (!ok || st.AwaitUntil.Before(at)) {
+			at, ok = st.AwaitUntil, true
+		}
 	}
 	return at, ok
+}
+
+// dispatchDeadline returns when the step's current job fails unless a
+// worker starts it (the pipeline's job_dispatch_timeout after its
+// request); has is false when no such deadline applies.
+func (s *Session) dispatchDeadline(st *Step) (at time.Time, has bool) {
+	if s.Pipeline.JobDispatchTimeoutMs <= 0 || !st.inFlight() || st.Started || st.RequestedAt.IsZero() {
+		return time.Time{}, false
+	}
+	return st.RequestedAt.Add(time.Duration(s.Pipeline.JobDispatchTimeoutMs) * time.Millisecond), true
 }
 
 // waiting reports whether the step's current job hit a rate limit whose
 // wait step.waiting recorded.
 func (st *Step) waiting() bool {
 	return st.Status == StepRunning && st.Outcome == outcomeFailed && st.RateLimited && st.WaitJob == st.JobID
+}
+
+// awaitingApproval reports whether the step's current job passed and
+// waits for approval (approval.requested recorded it).
+func (st *Step) awaitingApproval() bool {
+	return st.Status == StepRunning && st.Outcome == outcomePassed && st.Def.Approval != nil && st.AwaitJob != "" &&
+		st.AwaitJob == st.JobID && !st.Approved
+}
+
+// reject turns the current job's passed outcome into a rejection: the
+// next iteration runs with reason as feedback. A person's rejection
+// (byPerson) does not count against max_iterations; one by a gate's
+// timeout does, so that a gate nobody answers cannot run agents forever.
+func (st *Step) reject(reason string, byPerson bool) {
+	st.Outcome, st.Passed = outcomeFailed, nil
+	if byPerson {
+		st.Free++
+	}
+	st.Failure = &schemas.Feedback{Iteration: st.Iteration, Kind: schemas.FeedbackRejected, Message: reason}
+	st.LastSig, st.Repeats = "", 0
 }
 
 // inFlight reports whether the step's current job has not reported yet.
@@ -336,6 +406,9 @@ func newFacts() *facts {
 // record adds what ev establishes. Only requested jobs are tracked, so the
 // facts grow with the session's requests, not with what others publish.
 func (f *facts) record(ev schemas.Event) {
+	if f == nil { // a finished session: its later events change nothing
+		return
+	}
 	switch d := ev.Data.(type) {
 	case *schemas.JobRequested:
 		f.requested[d.JobID] = true
@@ -488,10 +561,28 @@ func (f *facts) check(s *Session, ev schemas.Event) error {
 			return bad("completes step %s with job %s, whose run or validation failed", d.Step, d.JobID)
 		case st.Outcome != outcomePassed:
 			return bad("completes step %s with job %s, whose validation has not passed", d.Step, d.JobID)
+		case st.Def.Approval != nil && s.Backlog == nil && s.Loops == nil && !st.Approved:
+			return bad("completes step %s with job %s, which was not approved (the step has an approval gate)", d.Step, d.JobID)
 		case !sameArtifacts(d.Artifacts, st.Passed):
 			return bad("completes step %s with artifacts %s, but the passed verdict on job %s names %s", d.Step, artifactList(d.Artifacts), d.JobID, artifactList(st.Passed))
 		case d.ContentHash != schemas.ContentHash(st.Passed):
 			return bad("completes step %s with content hash %s, but its artifacts hash to %s", d.Step, d.ContentHash, schemas.ContentHash(st.Passed))
+		}
+	case *schemas.ApprovalRequested:
+		// A gate is reached by the current job's passed verdict.
+		if st := s.Steps[d.Step]; st == nil || !s.gated(st) || st.Status != StepRunning || st.JobID != d.JobID || st.Outcome != outcomePassed {
+			return bad("names step %s and job %s, which is not a gated step's current job with a passed verdict", d.Step, d.JobID)
+		}
+	case *schemas.ApprovalExpired:
+		// Only a gate with a timeout expires, and as its definition says.
+		st := s.Steps[d.Step]
+		switch {
+		case st == nil || st.JobID != d.JobID || !st.awaitingApproval():
+			return bad("names step %s and job %s, which is not awaiting approval", d.Step, d.JobID)
+		case st.AwaitUntil.IsZero():
+			return bad("expires the approval of step %s, which has no timeout", d.Step)
+		case d.OnTimeout != st.Def.Approval.Action():
+			return bad("applies on_timeout %s to step %s, whose on_timeout is %s", d.OnTimeout, d.Step, st.Def.Approval.Action())
 		}
 	case *schemas.SessionCompleted:
 		if b, blocked := s.blocker(); blocked {
@@ -771,10 +862,13 @@ func evolveSession(s *Session, ev schemas.Event) {
 		}
 		return st
 	}
+	if s.Status == StatusClosed && closedIgnores(s, ev) {
+		return
+	}
 	switch d := ev.Data.(type) {
 	case *schemas.Signal:
 		verb := strings.TrimPrefix(ev.Type, "loopbus.signal.")
-		s.Pending = append(s.Pending, PendingSignal{ID: ev.ID, Verb: verb, Step: d.Step, Reason: d.Reason, Message: d.Message})
+		s.Pending = append(s.Pending, PendingSignal{ID: ev.ID, Verb: verb, Step: d.Step, Reason: d.Reason, Message: d.Message, By: d.By})
 	case *schemas.SignalAcknowledged:
 		i := slices.IndexFunc(s.Pending, func(p PendingSignal) bool { return p.ID == d.SignalID })
 		if i < 0 {
@@ -790,6 +884,13 @@ func evolveSession(s *Session, ev schemas.Event) {
 			for _, st := range s.hintTargets(p.Step) {
 				st.Hints = boundHints(append(st.Hints, p.Message))
 			}
+		} else if st := s.Steps[p.Step]; st != nil && d.Result == schemas.SignalApplied && st.awaitingApproval() {
+			switch p.Verb {
+			case "approve":
+				st.Approved = true
+			case "reject":
+				st.reject(p.Reason, true)
+			}
 		}
 	case *schemas.JobRequested:
 		if d.Worktree != nil && d.Worktree.Merge {
@@ -804,6 +905,8 @@ func evolveSession(s *Session, ev schemas.Event) {
 			st.RateLimited, st.ResetAt, st.WaitJob, st.WaitUntil = false, nil, "", time.Time{}
 			st.Hints, st.JobHints, st.Reported = nil, slices.Clone(d.Hints), false
 			st.Feedback = slices.Clone(d.Feedback)
+			st.RequestedAt, st.Started = ev.Time, false
+			st.AwaitJob, st.AwaitUntil, st.Approved = "", time.Time{}, false
 			s.Requests++
 			if s.Backlog != nil {
 				s.Backlog.Hints = nil // they went with this job
@@ -828,15 +931,19 @@ func evolveSession(s *Session, ev schemas.Event) {
 			st.Failure = &schemas.Feedback{Iteration: d.Iteration, Kind: "validation", Errors: d.Errors, RetryHint: d.RetryHint}
 			st.repeat(verdictSignature(d))
 		}
+	case *schemas.JobStarted:
+		if st := s.Steps[ev.Step]; st != nil && st.JobID == d.JobID {
+			st.Started = true
+		}
 	case *schemas.JobCompleted:
-		if d.Usage != nil {
+		if d.Usage != nil && s.Usage != nil { // nil once the session ended
 			s.Usage[d.JobID] = *d.Usage
 		}
 		if st := current(d.Step, d.JobID); st != nil {
 			st.Reported = true
 		}
 	case *schemas.JobFailed:
-		if d.Usage != nil {
+		if d.Usage != nil && s.Usage != nil { // nil once the session ended
 			s.Usage[d.JobID] = *d.Usage
 		}
 		if st := current(d.Step, d.JobID); st != nil {
@@ -868,6 +975,22 @@ func evolveSession(s *Session, ev schemas.Event) {
 		if st := s.Steps[d.Step]; st != nil && st.JobID == d.JobID {
 			st.WaitJob, st.WaitUntil = d.JobID, d.Until
 		}
+	case *schemas.ApprovalRequested:
+		if st := s.Steps[d.Step]; st != nil && st.Status == StepRunning && st.JobID == d.JobID && st.Outcome == outcomePassed {
+			st.AwaitJob, st.AwaitUntil = d.JobID, time.Time{}
+			if d.Until != nil {
+				st.AwaitUntil = *d.Until
+			}
+		}
+	case *schemas.ApprovalExpired:
+		if st := s.Steps[d.Step]; st != nil && st.JobID == d.JobID && st.awaitingApproval() {
+			switch d.OnTimeout {
+			case schemas.OnTimeoutApprove:
+				st.Approved = true
+			case schemas.OnTimeoutReject:
+				st.reject(d.Reason, false)
+			}
+		}
 	case *schemas.StepPaused:
 		if st := s.Steps[d.Step]; st != nil {
 			st.Hold = d.Kind
@@ -897,9 +1020,24 @@ func evolveSession(s *Session, ev schemas.Event) {
 		s.Status, s.StopKind = StatusPaused, ""
 	case *schemas.SessionStopped:
 		s.Status, s.StopKind = StatusStopped, d.Kind
+		s.StopBudgetID = s.BudgetID
 	case *schemas.SessionResumed:
 		s.Status, s.StopKind = StatusRunning, ""
 		s.Resumes++
+	case *schemas.SessionBudget:
+		if !s.terminal() {
+			s.Budget = s.Budget.With(d.Budget)
+			s.BudgetID = ev.ID
+		}
+	case *schemas.SessionClosed:
+		if !s.terminal() {
+			for _, name := range s.stepNames() {
+				if st := s.Steps[name]; st.inFlight() {
+					s.Orphans = append(s.Orphans, schemas.JobCancelled{JobID: st.JobID, Step: name, Iteration: st.Iteration, Reason: "session closed"})
+				}
+			}
+			s.Status, s.StopKind = StatusClosed, ""
+		}
 	case *schemas.TaskAdded, *schemas.TaskUpdated, *schemas.TaskSelected, *schemas.BacklogPhase:
 		if s.Backlog != nil {
 			s.Backlog.evolve(s, ev)
@@ -991,4 +1129,17 @@ func (s *Session) stepNames() []string {
 		out = slices.Sorted(maps.Keys(s.Steps))
 	}
 	return out
+}
+
+// closedIgnores reports whether a closed session ignores ev: everything
+// but signals (acknowledged as ignored) and the cancellations of the jobs
+// it left in flight. No later event reopens, completes or fails it.
+func closedIgnores(s *Session, ev schemas.Event) bool {
+	switch d := ev.Data.(type) {
+	case *schemas.Signal, *schemas.SignalAcknowledged:
+		return false
+	case *schemas.JobCancelled:
+		s.Orphans = slices.DeleteFunc(s.Orphans, func(o schemas.JobCancelled) bool { return o.JobID == d.JobID })
+	}
+	return true
 }

@@ -26,6 +26,8 @@ const (
 	StatusPaused = "paused"
 	// StatusStopped: session.stopped; running jobs were cancelled.
 	StatusStopped = "stopped"
+	// StatusClosed: session.closed ended the session for good.
+	StatusClosed = "closed"
 )
 
 // Step statuses (StepView.Status).
@@ -42,6 +44,9 @@ const (
 	// StepStatusWaiting: the step waits for a usage or rate limit to lift
 	// (StepView.Wait).
 	StepStatusWaiting = "waiting"
+	// StepStatusAwaitingApproval: the step's outputs passed and wait at its
+	// approval gate for loopbus approve or reject (StepView.Approval).
+	StepStatusAwaitingApproval = "awaiting_approval"
 )
 
 // Job statuses (JobView.Status).
@@ -73,7 +78,7 @@ type Manifest struct {
 	// Pipeline is the pipeline name.
 	Pipeline string `json:"pipeline"`
 	// Status is StatusRunning, StatusPaused, StatusStopped,
-	// StatusCompleted or StatusFailed.
+	// StatusCompleted, StatusFailed or StatusClosed.
 	Status    string    `json:"status"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -167,6 +172,9 @@ type StepView struct {
 	Hold *Hold `json:"hold,omitempty"`
 	// Wait is set by step.waiting until the step's next job.requested.
 	Wait *Wait `json:"wait,omitempty"`
+	// Approval is set by approval.requested while the step waits at its
+	// approval gate; cleared by its next job.requested or its end.
+	Approval *ApprovalWait `json:"approval,omitempty"`
 	// Usage sums the usage of the step's jobs; nil before any.
 	Usage *schemas.Usage `json:"usage,omitempty"`
 	// CancelledJobs counts the step's jobs job.cancelled cancelled.
@@ -261,6 +269,20 @@ type Hold struct {
 	Kind   string    `json:"kind"`
 	Reason string    `json:"reason,omitempty"`
 	Since  time.Time `json:"since,omitzero"`
+	// Raised marks a session stopped by its budget whose budget was set
+	// again since (session.budget): the orchestrator resumes it or
+	// records the stop again.
+	Raised bool `json:"raised,omitempty"`
+}
+
+// ApprovalWait is a step's wait at its approval gate (approval.requested).
+type ApprovalWait struct {
+	JobID string    `json:"jobId,omitempty"`
+	Since time.Time `json:"since,omitzero"`
+	// Until is when its timeout elapses, and OnTimeout what happens then;
+	// both absent without a timeout.
+	Until     *time.Time `json:"until,omitempty"`
+	OnTimeout string     `json:"onTimeout,omitempty"`
 }
 
 // Wait is a step's wait for a usage or rate limit to lift (step.waiting).
@@ -311,12 +333,15 @@ type JobView struct {
 type SignalView struct {
 	// ID is the signal event's id; the acknowledgement names it.
 	ID string `json:"id,omitempty"`
-	// Signal is the verb: stop, pause, resume, info or invalidate.
-	Signal  string    `json:"signal"`
-	Step    string    `json:"step,omitempty"`
-	Reason  string    `json:"reason,omitempty"`
-	Message string    `json:"message,omitempty"`
-	At      time.Time `json:"at,omitzero"`
+	// Signal is the verb: stop, pause, resume, info, invalidate, approve
+	// or reject.
+	Signal  string `json:"signal"`
+	Step    string `json:"step,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// By is who sent it, as the sender said (approve and reject).
+	By string    `json:"by,omitempty"`
+	At time.Time `json:"at,omitzero"`
 	// Result is "applied" or "ignored" once acknowledged, else empty.
 	Result         string    `json:"result,omitempty"`
 	Detail         string    `json:"detail,omitempty"`
@@ -438,7 +463,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sv.JobID = id
 		sv.Worker = ""
 		sv.Round = d.Round
-		sv.Wait = nil
+		sv.Wait, sv.Approval = nil, nil
 		for _, h := range d.Hints {
 			sv.HintsDelivered++
 			sv.Hints = append(sv.Hints, Hint{JobID: id, Iteration: d.Iteration, Message: paragraph(h)})
@@ -554,6 +579,18 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sv.Wait = &Wait{JobID: orElse(d.JobID, ev.Job), Until: d.Until, Reason: paragraph(d.Reason)}
 		m.settle(sv)
 
+	case schemas.TypeApprovalRequested:
+		d, ok := dataAs[schemas.ApprovalRequested](ev.Data)
+		if !ok {
+			return m
+		}
+		sv := m.step(orElse(d.Step, ev.Step))
+		if sv == nil {
+			return m
+		}
+		sv.Approval = &ApprovalWait{JobID: orElse(d.JobID, ev.Job), Since: ev.Time, Until: d.Until, OnTimeout: d.OnTimeout}
+		m.settle(sv)
+
 	case schemas.TypeStepPaused:
 		d, ok := dataAs[schemas.StepPaused](ev.Data)
 		if !ok {
@@ -593,7 +630,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		// stands. Usage, hints and the counters are history and stay.
 		sv.Status = StepStatusPending
 		sv.ContentHash, sv.SchemaVersion, sv.ErrorMessage, sv.LastFeedback = "", "", "", ""
-		sv.CompletedAt, sv.Artifacts, sv.Wait = nil, nil, nil
+		sv.CompletedAt, sv.Artifacts, sv.Wait, sv.Approval = nil, nil, nil, nil
 		sv.Iterations, sv.JobID, sv.Worker = 0, "", ""
 		sv.Invalidations++
 		sv.LastInvalidation = &Invalidation{Cause: d.Cause, Reason: paragraph(d.Reason), At: ev.Time}
@@ -628,7 +665,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		}
 		sv.Artifacts = slices.Clone(d.Artifacts)
 		sv.ErrorMessage = ""
-		sv.Wait, sv.Hold = nil, nil // a finished step is never held
+		sv.Wait, sv.Hold, sv.Approval = nil, nil, nil // a finished step is never held
 		if lp := m.loop(orElse(d.Step, ev.Step)); lp != nil {
 			// A worktree loop that changed something is merged next.
 			lp.Status = LoopStatusCompleted
@@ -650,7 +687,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sv.Status = StepStatusFailed
 		sv.ErrorMessage = d.Error
 		sv.Iterations = max(sv.Iterations, d.Iterations)
-		sv.Wait, sv.Hold = nil, nil
+		sv.Wait, sv.Hold, sv.Approval = nil, nil, nil
 		if lp := m.loop(orElse(d.Step, ev.Step)); lp != nil {
 			lp.Status = LoopStatusFailed
 		}
@@ -690,7 +727,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		// A pipeline completes once every step did; the orchestrator
 		// dead-letters a completion before that (whoever sent it), so
 		// readers of the stream must not end on it either.
-		if m.Kind == "" && m.anyStepNot(StepStatusCompleted) {
+		if m.Kind == "" && m.anyStepNot(StepStatusCompleted) || m.Status == StatusClosed {
 			return m
 		}
 		m.Status = StatusCompleted
@@ -700,11 +737,39 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		}
 
 	case schemas.TypeSessionFailed:
+		if m.Status == StatusClosed {
+			return m
+		}
 		m.Status = StatusFailed
 		m.Hold = nil
 		if d, ok := dataAs[schemas.SessionFailed](ev.Data); ok {
 			m.Error = d.Reason
 			m.FailedStep = d.Step
+		}
+
+	case schemas.TypeSessionBudget:
+		if d, ok := dataAs[schemas.SessionBudget](ev.Data); ok && !m.Terminal() {
+			var b schemas.Budget
+			if m.Budget != nil {
+				b = *m.Budget
+			}
+			b = b.With(d.Budget)
+			m.Budget = &b
+			if m.StoppedByBudget() {
+				h := *m.Hold
+				h.Raised = true
+				m.Hold = &h
+			}
+		}
+
+	case schemas.TypeSessionClosed:
+		if m.Terminal() {
+			return m
+		}
+		m.Status = StatusClosed
+		m.Hold = nil
+		if d, ok := dataAs[schemas.SessionClosed](ev.Data); ok {
+			m.Error = paragraph(orElse(d.Reason, "closed"))
 		}
 
 	case schemas.TypeSignalAcknowledged:
@@ -721,13 +786,13 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		sg.Result, sg.Detail, sg.AcknowledgedAt = d.Result, paragraph(d.Detail), ev.Time
 
 	case schemas.TypeSignalStop, schemas.TypeSignalPause, schemas.TypeSignalResume,
-		schemas.TypeSignalInfo, schemas.TypeSignalInvalidate:
+		schemas.TypeSignalInfo, schemas.TypeSignalInvalidate, schemas.TypeSignalApprove, schemas.TypeSignalReject:
 		d, ok := dataAs[schemas.Signal](ev.Data)
 		if !ok {
 			return m
 		}
 		sv := SignalView{ID: ev.ID, Signal: strings.TrimPrefix(ev.Type, "loopbus.signal."),
-			Step: d.Step, Reason: paragraph(d.Reason), Message: paragraph(d.Message), At: ev.Time}
+			Step: d.Step, Reason: paragraph(d.Reason), Message: paragraph(d.Message), By: paragraph(d.By), At: ev.Time}
 		if sg := m.signal(ev.ID); sg != nil {
 			// A signal stored twice (another event id would be another
 			// signal): keep its acknowledgement.
@@ -835,6 +900,8 @@ func (m *Manifest) settle(sv *StepView) {
 		}
 	case sv.Wait != nil:
 		sv.Status = StepStatusWaiting
+	case sv.Approval != nil:
+		sv.Status = StepStatusAwaitingApproval
 	case sv.JobID != "" && !m.cancelled(sv.JobID):
 		sv.Status = StepStatusInProgress
 	default:

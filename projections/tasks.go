@@ -93,7 +93,7 @@ func TasksKey(session string) string { return "tasks." + session }
 // Terminal reports whether the session has completed or failed: its task
 // list no longer changes. A nil task list is not terminal.
 func (v *TaskList) Terminal() bool {
-	return v != nil && (v.Status == StatusCompleted || v.Status == StatusFailed)
+	return v != nil && (v.Status == StatusCompleted || v.Status == StatusFailed || v.Status == StatusClosed)
 }
 
 // Task returns the task with id, or nil.
@@ -170,10 +170,18 @@ func FoldTasks(v *TaskList, ev schemas.Event) *TaskList {
 		if !v.Terminal() {
 			v.Status = StatusRunning
 		}
+	case schemas.TypeSessionClosed:
+		if !v.Terminal() {
+			v.Status = StatusClosed
+		}
 	case schemas.TypeSessionCompleted:
-		v.Status = StatusCompleted
+		if v.Status != StatusClosed {
+			v.Status = StatusCompleted
+		}
 	case schemas.TypeSessionFailed:
-		v.Status = StatusFailed
+		if v.Status != StatusClosed {
+			v.Status = StatusFailed
+		}
 	}
 	return v
 }

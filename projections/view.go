@@ -81,18 +81,20 @@ func clonePtr[T any](p *T) *T {
 	return &c
 }
 
-// Terminal reports whether the session has ended, completed or failed. A
+// Terminal reports whether the session has ended: completed, failed or
+// closed. A
 // nil manifest (session not started) is not terminal; nor is a paused or
 // stopped session, which may be resumed.
 func (m *Manifest) Terminal() bool {
-	return m != nil && (m.Status == StatusCompleted || m.Status == StatusFailed)
+	return m != nil && (m.Status == StatusCompleted || m.Status == StatusFailed || m.Status == StatusClosed)
 }
 
 // StoppedByBudget reports whether the session stopped because it reached its
 // budget: it does not move on by itself (resume is refused while the budget
-// is spent), so followers stop following.
+// is spent), so followers stop following. A stop whose budget was set
+// again since (session.budget) waits for the orchestrator's answer.
 func (m *Manifest) StoppedByBudget() bool {
-	return m != nil && m.Status == StatusStopped && m.Hold != nil && m.Hold.Kind == schemas.StopBudget
+	return m != nil && m.Status == StatusStopped && m.Hold != nil && m.Hold.Kind == schemas.StopBudget && !m.Hold.Raised
 }
 
 // ManifestKey is the views-bucket key of a session's manifest.

@@ -73,6 +73,16 @@ func catalogueEntries() map[string]entry {
 		TypeLoopMerged:         {func() any { return new(LoopMerged) }},
 		TypeLoopRebase:         {func() any { return new(LoopRebase) }},
 		TypeLoopInvalidated:    {func() any { return new(LoopInvalidated) }},
+
+		// No session left hanging.
+		TypeSessionBudget: {func() any { return new(SessionBudget) }},
+		TypeSessionClosed: {func() any { return new(SessionClosed) }},
+
+		// Approval gates.
+		TypeSignalApprove:     {func() any { return new(Signal) }},
+		TypeSignalReject:      {func() any { return new(Signal) }},
+		TypeApprovalRequested: {func() any { return new(ApprovalRequested) }},
+		TypeApprovalExpired:   {func() any { return new(ApprovalExpired) }},
 	}
 }
 

@@ -229,6 +229,15 @@ func samples(t *testing.T) map[string]any {
 		},
 		TypeLoopRebase:      &LoopRebase{Loop: "root-1", Head: strings.Repeat("b", 40), Cause: "root-2", Conflict: []string{"README.md"}, Reason: "root-2 was merged first"},
 		TypeLoopInvalidated: &LoopInvalidated{Loop: "root-1", Cause: "root", Reason: "root iterated again"},
+
+		TypeSessionBudget: &SessionBudget{Budget: Budget{MaxCostUSD: 5, MaxIterations: 40}, Reason: "worth another $3"},
+		TypeSessionClosed: &SessionClosed{Reason: "superseded by sess-2"},
+
+		TypeSignalApprove: &Signal{Target: "sess-1/outline", Step: "outline", Reason: "looks good", By: "alice"},
+		TypeSignalReject:  &Signal{Target: "sess-1/outline", Step: "outline", Reason: "too long", By: "bob"},
+		TypeApprovalRequested: &ApprovalRequested{Step: "outline", JobID: "sess-1.outline.2", Iteration: 2, Artifacts: []ArtifactRef{outline},
+			Until: ptrTime(t, "2026-11-22T15:00:00Z"), OnTimeout: OnTimeoutReject},
+		TypeApprovalExpired: &ApprovalExpired{Step: "outline", JobID: "sess-1.outline.2", Iteration: 2, OnTimeout: OnTimeoutFail, Reason: "no approval within 24h0m0s"},
 	}
 }
 
@@ -242,8 +251,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 41 {
-		t.Errorf("catalogue has %d types, want 41", len(want))
+	if len(want) != 47 {
+		t.Errorf("catalogue has %d types, want 47", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

@@ -30,6 +30,8 @@ func SignalTypes() map[string]string {
 		"resume":     TypeSignalResume,
 		"info":       TypeSignalInfo,
 		"invalidate": TypeSignalInvalidate,
+		"approve":    TypeSignalApprove,
+		"reject":     TypeSignalReject,
 	}
 }
 
@@ -47,6 +49,9 @@ type Signal struct {
 	Reason string `json:"reason,omitempty"`
 	// Message is the hint of an info signal.
 	Message string `json:"message,omitempty"`
+	// By names who sent an approve or reject signal (the sender's user
+	// name, as the sender gave it).
+	By string `json:"by,omitempty"`
 }
 
 // MaxHintBytes bounds an info signal's message.

@@ -69,6 +69,8 @@ func FormatFeedback(fb []Feedback) string {
 			fmt.Fprintf(&b, "Iteration %d: the outputs passed, but merging them conflicted.\n", f.Iteration)
 		case "child":
 			fmt.Fprintf(&b, "Iteration %d: a loop spawned from the outputs could not pass.\n", f.Iteration)
+		case FeedbackRejected:
+			fmt.Fprintf(&b, "Iteration %d: a reviewer rejected the outputs.\n", f.Iteration)
 		default:
 			fmt.Fprintf(&b, "Iteration %d: the outputs failed validation.\n", f.Iteration)
 		}

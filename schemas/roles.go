@@ -28,6 +28,12 @@ func Publishers(t string) []Role {
 	switch t {
 	case TypeSessionStarted, TypeSignalStop, TypeSignalPause, TypeSignalResume, TypeSignalInfo, TypeSignalInvalidate, TypeHookCompleted, TypeHookFailed:
 		return []Role{RoleClient}
+	case TypeSignalApprove, TypeSignalReject:
+		return []Role{RoleClient}
+	case TypeApprovalRequested, TypeApprovalExpired:
+		return []Role{RoleOrchestrator}
+	case TypeSessionBudget, TypeSessionClosed:
+		return []Role{RoleClient}
 	case TypeTaskAdded, TypeTaskUpdated:
 		return []Role{RoleClient, RoleOrchestrator}
 	case TypeJobStarted, TypeJobHeartbeat, TypeJobReleased, TypeJobCompleted, TypeJobFailed, TypeToolStarted, TypeToolCompleted, TypeAgentMessage, TypeArtifactStored:

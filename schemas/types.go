@@ -98,6 +98,9 @@ type Pipeline struct {
 	Budget *Budget `json:"budget,omitempty"`
 	// Breaker sets the circuit breaker's thresholds for every step.
 	Breaker *Breaker `json:"breaker,omitempty"`
+	// JobDispatchTimeoutMs, when set, fails a job that no worker started
+	// within it (job_dispatch_timeout), in milliseconds.
+	JobDispatchTimeoutMs int64 `json:"jobDispatchTimeoutMs,omitempty"`
 	// Kind is "pipeline" (empty means the same) or "backlog": then Steps
 	// is empty and Backlog says how tasks are worked.
 	Kind    string   `json:"kind,omitempty"`
@@ -125,6 +128,9 @@ type Step struct {
 	Final             bool  `json:"final,omitempty"`
 	// Breaker overrides the pipeline's circuit breaker thresholds.
 	Breaker *Breaker `json:"breaker,omitempty"`
+	// Approval, when set, is a gate: the step waits after its validation
+	// passed until it is approved or rejected (see Approval).
+	Approval *Approval `json:"approval,omitempty"`
 	// Line is the line of the step in the pipeline file (for messages).
 	Line int `json:"line,omitempty"`
 }

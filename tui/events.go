@@ -175,10 +175,18 @@ func Describe(ev schemas.Event, m *projections.Manifest) string {
 		return "session " + SessionState(m)
 	case *schemas.SessionResumed:
 		return "session resumed" + reasonText(d.Reason)
+	case *schemas.ApprovalRequested:
+		st := projections.StepView{Status: projections.StepStatusAwaitingApproval, Approval: &projections.ApprovalWait{Until: d.Until, OnTimeout: d.OnTimeout}}
+		return "step " + d.Step + " " + StepState(&st, ev.Time) + ": loopbus approve|reject " + ev.Session + "/" + d.Step
+	case *schemas.ApprovalExpired:
+		return "step " + d.Step + " approval timed out (" + d.OnTimeout + "): " + OneLine(d.Reason, 120)
 	case *schemas.Signal:
 		s := "signal " + strings.TrimPrefix(ev.Type, "loopbus.signal.")
 		if d.Step != "" {
 			s += " for " + d.Step
+		}
+		if d.By != "" {
+			s += " by " + OneLine(d.By, 60)
 		}
 		if t := signalText(projections.SignalView{Reason: d.Reason, Message: d.Message}); t != "" {
 			s += ": " + OneLine(t, 120)

@@ -41,6 +41,11 @@ func TestDescribe(t *testing.T) {
 		{"acknowledged", schemas.TypeSignalAcknowledged, "", &schemas.SignalAcknowledged{Signal: "pause", Result: schemas.SignalApplied, Detail: "session paused"}, "signal pause applied: session paused"},
 		{"step failed", schemas.TypeStepFailed, "b", &schemas.StepFailed{Step: "b", Iterations: 3, Error: "no valid output"}, "step b failed after 3 iterations: no valid output"},
 		{"unknown type", "loopbus.thing.happened", "", nil, "thing.happened"},
+		{"awaiting approval", schemas.TypeApprovalRequested, "a", &schemas.ApprovalRequested{Step: "a", JobID: "ja2", Iteration: 2, Until: &reset, OnTimeout: "reject"},
+			"step a awaiting approval until 15:00:00 (then reject): loopbus approve|reject " + testSession + "/a"},
+		{"approval expired", schemas.TypeApprovalExpired, "a", &schemas.ApprovalExpired{Step: "a", JobID: "ja2", Iteration: 2, OnTimeout: "fail", Reason: "no approval within 1h0m0s"},
+			"step a approval timed out (fail): no approval within 1h0m0s"},
+		{"reject", schemas.TypeSignalReject, "a", &schemas.Signal{Step: "a", Reason: "too long", By: "bob"}, "signal reject for a by bob: too long"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -57,6 +57,15 @@ func StepState(st *projections.StepView, now time.Time) string {
 		return withReason("stopped")
 	case projections.StepStatusBreaker:
 		return withReason("breaker open")
+	case projections.StepStatusAwaitingApproval:
+		s := "awaiting approval"
+		if a := st.Approval; a != nil && a.Until != nil {
+			s += " until " + Clock(*a.Until, now)
+			if a.OnTimeout != "" {
+				s += " (then " + a.OnTimeout + ")"
+			}
+		}
+		return s
 	}
 	return st.Status
 }

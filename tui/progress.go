@@ -63,6 +63,15 @@ func (p *Progress) Event(ev schemas.Event, m *projections.Manifest) {
 		fmt.Fprintf(p.w, "%s  ✓ %s completed%s (iterations %d, hash %s)\n", ts, d.Step, took, d.Iterations, d.ContentHash)
 	case *schemas.StepFailed:
 		fmt.Fprintf(p.w, "%s  ✗ %s failed: %s\n", ts, d.Step, clip(d.Error, 200))
+	case *schemas.ApprovalRequested:
+		until := ""
+		if d.Until != nil {
+			until = fmt.Sprintf(" until %s (then %s)", d.Until.Local().Format("15:04:05"), d.OnTimeout)
+		}
+		fmt.Fprintf(p.w, "%s  ? %s: iteration %d awaits approval%s: loopbus approve %s/%s, or loopbus reject %s/%s --reason R\n",
+			ts, d.Step, d.Iteration, until, ev.Session, d.Step, ev.Session, d.Step)
+	case *schemas.ApprovalExpired:
+		fmt.Fprintf(p.w, "%s  ? %s: approval timed out (%s): %s\n", ts, d.Step, d.OnTimeout, clip(d.Reason, 160))
 	case *schemas.SessionCompleted:
 		fmt.Fprintf(p.w, "%s  ✓ session %s completed in %s\n", ts, ev.Session, ev.Time.Sub(m.CreatedAt).Round(time.Millisecond))
 	case *schemas.BacklogPhase:

@@ -47,6 +47,10 @@ const (
 	Failed
 	// StoppedByBudget: the session's budget stopped it.
 	StoppedByBudget
+	// CompletedBlocked: a backlog session completed with tasks blocked.
+	CompletedBlocked
+	// Closed: the session was closed (loopbus close).
+	Closed
 )
 
 // WriteEnd writes why a followed session did not complete (nothing when
@@ -56,9 +60,15 @@ func WriteEnd(w io.Writer, m *projections.Manifest) End {
 	case m.Status == projections.StatusFailed:
 		fmt.Fprintf(w, "session %s failed: %s\n", m.ContentID, m.Error)
 		return Failed
+	case m.Status == projections.StatusClosed:
+		fmt.Fprintf(w, "session %s closed: %s\n", m.ContentID, m.Error)
+		return Closed
 	case m.StoppedByBudget():
 		fmt.Fprintf(w, "session %s stopped: %s\n", m.ContentID, m.Hold.Reason)
 		return StoppedByBudget
+	case m.Status == projections.StatusCompleted && m.BlockedTasks > 0:
+		fmt.Fprintf(w, "session %s completed with %s blocked: see loopbus tasks %s --status blocked\n", m.ContentID, Plural(m.BlockedTasks, "task"), m.ContentID)
+		return CompletedBlocked
 	}
 	return Completed
 }

@@ -27,6 +27,8 @@ const (
 	exitFailed      = 1
 	exitUsage       = 2
 	exitStopped     = 3
+	exitBlocked     = 4
+	exitClosed      = 5
 	exitInterrupted = 130
 	defaultPort     = "127.0.0.1:4222"
 )
@@ -41,10 +43,14 @@ func usageErr(err error) error { return usageError{err} }
 
 // Errors that exit with their own code once the reason is printed:
 // errFailed 1 (a failed session, failed doctor checks), errStopped 3 (a
-// session stopped by its budget), errInterrupted 130 (a signal).
+// session stopped by its budget), errBlocked 4 (a backlog session that
+// completed with blocked tasks), errClosed 5 (a closed session),
+// errInterrupted 130 (a signal).
 var (
 	errFailed      = errors.New("failed")
 	errStopped     = errors.New("stopped")
+	errBlocked     = errors.New("completed with blocked tasks")
+	errClosed      = errors.New("closed")
 	errInterrupted = errors.New("interrupted")
 )
 
@@ -67,6 +73,10 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		return exitFailed
 	case errors.Is(err, errStopped):
 		return exitStopped
+	case errors.Is(err, errBlocked):
+		return exitBlocked
+	case errors.Is(err, errClosed):
+		return exitClosed
 	case errors.Is(err, errInterrupted):
 		return exitInterrupted
 	case errors.As(err, &ue) || !g.started || errors.Is(err, config.ErrInvalid):
@@ -156,8 +166,9 @@ server another loopbus command already runs there).`,
 	root.AddCommand(
 		newRunCmd(g), newWaitCmd(g), newStatusCmd(g), newEventsCmd(g), newReplayCmd(g), newExportCmd(g),
 		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
-		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g), newSignalCmd(g), newWatchCmd(g),
+		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g), newSignalCmd(g), newApproveCmd(g), newRejectCmd(g), newWatchCmd(g),
 		newHooksCmd(g), newTasksCmd(g), newSessionsCmd(g), newPullCmd(g), newKeygenCmd(g), newDashboardCmd(g),
+		newBudgetCmd(g), newCloseCmd(g),
 	)
 	return root
 }

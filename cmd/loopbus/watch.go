@@ -76,7 +76,8 @@ func (g *globals) watch(ctx context.Context, c *serve.Conn, session string) erro
 }
 
 // sessionEnd is how watching a session ended: nil when it completed,
-// errFailed when it failed, errStopped when its budget stopped it; the
+// errFailed when it failed, errStopped when its budget stopped it,
+// errBlocked when a backlog completed with blocked tasks; the
 // reason goes to w.
 func sessionEnd(w io.Writer, m *projections.Manifest) error {
 	switch tui.WriteEnd(w, m) {
@@ -84,6 +85,10 @@ func sessionEnd(w io.Writer, m *projections.Manifest) error {
 		return errFailed
 	case tui.StoppedByBudget:
 		return errStopped
+	case tui.CompletedBlocked:
+		return errBlocked
+	case tui.Closed:
+		return errClosed
 	}
 	return nil
 }

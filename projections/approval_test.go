@@ -1,0 +1,41 @@
+package projections
+
+import (
+	"testing"
+	"time"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// A step waiting at its approval gate shows awaiting_approval, with its
+// deadline, until its next job or its end.
+func TestFoldApproval(t *testing.T) {
+	const s = "gate-1"
+	var b builder
+	b.start(s)
+	job := b.request(s, "summary", 1)
+	a := artifact(s, "summary", 1, "summary.json", `{}`)
+	b.jobCompleted(s, "summary", job, "w1", 1, a)
+	b.passed(s, "summary", job, 1, a)
+	until := t0.Add(time.Hour)
+	b.add(s, schemas.TypeApprovalRequested, "summary", job, &schemas.ApprovalRequested{Step: "summary", JobID: job, Iteration: 1,
+		Artifacts: []schemas.ArtifactRef{a}, Until: &until, OnTimeout: schemas.OnTimeoutReject})
+	m := BuildManifest(s, b.evs)
+	sv := m.Steps["summary"]
+	if sv.Status != StepStatusAwaitingApproval || sv.Approval == nil || sv.Approval.JobID != job || !sv.Approval.Until.Equal(until) ||
+		sv.Approval.OnTimeout != schemas.OnTimeoutReject {
+		t.Fatalf("step %+v approval %+v, want awaiting_approval until %s", sv, sv.Approval, until)
+	}
+	// Who rejected, and why, is in the manifest's signals.
+	b.add(s, schemas.TypeSignalReject, "summary", "", &schemas.Signal{Target: s + "/summary", Step: "summary", Reason: "too long", By: "bob"})
+	m = BuildManifest(s, b.evs)
+	if n := len(m.Signals); n != 1 || m.Signals[0].Signal != "reject" || m.Signals[0].By != "bob" || m.Signals[0].Reason != "too long" {
+		t.Fatalf("signals %+v, want bob's reject with its reason", m.Signals)
+	}
+	// Rejected: the next iteration runs.
+	b.request(s, "summary", 2, schemas.Feedback{Iteration: 1, Kind: schemas.FeedbackRejected, Message: "too long"})
+	m = BuildManifest(s, b.evs)
+	if sv := m.Steps["summary"]; sv.Status != StepStatusInProgress || sv.Approval != nil {
+		t.Fatalf("after the next request: %s, approval %+v", sv.Status, sv.Approval)
+	}
+}
