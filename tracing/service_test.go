@@ -312,6 +312,29 @@ func TestServiceExportsOnlyNewEnds(t *testing.T) {
 	}
 }
 
+// TestServiceEndsClosedSessions: a session closed for good ends its trace:
+// the root span and what was open of it are exported.
+func TestServiceEndsClosedSessions(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	exp := memExport(t, tracing.Config{}, b, testnats.Logger(t))
+	sb := newBuilder(t, b)
+	sb.start("closing")
+	job := sb.request("closing", 1, 1, 0)
+	sb.started("closing", job, "w1")
+	sb.add("closing", schemas.TypeSessionClosed, "", "", &schemas.SessionClosed{Reason: "not needed"})
+	await(t, 10*time.Second, func() error {
+		if n := len(exp.GetSpans()); n < 3 {
+			return fmt.Errorf("%d of 3 spans exported", n)
+		}
+		return nil
+	})
+	root, _ := tracing.SpanOf(schemas.Event{Type: schemas.TypeSessionStarted, Session: "closing"})
+	if _, ok := spanIDs(exp)[root.SpanID()]; !ok {
+		t.Error("the closed session's root span was not exported")
+	}
+}
+
 func attrOf(s tracetest.SpanStub, key string) string {
 	for _, kv := range s.Attributes {
 		if string(kv.Key) == key {

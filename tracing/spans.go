@@ -135,8 +135,7 @@ func (s *spans) handle(ev schemas.Event) {
 			s.end(sp, ev, at)
 		}
 	}
-	switch ev.Type {
-	case schemas.TypeSessionCompleted, schemas.TypeSessionFailed, schemas.TypeSessionStopped:
+	if sessionEnds(ev.Type) {
 		s.endSession(ev, at)
 	}
 }
@@ -148,12 +147,22 @@ func or(s, otherwise string) string {
 	return s
 }
 
+// sessionEnds reports whether an event of type typ ends its session's
+// trace: it completed, failed, stopped or was closed for good.
+func sessionEnds(typ string) bool {
+	switch typ {
+	case schemas.TypeSessionCompleted, schemas.TypeSessionFailed, schemas.TypeSessionStopped, schemas.TypeSessionClosed:
+		return true
+	}
+	return false
+}
+
 // closes reports whether an event of type typ ends the span of kind it
 // belongs to.
 func closes(kind bus.SpanKind, typ string) bool {
 	switch kind {
 	case bus.SpanSession:
-		return typ == schemas.TypeSessionCompleted || typ == schemas.TypeSessionFailed || typ == schemas.TypeSessionStopped
+		return sessionEnds(typ)
 	case bus.SpanIteration:
 		return typ == schemas.TypeStepCompleted
 	case bus.SpanJob:
