@@ -32,6 +32,13 @@ func TestFoldApproval(t *testing.T) {
 	if n := len(m.Signals); n != 1 || m.Signals[0].Signal != "reject" || m.Signals[0].By != "bob" || m.Signals[0].Reason != "too long" {
 		t.Fatalf("signals %+v, want bob's reject with its reason", m.Signals)
 	}
+	// Once the orchestrator applied it, the step no longer awaits approval,
+	// even before its next iteration is requested (a paused session).
+	b.add(s, schemas.TypeSignalAcknowledged, "summary", "", &schemas.SignalAcknowledged{SignalID: m.Signals[0].ID, Signal: "reject", Step: "summary", Result: schemas.SignalApplied})
+	m = BuildManifest(s, b.evs)
+	if sv := m.Steps["summary"]; sv.Status == StepStatusAwaitingApproval || sv.Approval != nil {
+		t.Fatalf("after an applied reject: %s, approval %+v", sv.Status, sv.Approval)
+	}
 	// Rejected: the next iteration runs.
 	b.request(s, "summary", 2, schemas.Feedback{Iteration: 1, Kind: schemas.FeedbackRejected, Message: "too long"})
 	m = BuildManifest(s, b.evs)

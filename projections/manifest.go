@@ -784,6 +784,14 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 			sg = m.addSignal(SignalView{ID: d.SignalID, Signal: d.Signal, Step: d.Step})
 		}
 		sg.Result, sg.Detail, sg.AcknowledgedAt = d.Result, paragraph(d.Detail), ev.Time
+		if (d.Signal == "approve" || d.Signal == "reject") && d.Result == schemas.SignalApplied {
+			m.gateAnswered(d.Step)
+		}
+
+	case schemas.TypeApprovalExpired:
+		if d, ok := dataAs[schemas.ApprovalExpired](ev.Data); ok {
+			m.gateAnswered(orElse(d.Step, ev.Step))
+		}
 
 	case schemas.TypeSignalStop, schemas.TypeSignalPause, schemas.TypeSignalResume,
 		schemas.TypeSignalInfo, schemas.TypeSignalInvalidate, schemas.TypeSignalApprove, schemas.TypeSignalReject:
@@ -871,6 +879,17 @@ func startManifest(ev schemas.Event) *Manifest {
 		m.Budget = &b
 	}
 	return m
+}
+
+// gateAnswered ends the wait of step at its approval gate (approved,
+// rejected or timed out): the step is no longer awaiting approval, also
+// when what follows (its completion, or its next iteration) waits for a
+// paused session.
+func (m *Manifest) gateAnswered(step string) {
+	if sv := m.Steps[step]; sv != nil && sv.Approval != nil {
+		sv.Approval = nil
+		m.settle(sv)
+	}
 }
 
 // anyStepNot reports whether a step of m is in another status than st.
