@@ -110,7 +110,7 @@ func TestApprovalGateApproveReject(t *testing.T) {
 	}
 	// Not awaiting: publish has no gate.
 	r := loopbus(t, append([]string{"approve", "gate-1/publish", "--wait", "60s"}, c.global()...)...)
-	if r.code != 0 || !strings.Contains(r.stdout, "approve gate-1/publish: ignored — step publish has no approval gate") {
+	if r.code != 1 || !strings.Contains(r.stdout, "approve gate-1/publish: ignored — step publish has no approval gate") {
 		t.Errorf("approve publish: exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 	}
 
@@ -152,7 +152,7 @@ func TestApprovalGateApproveReject(t *testing.T) {
 			count(evs, "loopbus.session.completed", ""), count(evs, "loopbus.step.completed", "draft"), count(evs, "loopbus.job.requested", "draft"))
 	}
 	r = loopbus(t, append([]string{"approve", "gate-1/draft", "--wait", "60s"}, c.global()...)...)
-	if r.code != 0 || !strings.Contains(r.stdout, "ignored — session gate-1 already completed") {
+	if r.code != 1 || !strings.Contains(r.stdout, "ignored — session gate-1 already completed") {
 		t.Errorf("approve after completion: exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 	}
 }

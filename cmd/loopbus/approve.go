@@ -58,8 +58,8 @@ func newApprovalCmd(g *globals, verb string) *cobra.Command {
 in the pipeline): the step completes with the outputs that passed validation
 and the steps after it run. The approval is a signal.approve event naming who
 (--by, default your user name) and the optional --comment; the orchestrator
-answers with signal.acknowledged, printed here (ignored when the step is not
-awaiting approval).`
+answers with signal.acknowledged, printed here. When the step is not
+awaiting approval, the orchestrator ignores it and this exits 1.`
 		cmd.Example = `  loopbus approve kit-1/summary --comment "reads well"`
 		cmd.Flags().StringVar(&text, "comment", "", "an optional comment, kept in the history")
 	} else {
@@ -67,9 +67,10 @@ awaiting approval).`
 		cmd.Long = `Reject a step of a session that waits at its approval gate: another iteration
 of the step runs, its prompt carrying --reason (required) as feedback, and
 waits at the gate again when its outputs pass. A rejected iteration does not
-count against max_iterations. The rejection is a signal.reject event naming
+count against max_iterations (one rejected by the gate's timeout does). The rejection is a signal.reject event naming
 who (--by, default your user name) and why; the orchestrator answers with
-signal.acknowledged, printed here.`
+signal.acknowledged, printed here. When the step is not awaiting approval,
+the orchestrator ignores it and this exits 1.`
 		cmd.Example = `  loopbus reject kit-1/summary --reason "too long: at most 100 words"`
 		cmd.Flags().StringVar(&text, "reason", "", "why (required): the feedback of the next iteration")
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/tui"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -91,8 +92,15 @@ func (g *globals) signal(ctx context.Context, req client.SignalRequest, wait tim
 	sigCtx, stop := notifyContext(context.Background())
 	defer stop()
 	opts.Interrupt = sigCtx
-	err = client.Report(ctx, c.Bus, req, opts, func(r client.SignalResult) { _ = tui.WriteSignalResult(g.stdout, r, asJSON) })
+	ignored := false
+	err = client.Report(ctx, c.Bus, req, opts, func(r client.SignalResult) {
+		ignored = ignored || r.Result == schemas.SignalIgnored
+		_ = tui.WriteSignalResult(g.stdout, r, asJSON)
+	})
 	switch {
+	case err == nil && ignored && (req.Verb == "approve" || req.Verb == "reject"):
+		// A script approving a gate must see that nothing happened.
+		return errFailed
 	case errors.Is(err, client.ErrNoneRunning):
 		fmt.Fprintln(g.stderr, err)
 		return nil
