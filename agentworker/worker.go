@@ -282,6 +282,7 @@ func (s *Service) Run(ctx context.Context) error {
 		s.followCancellations(fctx, from)
 	}()
 	defer wg.Wait()
+	defer s.announcePresence(fctx)() // before stopFollowing ends fctx
 	defer stopFollowing()
 	s.log.Info().Int("concurrency", s.cfg.Concurrency).Strs("lanes", s.cfg.Lanes).Msg("agent worker ready")
 	return s.bus.Consume(ctx, bus.ConsumerConfig{

@@ -291,7 +291,7 @@ func (b *lockedBuffer) String() string {
 // and logged with the subject.
 func TestConnectPermissions(t *testing.T) {
 	t.Parallel()
-	lookup := []string{"$JS.API.STREAM.INFO.LOOPBUS", "$JS.API.STREAM.INFO.LOOPBUS_DLQ", "$JS.API.STREAM.INFO.KV_LOOPBUS_VIEWS", "$JS.API.STREAM.INFO.LOOPBUS_ARTIFACTS"}
+	lookup := []string{"$JS.API.STREAM.INFO.LOOPBUS", "$JS.API.STREAM.INFO.LOOPBUS_DLQ", "$JS.API.STREAM.INFO.KV_LOOPBUS_VIEWS", "$JS.API.STREAM.INFO.KV_LOOPBUS_WORKERS", "$JS.API.STREAM.INFO.LOOPBUS_ARTIFACTS"}
 	user := func(name string, pub ...string) *server.User {
 		return &server.User{Username: name, Password: name + "-pw", Permissions: &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: pub},
@@ -365,6 +365,22 @@ func TestConnectPermissions(t *testing.T) {
 		waitFor(t, testTimeout, "the refusal in the log", func() bool { return strings.Contains(logs.String(), want) })
 		if got := msgCount(t, admin); got != before0+1 {
 			t.Errorf("stream holds %d events, want %d (only the allowed one)", got, before0+1)
+		}
+	})
+
+	// A deployment upgraded without provisioning the presence bucket: a
+	// user that may not create it still connects, with presence off.
+	t.Run("without the presence bucket", func(t *testing.T) {
+		if err := admin.JetStream().DeleteKeyValue(ctxT(t), bus.DefaultWorkersBucket); err != nil {
+			t.Fatal(err)
+		}
+		r, err := connect(t, "reader", zerolog.Nop())
+		if err != nil {
+			t.Fatalf("reader without the presence bucket: %v", err)
+		}
+		defer r.Close()
+		if _, err := r.Workers(ctxT(t)); !errors.Is(err, bus.ErrNoPresence) {
+			t.Errorf("Workers = %v, want ErrNoPresence", err)
 		}
 	})
 }

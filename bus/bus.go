@@ -44,8 +44,9 @@ type Bus struct {
 
 	stream    jetstream.Stream
 	views     jetstream.KeyValue
-	artifacts jetstream.Stream // write-once artifact stream (store.go)
-	legacy    *legacyArtifacts // object store of earlier releases, read only
+	workers   jetstream.KeyValue // worker presence (workers.go)
+	artifacts jetstream.Stream   // write-once artifact stream (store.go)
+	legacy    *legacyArtifacts   // object store of earlier releases, read only
 
 	// Shared with every Bus derived by WithSource.
 	deadLettered *atomic.Int64
@@ -271,6 +272,20 @@ func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalo
 		nc.Close()
 		return nil, err
 	}
+	// Worker presence is set up apart: a user that may not create its
+	// bucket connects without it (see provisionWorkers).
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	wstop := cs.watchDenied(wcancel)
+	err = b.provisionWorkers(wctx)
+	wstop()
+	wcancel()
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
 	return b, nil
 }
 
@@ -308,8 +323,8 @@ func deniedErr(cfg Config, err error, denied []string) error {
 	if !errors.Is(err, context.Canceled) { // not just our cancellation
 		cause = fmt.Sprintf(" (%v)", err)
 	}
-	return fmt.Errorf("provision: %w: %s%s; every loopbus connection looks up the streams %s and %s, the KV bucket %s and the artifact stream %s, and creates any that is missing: create them first as a user allowed to (see examples/secure), or grant the permission",
-		ErrPermissionDenied, strings.Join(denied, "; "), cause, cfg.Stream, cfg.DLQStream, cfg.ViewsBucket, cfg.ArtifactsBucket)
+	return fmt.Errorf("provision: %w: %s%s; every loopbus connection looks up the streams %s and %s, the KV buckets %s and %s and the artifact stream %s, and creates any that is missing: create them first as a user allowed to (see examples/secure), or grant the permission",
+		ErrPermissionDenied, strings.Join(denied, "; "), cause, cfg.Stream, cfg.DLQStream, cfg.ViewsBucket, cfg.WorkersBucket, cfg.ArtifactsBucket)
 }
 
 // connect makes the initial connection, retrying until ctx ends or
@@ -546,7 +561,6 @@ func (b *Bus) provision(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("provision KV %s: %w", cfg.ViewsBucket, err)
 	}
-
 	// Artifacts: a stream whose every subject takes one message (store.go).
 	return b.provisionArtifacts(ctx)
 }

@@ -18,6 +18,7 @@ const (
 	DefaultDLQStream       = "LOOPBUS_DLQ"
 	DefaultViewsBucket     = "LOOPBUS_VIEWS"
 	DefaultArtifactsBucket = "LOOPBUS_ARTIFACTS"
+	DefaultWorkersBucket   = "LOOPBUS_WORKERS"
 	DefaultDuplicateWindow = 10 * time.Minute
 	DefaultReadStall       = 10 * time.Second
 	// DLQSubjectPrefix prefixes dead-letter subjects:
@@ -51,6 +52,9 @@ type Config struct {
 	DLQStream       string
 	ViewsBucket     string
 	ArtifactsBucket string
+	// WorkersBucket is the KV bucket where agent workers announce
+	// themselves (see PutWorker).
+	WorkersBucket string
 	// Replicas for the stream and buckets (1, 3 or 5); 0 means 1.
 	Replicas int
 	// MaxAge of events; 0 keeps them forever.
@@ -105,6 +109,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ArtifactsBucket == "" {
 		c.ArtifactsBucket = DefaultArtifactsBucket
+	}
+	if c.WorkersBucket == "" {
+		c.WorkersBucket = DefaultWorkersBucket
 	}
 	if c.Replicas == 0 {
 		c.Replicas = 1

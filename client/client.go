@@ -166,7 +166,8 @@ func CheckBudget(b schemas.Budget) error {
 func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Event, *projections.Manifest)) (*projections.Manifest, error) {
 	var m *projections.Manifest
 	// A stop by the budget ends the watch only at the head: a later
-	// session.budget may have raised it, and the session goes on.
+	// session.budget may have raised it, and the session goes on (and a
+	// later session.rerun may have reopened an ended session).
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	caughtUp := false
@@ -175,7 +176,7 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 		Follow:   true,
 		OnCaughtUp: func() {
 			caughtUp = true
-			if m.StoppedByBudget() {
+			if m.Terminal() || m.StoppedByBudget() {
 				stop()
 			}
 		},
@@ -184,7 +185,9 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 		if onEvent != nil && m != nil {
 			onEvent(ev, m)
 		}
-		if m.Terminal() || caughtUp && m.StoppedByBudget() {
+		// An end ends the watch only at the head too: a later
+		// session.rerun may have reopened the session.
+		if caughtUp && (m.Terminal() || m.StoppedByBudget()) {
 			return bus.ErrStop
 		}
 		return nil

@@ -3,8 +3,10 @@ package client
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -54,6 +56,50 @@ func publishControl(ctx context.Context, b Bus, session, reason, typ string, dat
 		return Published{}, err
 	}
 	ev := schemas.Event{ID: NewSignalID(), Type: typ, Session: session, Correlation: dests[0].StartedID, Time: time.Now().UTC(), Data: data}
+	p, err := b.Publish(ctx, ev)
+	if err != nil {
+		return Published{}, err
+	}
+	ev.Seq = p.Seq
+	return Published{Event: ev, Seq: p.Seq}, nil
+}
+
+// Rerun publishes session.rerun: a completed, failed or stopped pipeline
+// session runs again in the same session: step and every step that
+// requires it, directly or not (every step when step is ""), and steps
+// that had not completed. A running or paused session is refused (it
+// wraps ErrBadInput: use signal invalidate or resume), as are a closed
+// one (ErrSessionEnded: closed is final), a backlog or loops session and
+// an unknown step (ErrBadInput). The orchestrator checks the same.
+func Rerun(ctx context.Context, b Bus, session, step, reason string) (Published, error) {
+	if err := checkReason(reason); err != nil {
+		return Published{}, err
+	}
+	if step != "" {
+		if err := schemas.ValidateStepName(step); err != nil {
+			return Published{}, fmt.Errorf("%w: %v", ErrBadInput, err)
+		}
+	}
+	m, err := Status(ctx, b, session)
+	if err != nil {
+		return Published{}, err
+	}
+	switch {
+	case m.Status == projections.StatusClosed:
+		return Published{}, fmt.Errorf("%w: %s was closed for good; nothing reopens it (start a new session)", ErrSessionEnded, session)
+	case m.Status == projections.StatusRunning || m.Status == projections.StatusPaused:
+		return Published{}, fmt.Errorf("%w: %s is %s; rerun reopens a completed, failed or stopped session (to redo a step of a running one: loopbus signal invalidate %s/STEP)", ErrBadInput, session, m.Status, session)
+	case m.Kind != "":
+		return Published{}, fmt.Errorf("%w: %s is a %s session; rerun is for pipeline sessions", ErrBadInput, session, m.Kind)
+	case step != "" && m.Steps[step] == nil:
+		return Published{}, fmt.Errorf("%w: session %s has no step %s (steps: %s)", ErrBadInput, session, step, strings.Join(m.StepOrder, ", "))
+	}
+	dests, err := ResolveSignalTarget(ctx, b, SignalTarget{Session: session})
+	if err != nil {
+		return Published{}, err
+	}
+	ev := schemas.Event{ID: NewSignalID(), Type: schemas.TypeSessionRerun, Session: session, Correlation: dests[0].StartedID, Time: time.Now().UTC(),
+		Data: &schemas.SessionRerun{Step: step, Reason: reason}}
 	p, err := b.Publish(ctx, ev)
 	if err != nil {
 		return Published{}, err

@@ -11,8 +11,10 @@ import (
 
 // Check is one finding of Doctor.
 type Check struct {
-	Name   string
-	OK     bool
+	Name string
+	OK   bool
+	// Warn marks a finding worth attention that does not fail the check.
+	Warn   bool
 	Detail string
 }
 
@@ -97,6 +99,7 @@ func Doctor(ctx context.Context, b *bus.Bus, where string) []Check {
 			add("dead letters", nil, detail)
 		}
 	}
+	out = append(out, WorkersCheck(ctx, b))
 	if _, err := exec.LookPath("sh"); err != nil {
 		add("sh", err, "")
 	} else {

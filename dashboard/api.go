@@ -294,3 +294,32 @@ func (s *Service) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"total": total, "letters": out})
 }
+
+// workersAnswer is GET /api/workers: the agent workers present, the
+// workers serving each lane, and the lanes none serves.
+type workersAnswer struct {
+	Workers  []bus.WorkerInfo    `json:"workers"`
+	Lanes    map[string][]string `json:"lanes"`
+	Unserved []string            `json:"unserved"`
+	// Note says why no workers are known, when presence is off.
+	Note string `json:"note,omitempty"`
+}
+
+// apiWorkers answers the agent workers present and their lanes.
+func (s *Service) apiWorkers(w http.ResponseWriter, r *http.Request) {
+	ws, err := s.c.Bus().Workers(r.Context())
+	if errors.Is(err, bus.ErrNoPresence) {
+		// Presence is off for this process: no workers known, not a fault.
+		writeJSON(w, http.StatusOK, workersAnswer{Workers: []bus.WorkerInfo{}, Lanes: map[string][]string{}, Unserved: []string{}, Note: err.Error()})
+		return
+	}
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	un := client.UnservedLanes(ws)
+	if un == nil {
+		un = []string{}
+	}
+	writeJSON(w, http.StatusOK, workersAnswer{Workers: ws, Lanes: client.ServedLanes(ws), Unserved: un})
+}

@@ -187,6 +187,7 @@ func (s *Service) routes() {
 	s.mux.HandleFunc("POST /api/sessions/{id}/signal", s.apiSignal)
 	s.mux.HandleFunc("GET /api/updates", s.apiUpdates)
 	s.mux.HandleFunc("GET /api/deadletters", s.apiDeadLetters)
+	s.mux.HandleFunc("GET /api/workers", s.apiWorkers)
 	for pattern, h := range s.cfg.Extra {
 		s.mux.Handle(pattern, h)
 	}

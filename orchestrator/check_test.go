@@ -241,21 +241,40 @@ func TestCheckAcceptsOwnDecisions(t *testing.T) {
 	}
 }
 
-// TestEvolveCompactsFinishedSessions: a finished session keeps only what
-// identifies it, and late events of it change nothing else.
+// TestEvolveCompactsFinishedSessions: a finished session drops what Check
+// knows of its run (with State.Retain, as a rerun needs it, a failed or
+// completed pipeline session keeps its pipeline and steps; without, as
+// the service keeps its state, and for a closed one, only what identifies
+// it stays), and late events of it change nothing else.
 func TestEvolveCompactsFinishedSessions(t *testing.T) {
 	t.Parallel()
 	p := singlePipeline()
-	st := fold(t, []schemas.Event{started(p), requested("only", 1), sessionFailedEv("gave up"), passed("only", 1), stepCompleted("only", 1)})
+	failed := []schemas.Event{started(p), requested("only", 1), sessionFailedEv("gave up"), passed("only", 1), stepCompleted("only", 1)}
+	compact := NewState()
+	for i, ev := range failed {
+		ev.Seq = uint64(i + 1)
+		Evolve(compact, ev)
+	}
+	if s := compact.Sessions[sess]; s == nil || s.Status != StatusFailed || s.LastSeq != 5 || s.Steps != nil || len(s.Pipeline.Steps) != 0 || s.seen != nil || s.facts != nil {
+		t.Errorf("finished session, not retained, still holds its pipeline, steps or ids: %+v", s)
+	}
+	st := fold(t, failed)
 	s := st.Sessions[sess]
 	if s == nil || s.Status != StatusFailed || s.StartID != startID || s.LastSeq != 5 {
 		t.Fatalf("session %+v", s)
 	}
-	if s.Steps != nil || len(s.Pipeline.Steps) != 0 || s.seen != nil || s.facts != nil {
-		t.Errorf("finished session still holds its pipeline, steps or ids: %+v", s)
+	if s.seen != nil || s.facts != nil {
+		t.Errorf("finished session still holds its ids or facts: %+v", s)
+	}
+	if got := s.Steps["only"]; got == nil || got.Status != StepRunning || got.Outcome != outcomeNone {
+		t.Errorf("late events of a failed session moved its step: %+v", got)
 	}
 	if evs := Decide(st, stepCompleted("only", 1), time.Time{}); len(evs) != 0 {
 		t.Errorf("Decide on a finished session = %v", evs)
+	}
+	st = fold(t, []schemas.Event{started(p), requested("only", 1), closedEv(), passed("only", 1)})
+	if s := st.Sessions[sess]; s.Steps != nil || len(s.Pipeline.Steps) != 0 || s.seen != nil || s.facts != nil {
+		t.Errorf("closed session still holds its pipeline, steps or ids: %+v", s)
 	}
 }
 

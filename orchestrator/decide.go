@@ -45,6 +45,7 @@ type decider struct {
 
 func (d *decider) emit(typ, step string, data any, idParts ...string) {
 	s := d.s
+	idParts = rerunParts(s, typ, idParts...)
 	ev := schemas.Event{
 		ID:          schemas.DeterministicID(append([]string{s.ID, typ}, idParts...)...),
 		Type:        typ,
@@ -63,6 +64,20 @@ func (d *decider) emit(typ, step string, data any, idParts ...string) {
 	}
 	evolveSession(s, ev)
 	d.out = append(d.out, ev)
+}
+
+// rerunParts adds the session's rerun count to the id of a session-level
+// event (completed, failed, stopped, resumed, paused) once session.rerun
+// reopened it: the new run ends with events of its own, not copies the
+// stream de-duplicates. Step-level ids differ by their round.
+func rerunParts(s *Session, typ string, parts ...string) []string {
+	switch typ {
+	case schemas.TypeSessionCompleted, schemas.TypeSessionFailed, schemas.TypeSessionStopped, schemas.TypeSessionResumed, schemas.TypeSessionPaused:
+		if s.Reruns > 0 {
+			parts = append(slices.Clone(parts), "rerun", strconv.Itoa(s.Reruns))
+		}
+	}
+	return parts
 }
 
 // freeParts adds the count of free iterations (after conflicting merges)
@@ -155,9 +170,10 @@ func (d *decider) decide() {
 	for len(s.Pending) > 0 {
 		d.answer(s.Pending[0])
 	}
-	for len(s.Orphans) > 0 {
-		// A closed session's jobs still running: workers kill them.
-		o := s.Orphans[0]
+	// Jobs still running that a close or a rerun left behind: workers
+	// kill them. Each is cancelled once (a snapshot: a cancellation the
+	// fold did not take must not loop).
+	for _, o := range slices.Clone(s.Orphans) {
 		d.emit(schemas.TypeJobCancelled, o.Step, &o, o.JobID)
 	}
 	if s.terminal() {
@@ -873,7 +889,7 @@ func Crashed(st *State, trigger schemas.Event, cause error, now time.Time) []sch
 		return nil
 	}
 	return []schemas.Event{{
-		ID: schemas.DeterministicID(s.ID, schemas.TypeSessionFailed), Type: schemas.TypeSessionFailed, Session: s.ID,
+		ID: schemas.DeterministicID(append([]string{s.ID, schemas.TypeSessionFailed}, rerunParts(s, schemas.TypeSessionFailed)...)...), Type: schemas.TypeSessionFailed, Session: s.ID,
 		Causation: trigger.ID, Correlation: s.StartID, Time: now,
 		Data: &schemas.SessionFailed{Reason: fmt.Sprintf("the orchestrator could not decide after event %s (%s): %v", trigger.ID, trigger.Type, cause)},
 	}}
@@ -900,7 +916,7 @@ func Unrecordable(st *State, trigger schemas.Event, evs []schemas.Event, cause e
 	reason := fmt.Sprintf("the orchestrator could not record its decision (%s): %v", strings.Join(types, ", "), cause)
 	mk := func(typ, stepName string, data any, idParts ...string) schemas.Event {
 		return schemas.Event{
-			ID: schemas.DeterministicID(append([]string{s.ID, typ}, idParts...)...), Type: typ, Session: s.ID, Step: stepName,
+			ID: schemas.DeterministicID(append([]string{s.ID, typ}, rerunParts(s, typ, idParts...)...)...), Type: typ, Session: s.ID, Step: stepName,
 			Causation: trigger.ID, Correlation: s.StartID, Time: now, Data: data,
 		}
 	}

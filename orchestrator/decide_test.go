@@ -287,6 +287,7 @@ func wantSessionFailed(step, reason string) schemas.Event {
 func fold(t *testing.T, given []schemas.Event) *State {
 	t.Helper()
 	st := NewState()
+	st.Retain = true // finished sessions keep their steps, for a rerun
 	for i := range given {
 		given[i].Seq = uint64(i + 1)
 		Evolve(st, given[i])

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -147,7 +148,15 @@ func (s *Service) Run(ctx context.Context) error {
 	}, func(ev schemas.Event) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		restore := func() {}
+		if ev.Type == schemas.TypeSessionRerun {
+			var err error
+			if restore, err = s.rehydrate(ctx, ev); err != nil {
+				return err
+			}
+		}
 		if err := Check(s.state, ev); err != nil {
+			restore() // a refused rerun leaves the session compacted
 			// Read dead-letters it and reports it through OnSkip.
 			return fmt.Errorf("%w: %w", bus.ErrMalformed, err)
 		}
@@ -165,6 +174,49 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("orchestrator: %w", err)
 	}
 	return nil
+}
+
+// rehydrate gives a finished session, which the state keeps compacted to
+// what identifies it, its pipeline and steps back before the session.rerun
+// rerun reopens it: the session's history before it is read and folded
+// again, retained, as it was folded the first time (events Check refuses
+// are skipped). Only a rerun needs them, so finished sessions cost no
+// memory the rest of the time. s.mu is held.
+// The returned function puts the compacted session back (for a rerun
+// Check refuses). Reruns Check refuses anyway (a closed, backlog or loops
+// session, a copy of an applied one) read nothing.
+func (s *Service) rehydrate(ctx context.Context, rerun schemas.Event) (restore func(), err error) {
+	restore = func() {}
+	sess := s.state.Sessions[rerun.Session]
+	if sess == nil || !sess.terminal() || sess.Steps != nil || sess.Status == StatusClosed || sess.Kind != "" || slices.Contains(sess.RerunIDs, rerun.ID) {
+		return restore, nil
+	}
+	tmp := NewState()
+	tmp.Retain = true
+	err = s.bus.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(rerun.Session)}}, func(ev schemas.Event) error {
+		if rerun.Seq != 0 && ev.Seq >= rerun.Seq {
+			return bus.ErrStop
+		}
+		if Check(tmp, ev) == nil {
+			_ = safeEvolve(tmp, ev) // one that crashed the fold was dead-lettered then
+		}
+		return nil
+	})
+	if err == nil {
+		err = ctx.Err() // Read ends without an error when ctx does
+	}
+	if err != nil {
+		return restore, fmt.Errorf("orchestrator: read session %s again to rerun it: %w", rerun.Session, err)
+	}
+	if t := tmp.Sessions[rerun.Session]; t != nil && t.Steps != nil {
+		// Messages skipped as malformed move the session's sequence too.
+		if sess.LastSeq > t.LastSeq {
+			t.LastSeq, t.LastID = sess.LastSeq, sess.LastID
+		}
+		s.state.Sessions[rerun.Session] = t
+		restore = func() { s.state.Sessions[rerun.Session] = sess }
+	}
+	return restore, nil
 }
 
 // trackWait notes whether session has a rate-limit wait. s.mu is held.

@@ -42,6 +42,12 @@ const (
 // State is everything the orchestrator knows: one Session per session id.
 type State struct {
 	Sessions map[string]*Session
+	// Retain keeps a finished pipeline session's pipeline and steps, which
+	// session.rerun reopens. Without it (the service's state) a finished
+	// session keeps only what identifies it, so memory grows with the
+	// running sessions, not the history; the service folds a session's
+	// history again, retained, when a rerun comes (Service.rehydrate).
+	Retain bool
 }
 
 // NewState returns an empty state.
@@ -72,8 +78,9 @@ type Session struct {
 	// StopBudgetID is BudgetID when the session last stopped: a newer
 	// session.budget is still to be answered (resumed or stopped again).
 	StopBudgetID string
-	// Orphans are the jobs in flight when session.closed arrived: the
-	// closed session cancels them, then keeps nothing else.
+	// Orphans are the jobs in flight when session.closed (or a rerun)
+	// arrived: they are cancelled first (a closed session then keeps
+	// nothing else).
 	Orphans []schemas.JobCancelled
 	// Usage holds each job's reported usage: a job reporting twice counts
 	// once.
@@ -82,6 +89,14 @@ type Session struct {
 	Requests int
 	// Resumes counts session.resumed events (it keeps ids unique).
 	Resumes int
+	// Kind is the pipeline's kind ("" for a pipeline of steps): it stays
+	// when a finished session drops its pipeline.
+	Kind string
+	// Reruns counts session.rerun events applied: the session's own
+	// events (completed, failed, stopped) of a later run get ids of their
+	// own. RerunIDs are their ids, so that a replayed copy is refused.
+	Reruns   int
+	RerunIDs []string
 	// Backlog is the state of a backlog session (nil for pipelines).
 	Backlog *BacklogState
 	// Loops is the state of a loops session (nil otherwise).
@@ -190,6 +205,7 @@ func (s *Session) clone() *Session {
 	c.Usage = maps.Clone(s.Usage)
 	c.Pending = slices.Clone(s.Pending)
 	c.Orphans = slices.Clone(s.Orphans)
+	c.RerunIDs = slices.Clone(s.RerunIDs)
 	if s.Backlog != nil {
 		c.Backlog = s.Backlog.clone()
 	}
@@ -335,6 +351,8 @@ func Check(st *State, ev schemas.Event) error {
 		return fmt.Errorf("%w: %s is an event of session %s, which was never started (or whose start is no longer in the stream)", ErrNoSession, ev.Type, ev.Session)
 	case ev.Type == schemas.TypeSessionStarted && ev.ID != s.StartID:
 		return fmt.Errorf("%w: session %s was already started by event %s", ErrReplayed, ev.Session, s.StartID)
+	case ev.Type == schemas.TypeSessionRerun:
+		return s.checkRerun(ev)
 	case s.seen == nil:
 		return nil
 	}
@@ -342,6 +360,99 @@ func Check(st *State, ev schemas.Event) error {
 		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
 	}
 	return s.facts.check(s, ev)
+}
+
+// checkRerun refuses a session.rerun its session cannot take: a copy of
+// one applied before, one for a session that runs (or is paused) or was
+// closed for good, one for a backlog or loops session, or one naming a
+// step the pipeline does not have.
+func (s *Session) checkRerun(ev schemas.Event) error {
+	if slices.Contains(s.RerunIDs, ev.ID) {
+		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
+	}
+	if _, dup := s.seen[ev.ID]; dup {
+		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
+	}
+	if err := s.rerunnable(ev); err != "" {
+		return fmt.Errorf("%w: %s %s", ErrInconsistent, ev.Type, err)
+	}
+	return nil
+}
+
+// rerunnable says why session.rerun ev cannot reopen the session ("" when
+// it can): only a completed, failed or stopped pipeline session is
+// reopened, and only for a step it has.
+func (s *Session) rerunnable(ev schemas.Event) string {
+	d, _ := ev.Data.(*schemas.SessionRerun)
+	switch {
+	case d == nil:
+		return "has no rerun data"
+	case s.Status == StatusClosed:
+		return fmt.Sprintf("reopens session %s, which was closed for good", s.ID)
+	case s.Status == StatusRunning || s.Status == StatusPaused:
+		return fmt.Sprintf("reopens session %s, which is %s: rerun takes a completed, failed or stopped session", s.ID, s.Status)
+	case s.Kind != "":
+		return fmt.Sprintf("reopens %s session %s: rerun is for pipeline sessions", s.Kind, s.ID)
+	case len(s.Pipeline.Steps) == 0:
+		return fmt.Sprintf("reopens session %s, whose steps are not known (its history could not be read back)", s.ID)
+	case d.Step != "" && s.Steps[d.Step] == nil:
+		return fmt.Sprintf("names step %s, which session %s does not have", d.Step, s.ID)
+	}
+	return ""
+}
+
+// rerun applies session.rerun: the session runs again; the step named and
+// its dependents (every step without one), and any step that had not
+// completed, start over in a new round, as step.invalidated makes them.
+func (s *Session) rerun(ev schemas.Event) {
+	if s.rerunnable(ev) != "" {
+		return
+	}
+	d := ev.Data.(*schemas.SessionRerun)
+	for _, name := range s.stepNames() {
+		st := s.Steps[name]
+		if d.Step == "" || name == d.Step || s.dependsOn(name, d.Step) || st.Status != StepCompleted {
+			if st.inFlight() {
+				// A job of the run before may still run (a parallel
+				// step when the session failed): workers kill it, so
+				// that it does not run beside the step's new job.
+				s.Orphans = append(s.Orphans, schemas.JobCancelled{JobID: st.JobID, Step: name, Iteration: st.Iteration, Reason: "session rerun"})
+			}
+			st.startOver(true)
+		}
+	}
+	s.Status, s.StopKind = StatusRunning, ""
+	s.Reruns++
+	s.RerunIDs = append(s.RerunIDs, ev.ID)
+	if s.seen == nil {
+		// A finished session dropped what Check knows of its run: the
+		// new run starts afresh (results of earlier jobs are stale).
+		s.seen, s.facts = map[string]struct{}{}, newFacts()
+	}
+	if s.Usage == nil {
+		s.Usage = map[string]schemas.Usage{}
+	}
+}
+
+// startOver makes the step pending in a new round: what it produced no
+// longer stands, and its next job has a new id. Hints stay; the hold
+// stays unless clear.
+func (st *Step) startOver(clearHold bool) {
+	hold := st.Hold
+	if clearHold {
+		hold = ""
+	}
+	*st = Step{Def: st.Def, Status: StepPending, Round: st.Round + 1, Hold: hold, Hints: st.Hints}
+}
+
+// endedIgnores reports whether a completed or failed session ignores ev:
+// everything but signals (acknowledged as ignored) and session.rerun.
+func endedIgnores(ev schemas.Event) bool {
+	switch ev.Data.(type) {
+	case *schemas.Signal, *schemas.SignalAcknowledged, *schemas.SessionRerun:
+		return false
+	}
+	return true
 }
 
 // facts are what a running session's history established, for Check: the
@@ -809,11 +920,18 @@ func Evolve(st *State, ev schemas.Event) {
 	}
 	evolveSession(s, ev)
 	s.facts.record(ev)
-	if s.terminal() {
+	if s.terminal() && (s.Status == StatusClosed || s.Kind != "" || !st.Retain) {
 		// Nothing is decided for a finished session again (but signals
-		// are acknowledged): keep only what identifies it (Check, LastSeq),
-		// so memory grows with the running sessions, not the history.
+		// are acknowledged, and a rerun reopens a completed or failed
+		// pipeline session, see Retain): keep only what identifies it
+		// (Check, LastSeq), so memory grows with the running sessions,
+		// not the history.
 		s.seen, s.facts, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog, s.Loops, s.DefinitionFiles = nil, nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil, nil, nil
+	} else if s.terminal() {
+		// A completed or failed pipeline session keeps its pipeline and
+		// steps, which session.rerun reopens; Check's record of its run
+		// goes.
+		s.seen, s.facts = nil, nil
 	} else if ev.ID != "" {
 		s.seen[ev.ID] = struct{}{}
 	}
@@ -833,6 +951,9 @@ func newSession(ev schemas.Event) *Session {
 	d := ev.Data.(*schemas.SessionStarted)
 	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
 		Usage: map[string]schemas.Usage{}, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
+	if d.Pipeline.Kind != schemas.KindPipeline {
+		s.Kind = d.Pipeline.Kind
+	}
 	if d.Pipeline.Budget != nil {
 		s.Budget = *d.Pipeline.Budget
 	}
@@ -863,6 +984,9 @@ func evolveSession(s *Session, ev schemas.Event) {
 		return st
 	}
 	if s.Status == StatusClosed && closedIgnores(s, ev) {
+		return
+	}
+	if (s.Status == StatusCompleted || s.Status == StatusFailed) && endedIgnores(ev) {
 		return
 	}
 	switch d := ev.Data.(type) {
@@ -966,6 +1090,8 @@ func evolveSession(s *Session, ev schemas.Event) {
 			}
 		}
 	case *schemas.JobCancelled:
+		// A job a rerun left behind is cancelled once.
+		s.Orphans = slices.DeleteFunc(s.Orphans, func(o schemas.JobCancelled) bool { return o.JobID == d.JobID })
 		if st := s.Steps[d.Step]; st != nil && st.Status == StepRunning && st.JobID == d.JobID {
 			// The same iteration runs again, in a new round.
 			st.Status, st.Round, st.Outcome, st.Passed, st.Failure = StepPending, st.Round+1, outcomeNone, nil, nil
@@ -1004,8 +1130,7 @@ func evolveSession(s *Session, ev schemas.Event) {
 		}
 	case *schemas.StepInvalidated:
 		if st := s.Steps[d.Step]; st != nil && st.Status != StepFailed {
-			round := st.Round + 1
-			*st = Step{Def: st.Def, Status: StepPending, Round: round, Hold: st.Hold, Hints: st.Hints}
+			st.startOver(false)
 		}
 	case *schemas.StepCompleted:
 		if st := s.Steps[d.Step]; st != nil {
@@ -1029,6 +1154,8 @@ func evolveSession(s *Session, ev schemas.Event) {
 			s.Budget = s.Budget.With(d.Budget)
 			s.BudgetID = ev.ID
 		}
+	case *schemas.SessionRerun:
+		s.rerun(ev)
 	case *schemas.SessionClosed:
 		if !s.terminal() {
 			for _, name := range s.stepNames() {

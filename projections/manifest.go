@@ -96,6 +96,10 @@ type Manifest struct {
 	Error string `json:"error,omitempty"`
 	// FailedStep is the step session.failed blamed, if any.
 	FailedStep string `json:"failedStep,omitempty"`
+	// Reruns counts the session.rerun events that reopened the session;
+	// LastRerun is the newest (its step, "" for all, and reason).
+	Reruns    int        `json:"reruns,omitempty"`
+	LastRerun *RerunView `json:"lastRerun,omitempty"`
 	// Hold is why the session is paused or stopped; nil otherwise. Its kind
 	// is "pause" (session.paused), or the kind of session.stopped: "signal"
 	// or "budget".
@@ -762,6 +766,11 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 			}
 		}
 
+	case schemas.TypeSessionRerun:
+		if d, ok := dataAs[schemas.SessionRerun](ev.Data); ok {
+			m.rerun(d, ev.Time)
+		}
+
 	case schemas.TypeSessionClosed:
 		if m.Terminal() {
 			return m
@@ -926,6 +935,53 @@ func (m *Manifest) settle(sv *StepView) {
 	default:
 		sv.Status = StepStatusPending
 	}
+}
+
+// RerunView is the newest session.rerun of a session.
+type RerunView struct {
+	// Step is the step run again with its dependents; "" for every step.
+	Step   string    `json:"step,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// rerun applies session.rerun as the orchestrator does: a completed,
+// failed or stopped pipeline session runs again; the step named and every
+// step requiring it (all without one), and steps that had not completed,
+// are pending again.
+func (m *Manifest) rerun(d *schemas.SessionRerun, at time.Time) {
+	switch {
+	case m.Kind != "" || m.Status == StatusClosed || m.Status == StatusRunning || m.Status == StatusPaused:
+		return
+	case d.Step != "" && m.Steps[d.Step] == nil:
+		return
+	}
+	again := map[string]bool{d.Step: true}
+	for changed := true; changed; {
+		changed = false
+		for _, name := range m.StepOrder {
+			sv := m.Steps[name]
+			if sv == nil || again[name] {
+				continue
+			}
+			if d.Step == "" || sv.Status != StepStatusCompleted || slices.ContainsFunc(sv.Requires, func(r string) bool { return again[r] }) {
+				again[name], changed = true, true
+			}
+		}
+	}
+	for _, name := range m.StepOrder {
+		if sv := m.Steps[name]; sv != nil && again[name] {
+			// As step.invalidated: what its earlier run produced no
+			// longer stands; usage and counters are history and stay.
+			sv.Status = StepStatusPending
+			sv.ContentHash, sv.SchemaVersion, sv.ErrorMessage, sv.LastFeedback = "", "", "", ""
+			sv.CompletedAt, sv.Artifacts, sv.Wait, sv.Approval, sv.Hold = nil, nil, nil, nil, nil
+			sv.Iterations, sv.JobID, sv.Worker = 0, "", ""
+		}
+	}
+	m.Status, m.Hold, m.Error, m.FailedStep, m.Final = StatusRunning, nil, "", "", nil
+	m.Reruns++
+	m.LastRerun = &RerunView{Step: d.Step, Reason: paragraph(d.Reason), At: at}
 }
 
 // job returns the view of job id, creating it (requested, of step) if new.

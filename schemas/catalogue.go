@@ -77,6 +77,7 @@ func catalogueEntries() map[string]entry {
 		// No session left hanging.
 		TypeSessionBudget: {func() any { return new(SessionBudget) }},
 		TypeSessionClosed: {func() any { return new(SessionClosed) }},
+		TypeSessionRerun:  {func() any { return new(SessionRerun) }},
 
 		// Approval gates.
 		TypeSignalApprove:     {func() any { return new(Signal) }},

@@ -232,6 +232,7 @@ func samples(t *testing.T) map[string]any {
 
 		TypeSessionBudget: &SessionBudget{Budget: Budget{MaxCostUSD: 5, MaxIterations: 40}, Reason: "worth another $3"},
 		TypeSessionClosed: &SessionClosed{Reason: "superseded by sess-2"},
+		TypeSessionRerun:  &SessionRerun{Step: "outline", Reason: "agent fixed"},
 
 		TypeSignalApprove: &Signal{Target: "sess-1/outline", Step: "outline", Reason: "looks good", By: "alice"},
 		TypeSignalReject:  &Signal{Target: "sess-1/outline", Step: "outline", Reason: "too long", By: "bob"},
@@ -251,8 +252,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 47 {
-		t.Errorf("catalogue has %d types, want 47", len(want))
+	if len(want) != 48 {
+		t.Errorf("catalogue has %d types, want 48", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

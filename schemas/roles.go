@@ -32,7 +32,7 @@ func Publishers(t string) []Role {
 		return []Role{RoleClient}
 	case TypeApprovalRequested, TypeApprovalExpired:
 		return []Role{RoleOrchestrator}
-	case TypeSessionBudget, TypeSessionClosed:
+	case TypeSessionBudget, TypeSessionClosed, TypeSessionRerun:
 		return []Role{RoleClient}
 	case TypeTaskAdded, TypeTaskUpdated:
 		return []Role{RoleClient, RoleOrchestrator}

@@ -7,7 +7,21 @@ package schemas
 const (
 	TypeSessionBudget = "loopbus.session.budget"
 	TypeSessionClosed = "loopbus.session.closed"
+	// TypeSessionRerun reopens an ended (completed or failed) or stopped
+	// session: a step and its dependents, or every step, run again.
+	TypeSessionRerun = "loopbus.session.rerun"
 )
+
+// SessionRerun reopens a completed, failed or stopped pipeline session
+// (never a closed one, nor one that runs): Step and every step that
+// requires it, directly or not, run again (with Step empty, every step),
+// in a new round, so their jobs get new ids; steps that had not completed
+// run again too. The session is running again until it ends anew.
+type SessionRerun struct {
+	Step string `json:"step,omitempty"`
+	// Reason says why, for people reading the history.
+	Reason string `json:"reason,omitempty"`
+}
 
 // SessionBudget sets the session's budget: each non-zero field replaces
 // the bound in force (the pipeline's, tightened by the session's own); a

@@ -102,6 +102,9 @@ func WriteChecks(w io.Writer, checks []client.Check) bool {
 	ok := true
 	for _, c := range checks {
 		status := "ok  "
+		if c.Warn {
+			status = "warn"
+		}
 		if !c.OK {
 			status, ok = "FAIL", false
 		}

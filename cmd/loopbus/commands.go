@@ -307,11 +307,11 @@ func newStatusCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return tui.WriteStatus(g.stdout, m, asJSON, time.Now())
+				return writeStatus(ctx, g.stdout, b, m, asJSON)
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the manifest as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the manifest as JSON (with \"waiting\": jobs no worker started yet, and why)")
 	return cmd
 }
 

@@ -118,6 +118,30 @@ function sessionsPage() {
   form.addEventListener("submit", (e) => { e.preventDefault(); refresh(); });
   refresh();
   stream("/api/updates", { changed: schedule, error: (d) => showError(d.error) });
+  workers();
+  setInterval(workers, 10000);
+}
+
+// workers shows the agent workers present and the lanes none serves.
+async function workers() {
+  const un = document.getElementById("unserved");
+  let d;
+  try { d = await api("/api/workers"); } catch (e) {
+    un.textContent = "Could not list workers: " + e.message;
+    un.hidden = false;
+    return;
+  }
+  document.querySelector("#workers tbody").replaceChildren(...d.workers.map((w) => el("tr", { "data-worker": w.id },
+    el("td", { text: w.id }),
+    el("td", { text: w.host || "–" }),
+    el("td", { text: (w.lanes || []).join(", ") }),
+    el("td", { class: "num", text: String(w.concurrency || "–") }),
+    el("td", { text: when(w.started) }),
+    el("td", { text: when(w.seen) }))));
+  const msg = d.workers.length === 0 ? "No agent worker is running: jobs wait."
+    : d.unserved.length ? "No worker for lane " + d.unserved.join(", ") + ": jobs that need it wait." : "";
+  un.textContent = msg;
+  un.hidden = !msg;
 }
 
 // ---- session page ----
