@@ -237,10 +237,7 @@ func (s *Service) apiSignal(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := client.Exists(r.Context(), s.c.Bus(), id); err != nil {
-		s.apiError(w, err)
-		return
-	}
+	// Signal checks that the session and step exist (ErrNoSession: 404).
 	sent, acks, err := s.c.Signal(r.Context(), req, signalWait)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		s.apiError(w, err)

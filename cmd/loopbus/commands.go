@@ -482,8 +482,9 @@ func newServeCmd(g *globals) *cobra.Command {
 				return g.runServices(ctx, "serve", set)
 			}
 			given := cmd.Flags().Changed("http")
+			set.Metrics = metrics.Config{} // the dashboard's metrics service serves --metrics too
 			return g.runService(ctx, "serve", func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error {
-				return set.Run(ctx, b, log, func(ctx context.Context) error { return serveDashboard(ctx, dcfg, given, b, log) })
+				return set.Run(ctx, b, log, func(ctx context.Context) error { return serveDashboard(ctx, dcfg, given, mcfg, b, log) })
 			})
 		},
 	}

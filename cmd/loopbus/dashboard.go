@@ -58,12 +58,13 @@ func (g *globals) secured() bool {
 // errTokenNeeded says why a secured process's dashboard needs a token.
 var errTokenNeeded = errors.New("this process holds NATS credentials or a signing key, so its dashboard needs a token even on loopback (any local user, or agent, could act with them): give --http-token or " + httpTokenEnv)
 
-// serveDashboard serves the dashboard, with /metrics on the same listener,
-// over b until ctx ends. When the address is the default and taken
+// serveDashboard serves the dashboard, with /metrics on the same listener
+// (and, with mcfg.Listen, on that address too: one metrics service reads
+// the stream for both), over b until ctx ends. When the address is the default and taken
 // (another loopbus serve on this machine), it says so and serves none;
 // an address given by hand that cannot be had is an error.
-func serveDashboard(ctx context.Context, cfg dashboard.Config, given bool, b *bus.Bus, log zerolog.Logger) error {
-	m, err := metrics.New(metrics.Config{}, b, log.With().Str("service", "metrics").Logger())
+func serveDashboard(ctx context.Context, cfg dashboard.Config, given bool, mcfg metrics.Config, b *bus.Bus, log zerolog.Logger) error {
+	m, err := metrics.New(mcfg, b, log.With().Str("service", "metrics").Logger())
 	if err != nil {
 		return err
 	}
@@ -83,8 +84,15 @@ func serveDashboard(ctx context.Context, cfg dashboard.Config, given bool, b *bu
 		return nil
 	case errors.Is(err, syscall.EADDRINUSE) && !given:
 		log.Warn().Err(err).Msg("the dashboard is not served: its address is taken (another loopbus serve?); give --http ADDR, or --http= to serve none")
-		<-ctx.Done()
-		return nil
+		if mcfg.Listen == "" {
+			<-ctx.Done()
+			return nil
+		}
+		alone, err := metrics.New(mcfg, b, log.With().Str("service", "metrics").Logger()) // --metrics still
+		if err != nil {
+			return err
+		}
+		return alone.Run(ctx)
 	case errors.Is(err, syscall.EADDRINUSE):
 		return fmt.Errorf("%w (give another --http ADDR, or --http= to serve none)", err)
 	}
@@ -117,7 +125,7 @@ token (--http-token or ` + httpTokenEnv + `).`,
 				return usageErr(errTokenNeeded)
 			}
 			return g.runService(cmd.Context(), "dashboard", func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error {
-				return serveDashboard(ctx, cfg, true, b, log)
+				return serveDashboard(ctx, cfg, true, metrics.Config{}, b, log)
 			})
 		},
 	}
