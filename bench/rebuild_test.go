@@ -100,7 +100,7 @@ func (c *countingBus) Read(ctx context.Context, opts bus.ReadOptions, fn func(sc
 func foldAll(tb testing.TB, bs *bus.Bus) map[string]*projections.Manifest {
 	tb.Helper()
 	live := map[string]*projections.Manifest{}
-	err := bs.Read(context.Background(), bus.ReadOptions{DeadLetter: "projector"}, func(ev schemas.Event) error {
+	err := bs.Read(context.Background(), bus.ReadOptions{DeadLetter: "projector", SkipSchema: true}, func(ev schemas.Event) error {
 		if m := projections.FoldManifest(live[ev.Session], ev); m != nil {
 			live[ev.Session] = m
 		}

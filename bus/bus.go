@@ -807,7 +807,7 @@ func (b *Bus) GetEvent(ctx context.Context, seq uint64) (schemas.Event, error) {
 	if err != nil {
 		return schemas.Event{}, fmt.Errorf("event %d: %w", seq, b.connErr(err))
 	}
-	ev, err := b.decode(m.Subject, m.Header, m.Data)
+	ev, err := b.decode(m.Subject, m.Header, m.Data, true)
 	if err != nil {
 		return schemas.Event{}, err
 	}

@@ -1,17 +1,14 @@
 package bus
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
-	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/nats-io/nats.go"
 )
@@ -71,40 +68,20 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
-	ce := cloudevents.New(cloudevents.CloudEventsVersionV1)
-	ce.SetID(ev.ID)
-	ce.SetSource(ev.Source)
-	ce.SetType(ev.Type)
-	ce.SetSubject(ev.Subject())
-	ce.SetTime(ev.Time.UTC())
-	ce.SetDataSchema(schemas.DataSchemaURI(ev.Type))
-	// raw is the catalogue's compact JSON: the body takes it as it is
-	// (SetData would marshal it again).
-	ce.SetDataContentType(cloudevents.ApplicationJSON)
-	ce.DataEncoded = raw
-	for _, x := range [...]struct{ name, val string }{
+	source, ok := uriReference(ev.Source)
+	if !ok {
+		return nil, fmt.Errorf("event %s: source %q is not a URI reference", ev.Type, ev.Source)
+	}
+	// The traceparent is derived from the attributes alone, never taken
+	// from the caller: see SpanOf. Decode does not need it (events of
+	// other publishers may lack it or carry their own); it is for tracers
+	// and subscribers.
+	ext := [6][2]string{
 		{extSession, ev.Session}, {extStep, ev.Step}, {extJob, ev.Job},
 		{extCausation, ev.Causation}, {extCorrelation, ev.Correlation},
-	} {
-		if x.val != "" {
-			ce.SetExtension(x.name, x.val)
-		}
+		{ExtTraceparent, SpanOf(ev).Traceparent()},
 	}
-	// Derived from the attributes alone, never taken from the caller: see
-	// SpanOf. Decode does not need it (events of other publishers may lack
-	// it or carry their own); it is for tracers and subscribers.
-	ce.SetExtension(ExtTraceparent, SpanOf(ev).Traceparent())
-	if err := ce.Validate(); err != nil {
-		return nil, fmt.Errorf("event %s: %w", ev.Type, err)
-	}
-	// WriteJson is what json.Marshal(ce) calls, without encoding/json's
-	// second pass over the whole body (and its copy), into a buffer sized
-	// for the data and the attributes.
-	buf := bytes.NewBuffer(make([]byte, 0, len(raw)+512))
-	if err := cloudevents.WriteJson(&ce, buf); err != nil {
-		return nil, fmt.Errorf("event %s: %w", ev.Type, err)
-	}
-	body := buf.Bytes()
+	body := appendEvent(make([]byte, 0, len(raw)+512), ev.ID, source, ev.Type, ev.Subject(), schemas.DataSchemaURI(ev.Type), ev.Time, ext, raw)
 	if len(body) > MaxEventBytes {
 		return nil, fmt.Errorf("event %s: %d bytes exceeds the %d-byte limit", ev.Type, len(body), MaxEventBytes)
 	}
@@ -123,64 +100,75 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 // a trust file, a signature by a key trusted to state the event's type
 // (ErrUntrusted). Every failure wraps ErrMalformed.
 func (b *Bus) Decode(subject string, header nats.Header, data []byte) (schemas.Event, error) {
-	return b.decode(subject, header, data)
+	return b.decode(subject, header, data, true)
 }
 
-func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.Event, error) {
+// decode is Decode; without checkSchema, the data is decoded into its Go
+// type but not checked against its schema (ReadOptions.SkipSchema).
+func (b *Bus) decode(subject string, header nats.Header, data []byte, checkSchema bool) (schemas.Event, error) {
 	bad := func(format string, a ...any) (schemas.Event, error) {
 		return schemas.Event{}, fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, a...))
 	}
 	if len(data) > MaxEventBytes {
 		return bad("%d bytes exceeds the %d-byte limit", len(data), MaxEventBytes)
 	}
-	var probe struct {
-		SpecVersion *string `json:"specversion"`
+	e, err := parseEnvelope(data)
+	if errors.Is(err, errSyntax) {
+		return bad("%v", err)
 	}
-	if err := json.Unmarshal(data, &probe); err != nil {
-		return bad("not JSON: %v", err)
-	}
-	if probe.SpecVersion == nil {
-		return bad("not a CloudEvent: no specversion")
-	}
-	if *probe.SpecVersion != cloudevents.CloudEventsVersionV1 {
-		return bad("specversion %q, want %q", *probe.SpecVersion, cloudevents.CloudEventsVersionV1)
-	}
-	var ce cloudevents.Event
-	if err := json.Unmarshal(data, &ce); err != nil {
+	if err != nil {
 		return bad("not a CloudEvent: %v", err)
 	}
-	if err := ce.Validate(); err != nil {
-		return bad("invalid CloudEvent: %v", err)
+	if !e.has("specversion") {
+		return bad("not a CloudEvent: no specversion")
 	}
-	if ce.Subject() == "" {
-		return bad("missing attribute subject")
+	for _, name := range [...]string{"id", "source", "type", "subject", "time", "datacontenttype", "dataschema"} {
+		if !e.has(name) {
+			return bad("missing attribute %s", name)
+		}
 	}
-	if ce.Time().IsZero() {
-		return bad("missing attribute time")
+	if e.specVersion != specVersion {
+		return bad("specversion %q, want %q", e.specVersion, specVersion)
 	}
-	if ce.DataContentType() != cloudevents.ApplicationJSON {
-		return bad("datacontenttype %q, want %q", ce.DataContentType(), cloudevents.ApplicationJSON)
+	switch {
+	case e.id == "":
+		return bad("empty attribute id")
 	}
-	if !b.cat.Known(ce.Type()) {
-		return bad("unknown type %q", ce.Type())
+	source, ok := uriReference(e.source)
+	switch {
+	case !ok:
+		return bad("attribute source %q is not a URI reference", e.source)
+	case e.typ == "":
+		return bad("empty attribute type")
+	case e.subject == "":
+		return bad("empty attribute subject")
 	}
-	if want := schemas.DataSchemaURI(ce.Type()); ce.DataSchema() != want {
-		return bad("dataschema %q, want %q", ce.DataSchema(), want)
+	t, err := time.Parse(time.RFC3339Nano, e.time)
+	if err != nil || t.IsZero() {
+		return bad("attribute time %q is not an RFC 3339 time", e.time)
 	}
-	ext := func(name string) string {
-		v, _ := ce.Extensions()[name].(string)
-		return v
+	if e.dataContentType != dataContentType {
+		return bad("datacontenttype %q, want %q", e.dataContentType, dataContentType)
+	}
+	if !b.cat.Known(e.typ) {
+		return bad("unknown type %q", e.typ)
+	}
+	if want := schemas.DataSchemaURI(e.typ); e.dataSchema != want {
+		return bad("dataschema %q, want %q", e.dataSchema, want)
+	}
+	if e.data == nil {
+		return bad("no data")
 	}
 	ev := schemas.Event{
-		ID:          ce.ID(),
-		Source:      ce.Source(),
-		Type:        ce.Type(),
-		Session:     ext(extSession),
-		Step:        ext(extStep),
-		Job:         ext(extJob),
-		Causation:   ext(extCausation),
-		Correlation: ext(extCorrelation),
-		Time:        ce.Time(),
+		ID:          e.id,
+		Source:      source,
+		Type:        e.typ,
+		Session:     e.session,
+		Step:        e.step,
+		Job:         e.job,
+		Causation:   e.causation,
+		Correlation: e.correlation,
+		Time:        t,
 	}
 	if ev.Session == "" {
 		return bad("missing extension attribute session")
@@ -188,8 +176,8 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.E
 	if err := schemas.ValidateSessionID(ev.Session); err != nil {
 		return bad("%v", err)
 	}
-	if ce.Subject() != ev.Subject() {
-		return bad("subject attribute %q does not match session/step %q", ce.Subject(), ev.Subject())
+	if e.subject != ev.Subject() {
+		return bad("subject attribute %q does not match session/step %q", e.subject, ev.Subject())
 	}
 	if want, _ := schemas.SubjectFor(ev.Session, ev.Type); subject != want {
 		return bad("published on %q but a %s event of session %s belongs on %q", subject, ev.Type, ev.Session, want)
@@ -210,7 +198,11 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.E
 		}
 		ev.Signer = signer
 	}
-	d, err := b.cat.Decode(ev.Type, ce.Data())
+	decode := b.cat.Decode
+	if !checkSchema {
+		decode = b.cat.DecodeUnchecked
+	}
+	d, err := decode(ev.Type, e.data)
 	if err != nil {
 		return bad("%v", err)
 	}

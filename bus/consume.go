@@ -291,7 +291,7 @@ func (b *Bus) handle(ctx context.Context, cfg ConsumerConfig, msg jetstream.Msg,
 		_ = msg.TermWithReason(truncate(reason, 200))
 		return
 	}
-	ev, err := b.decode(msg.Subject(), msg.Headers(), msg.Data())
+	ev, err := b.decode(msg.Subject(), msg.Headers(), msg.Data(), true)
 	if err != nil {
 		b.deadLetter(ctx, cfg.Durable, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), err.Error())
 		_ = msg.TermWithReason(truncate(err.Error(), 200))

@@ -77,6 +77,47 @@ func (b *Bus) PublishExpect(ctx context.Context, ev schemas.Event, expectLast ui
 	return b.request(ctx, m)
 }
 
+// PublishChain writes evs, all of one session, in order, each only if the
+// session's newest event is the one written just before it (the first:
+// at expectLast), so no other event can come between them. Unlike
+// PublishBatch it is not atomic: it stops at the first event refused
+// (ErrStale; ErrDuplicate when its id was stored before) or failed,
+// having written the events before it, and Published.Seq is the last
+// event written. It is for writers that would make the rest of the chain
+// again from what was written, as the orchestrator's level-triggered
+// decisions are made again from the session's events; it costs one
+// round trip per event, where the server stages an atomic batch in a
+// store of its own, synced to disk, per batch.
+func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (Published, error) {
+	// Every event is encoded (and checked) before the first is written:
+	// an event that cannot be written does not leave the others half done.
+	msgs := make([]*nats.Msg, len(evs))
+	for i, ev := range evs {
+		if ev.Session != session {
+			return Published{}, fmt.Errorf("chain for session %s holds an event of session %s", session, ev.Session)
+		}
+		m, err := b.Encode(ev)
+		if err != nil {
+			return Published{}, err
+		}
+		msgs[i] = m
+	}
+	var res Published
+	for i, m := range msgs {
+		m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
+		m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
+		p, err := b.request(ctx, m)
+		if err == nil && p.Duplicate {
+			err = fmt.Errorf("%w (%s)", ErrDuplicate, evs[i].ID)
+		}
+		if err != nil {
+			return res, err
+		}
+		res.Seq, expectLast = p.Seq, p.Seq
+	}
+	return res, nil
+}
+
 // PublishBatch commits evs, all of one session, atomically (all or none)
 // and only if the session's newest event is at expectLast. The events'
 // ids de-duplicate: if any was already stored the whole batch is refused

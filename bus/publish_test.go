@@ -279,3 +279,43 @@ func TestPublishBatchConcurrentDeciders(t *testing.T) {
 		t.Errorf("stream holds %d events, want 3", got)
 	}
 }
+
+// TestPublishChain: the events are written in order, each guarded on the
+// one before; a stale expectation writes nothing; a chain whose second
+// event was stored before stops there, with the first written; an event
+// that cannot be encoded writes none.
+func TestPublishChain(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	ctx := ctxT(t)
+	seed := publish(t, b, jobRequested("s1", "r0"))
+	publish(t, b, jobStarted("s2", "other"))
+
+	res, err := b.PublishChain(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "c1"), jobRequested("s1", "c2")})
+	if err != nil || res.Seq != 4 {
+		t.Fatalf("chain = %+v, %v; want Seq 4", res, err)
+	}
+	for seq, id := range map[uint64]string{3: "c1", 4: "c2"} {
+		if ev, err := b.GetEvent(ctx, seq); err != nil || ev.ID != id {
+			t.Errorf("event %d = %q, %v; want %s", seq, ev.ID, err, id)
+		}
+	}
+	if _, err := b.PublishChain(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "c3")}); !errors.Is(err, bus.ErrStale) {
+		t.Errorf("stale chain: %v, want ErrStale", err)
+	}
+	res, err = b.PublishChain(ctx, "s1", 4, []schemas.Event{jobStarted("s1", "c4"), jobStarted("s1", "c1"), jobStarted("s1", "c5")})
+	if !errors.Is(err, bus.ErrDuplicate) || res.Seq != 5 {
+		t.Errorf("chain with a stored id = %+v, %v; want Seq 5 and ErrDuplicate", res, err)
+	}
+	bad := jobStarted("s1", "c6")
+	bad.Data = &schemas.JobStarted{}
+	if _, err := b.PublishChain(ctx, "s1", 5, []schemas.Event{jobStarted("s1", "c7"), bad}); err == nil {
+		t.Error("a chain with an invalid event was written")
+	}
+	if _, err := b.PublishChain(ctx, "s1", 5, []schemas.Event{jobStarted("s2", "c8")}); err == nil {
+		t.Error("a chain with another session's event was written")
+	}
+	if last, err := b.SessionLastSeq(ctx, "s1"); err != nil || last != 5 {
+		t.Errorf("SessionLastSeq(s1) = %d, %v; want 5", last, err)
+	}
+}

@@ -30,6 +30,19 @@ type ReadOptions struct {
 	// dead-letter stream; empty means malformed events are only logged and
 	// skipped (read-only tools must not write).
 	DeadLetter string
+	// SkipSchema decodes each event's data into its Go type without
+	// checking it against its JSON Schema; every other check of Decode
+	// stays (the envelope, size, ids, subject, the signature with a trust
+	// file). It is for readers that only show or fold history
+	// (projections, status, dashboards, metrics, traces): schemas are
+	// checked where events enter, by Encode for every loopbus publisher
+	// and again by the consumers that act on events (the orchestrator,
+	// validator, workers, hooks), which dead-letter what fails. Such a
+	// reader must take any value of the Go type (fuzzed folds); what it
+	// trusts is who may publish, as it already does for valid events.
+	// Consumers that act on what they read keep the check, so that what
+	// they fold from history is what they accepted live.
+	SkipSchema bool
 	// OnSkip, if set, is called for every message skipped (malformed, or
 	// rejected by fn with ErrMalformed), with its subject and stream
 	// sequence. Writers that guard on a session's
@@ -160,7 +173,7 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 					continue
 				}
 				cursor.Store(meta.Sequence.Stream)
-				ev, derr := b.decode(msg.Subject(), msg.Headers(), msg.Data())
+				ev, derr := b.decode(msg.Subject(), msg.Headers(), msg.Data(), !opts.SkipSchema)
 				if derr == nil {
 					ev.Seq = meta.Sequence.Stream
 					ev.Stored = meta.Timestamp.UTC()

@@ -14,6 +14,7 @@ import (
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go"
 )
 
 // readAll runs a Read without Follow and returns the ids and seqs it saw
@@ -371,4 +372,51 @@ func TestDeadLettersEmpty(t *testing.T) {
 	if err := b.DeadLetters(ctxT(t), func(bus.DeadLetter) error { calls++; return nil }); err != nil || calls != 0 {
 		t.Errorf("DeadLetters on an empty stream: %d calls, %v", calls, err)
 	}
+}
+
+// TestReadSkipSchema: an event whose envelope is sound but whose data
+// fails its schema (delivery 0, worker missing) is skipped by a checking
+// reader and delivered, as its Go value, to one that skips the schema;
+// a broken envelope is skipped by both.
+func TestReadSkipSchema(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	ev := jobStarted("s1", "e1")
+	off := mutated(t, b, ev, func(m map[string]any) { m["data"] = map[string]any{"jobId": "j", "delivery": 0} })
+	seq := publishRawID(t, b, "loopbus.evt.s1.job.started", ev.ID, off)
+	publishRawID(t, b, "loopbus.evt.s1.job.started", "e2", []byte(`{"specversion":"1.0",`))
+	publish(t, b, jobStarted("s1", "e3"))
+
+	var skipped []uint64
+	ids, _, _ := readAll(t, b, bus.ReadOptions{OnSkip: func(_ string, s uint64) { skipped = append(skipped, s) }})
+	if !reflect.DeepEqual(ids, []string{"e3"}) || len(skipped) != 2 || skipped[0] != seq {
+		t.Errorf("checking reader: delivered %v, skipped %v; want e3 only, %d and the next skipped", ids, skipped, seq)
+	}
+	var got []schemas.Event
+	err := b.Read(ctxT(t), bus.ReadOptions{SkipSchema: true}, func(ev schemas.Event) error {
+		got = append(got, ev)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].ID != "e1" || got[1].ID != "e3" {
+		t.Fatalf("SkipSchema reader delivered %+v, want e1 and e3", got)
+	}
+	if d, ok := got[0].Data.(*schemas.JobStarted); !ok || d.JobID != "j" || d.Delivery != 0 || d.Worker != "" {
+		t.Errorf("SkipSchema reader decoded %#v", got[0].Data)
+	}
+}
+
+// publishRawID stores data on subject as it is, with id as de-duplication id.
+func publishRawID(t *testing.T, b *bus.Bus, subject, id string, data []byte) uint64 {
+	t.Helper()
+	m := nats.NewMsg(subject)
+	m.Header.Set(nats.MsgIdHdr, id)
+	m.Data = data
+	ack, err := b.JetStream().PublishMsg(ctxT(t), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
 }

@@ -172,8 +172,9 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 	defer stop()
 	caughtUp := false
 	err := b.Read(rctx, bus.ReadOptions{
-		Subjects: []string{schemas.SessionSubjects(session)},
-		Follow:   true,
+		Subjects:   []string{schemas.SessionSubjects(session)},
+		Follow:     true,
+		SkipSchema: true,
 		OnCaughtUp: func() {
 			caughtUp = true
 			if m.Terminal() || m.StoppedByBudget() {
@@ -239,7 +240,7 @@ func (u Until) includes(ev schemas.Event) bool {
 // Events returns a session's events in stream order, optionally bounded.
 func Events(ctx context.Context, b Bus, session string, until Until) ([]schemas.Event, error) {
 	var evs []schemas.Event
-	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}}, func(ev schemas.Event) error {
+	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}, SkipSchema: true}, func(ev schemas.Event) error {
 		if !until.includes(ev) {
 			return bus.ErrStop
 		}

@@ -232,7 +232,7 @@ func (s *Service) apiSessionEvents(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 	readErr := make(chan error, 1)
 	go func() {
-		readErr <- s.c.Bus().Read(rctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(id)}, Follow: true, OnCaughtUp: t.caughtUp},
+		readErr <- s.c.Bus().Read(rctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(id)}, Follow: true, OnCaughtUp: t.caughtUp, SkipSchema: true},
 			func(ev schemas.Event) error { t.add(ev); return nil })
 	}()
 	tick := time.NewTicker(batchEvery)
@@ -298,7 +298,7 @@ func (s *Service) apiUpdates(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 	readErr := make(chan error, 1)
 	go func() {
-		readErr <- s.c.Bus().Read(rctx, bus.ReadOptions{StartTime: s.now(), Follow: true}, func(ev schemas.Event) error {
+		readErr <- s.c.Bus().Read(rctx, bus.ReadOptions{StartTime: s.now(), Follow: true, SkipSchema: true}, func(ev schemas.Event) error {
 			mu.Lock()
 			if len(changed) < maxChanged {
 				changed[ev.Session] = true

@@ -17,7 +17,7 @@ import (
 // Bus is what the orchestrator needs from the event bus.
 type Bus interface {
 	Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error
-	PublishBatch(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error)
+	PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error)
 	// OwnID makes a decision's id unguessable to other keys (see
 	// bus.Bus.OwnID), so no one can store something under it first.
 	OwnID(id string) string
@@ -298,7 +298,7 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 // commit publishes one decision and settles the session's inflight mark.
 func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, expect uint64, evs []schemas.Event) {
 	log := s.log.With().Str("session", id).Str("trigger", trigger.Type).Int("events", len(evs)).Logger()
-	res, err := s.bus.PublishBatch(ctx, id, expect, s.own(evs))
+	res, err := s.bus.PublishChain(ctx, id, expect, s.own(evs))
 	switch {
 	case err == nil:
 		s.mu.Lock()
@@ -321,7 +321,7 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 		s.mu.Lock()
 		fallback := Unrecordable(s.state, trigger, evs, err, s.now())
 		s.mu.Unlock()
-		fres, ferr := s.bus.PublishBatch(ctx, id, expect, s.own(fallback))
+		fres, ferr := s.bus.PublishChain(ctx, id, expect, s.own(fallback))
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		switch {

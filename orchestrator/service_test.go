@@ -353,7 +353,7 @@ func TestRunnerCompletesSession(t *testing.T) {
 	sc := mustFind(t, evs, schemas.TypeStepCompleted, "draft")
 	jr2 := mustFind(t, evs, schemas.TypeJobRequested, "review")
 	if jr2.Seq != sc.Seq+1 {
-		t.Errorf("step.completed at %d and job.requested at %d: not one batch", sc.Seq, jr2.Seq)
+		t.Errorf("step.completed at %d and job.requested at %d: not one decision", sc.Seq, jr2.Seq)
 	}
 	if sc.Causation != v1.ID || jr2.Causation != v1.ID {
 		t.Errorf("causation %q, %q; want the verdict %q", sc.Causation, jr2.Causation, v1.ID)
@@ -376,7 +376,7 @@ func TestRunnerCompletesSession(t *testing.T) {
 		t.Errorf("final artifacts %+v", final)
 	}
 	if sc2 := mustFind(t, evs, schemas.TypeStepCompleted, "review"); done.Seq != sc2.Seq+1 {
-		t.Errorf("step.completed at %d and session.completed at %d: not one batch", sc2.Seq, done.Seq)
+		t.Errorf("step.completed at %d and session.completed at %d: not one decision", sc2.Seq, done.Seq)
 	}
 	assertDecisionsOnce(t, evs,
 		typeStep{schemas.TypeJobRequested, "draft"}, typeStep{schemas.TypeStepCompleted, "draft"},
@@ -815,7 +815,7 @@ type failingBus struct {
 	n  int
 }
 
-func (f *failingBus) PublishBatch(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error) {
+func (f *failingBus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error) {
 	f.mu.Lock()
 	fail := f.n > 0
 	f.n--
@@ -823,7 +823,7 @@ func (f *failingBus) PublishBatch(ctx context.Context, session string, expectLas
 	if fail {
 		return bus.Published{}, fmt.Errorf("%w: refused for the test", bus.ErrRejected)
 	}
-	return f.Bus.PublishBatch(ctx, session, expectLast, evs)
+	return f.Bus.PublishChain(ctx, session, expectLast, evs)
 }
 
 // TestRunnerRetriesAfterUnrecordableFallbackFails: when a decision and
@@ -999,4 +999,56 @@ func TestClosedSessionCancelsItsJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEvents(t, b, session, "job.cancelled for draft", has(schemas.TypeJobCancelled, "draft"))
+}
+
+// cuttingBus writes only the first event of the first chain of more than
+// one event, then answers as a lost connection would: the orchestrator
+// that made the decision stops there, as if killed between two writes.
+type cuttingBus struct {
+	*bus.Bus
+	mu  sync.Mutex
+	cut bool
+}
+
+func (c *cuttingBus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error) {
+	c.mu.Lock()
+	cut := !c.cut && len(evs) > 1
+	c.cut = c.cut || cut
+	c.mu.Unlock()
+	if !cut {
+		return c.Bus.PublishChain(ctx, session, expectLast, evs)
+	}
+	if _, err := c.Bus.PublishChain(ctx, session, expectLast, evs[:1]); err != nil {
+		return bus.Published{}, err
+	}
+	return bus.Published{}, fmt.Errorf("cut after the first event: %w", bus.ErrConnectionLost)
+}
+
+// TestRunnerCompletesADecisionCutShort: a decision is written event by
+// event; one cut after its first event (step.completed, not the next
+// job.requested) is made whole by the next orchestrator from the events
+// written, and the session completes with each decision once.
+func TestRunnerCompletesADecisionCutShort(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	cb := &cuttingBus{Bus: b}
+	r1 := startRunner(t, cb, "o1")
+	const session = "cut"
+	startSession(t, b, session, twoSteps())
+	evs := waitEvents(t, b, session, "job.requested for draft", has(schemas.TypeJobRequested, "draft"))
+	pass(t, b, mustFind(t, evs, schemas.TypeJobRequested, "draft"))
+	evs = waitEvents(t, b, session, "step.completed for draft", has(schemas.TypeStepCompleted, "draft"))
+	r1.stop()
+	if _, ok := find(sessionEvents(t, b, session), schemas.TypeJobRequested, "review"); ok {
+		t.Fatalf("the chain was not cut: %s", describe(evs))
+	}
+	r2 := startRunner(t, b, "o2")
+	evs = waitEvents(t, b, session, "job.requested for review", has(schemas.TypeJobRequested, "review"))
+	pass(t, b, mustFind(t, evs, schemas.TypeJobRequested, "review"))
+	evs = waitEvents(t, b, session, "session.completed", has(schemas.TypeSessionCompleted, ""))
+	assertDecisionsOnce(t, evs,
+		typeStep{schemas.TypeJobRequested, "draft"}, typeStep{schemas.TypeStepCompleted, "draft"},
+		typeStep{schemas.TypeJobRequested, "review"}, typeStep{schemas.TypeStepCompleted, "review"},
+		typeStep{schemas.TypeSessionCompleted, ""})
+	r2.stop()
+	r2.assertNoErrors(t)
 }

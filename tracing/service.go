@@ -194,7 +194,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}()
 	st := newSpans(s.cfg, tp.Tracer(TracerName), start, s.log, s.now)
-	err = s.bus.Read(ctx, bus.ReadOptions{Follow: true, StartTime: start.Add(-s.cfg.Lookback)}, func(ev schemas.Event) error {
+	err = s.bus.Read(ctx, bus.ReadOptions{Follow: true, StartTime: start.Add(-s.cfg.Lookback), SkipSchema: true}, func(ev schemas.Event) error {
 		st.handle(ev)
 		return nil
 	})

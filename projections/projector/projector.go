@@ -157,6 +157,7 @@ func (p *Service) run(ctx context.Context, from uint64, follow bool) error {
 		StartSeq:   from + 1,
 		Follow:     follow,
 		DeadLetter: "projector",
+		SkipSchema: true,
 		OnCaughtUp: func() {
 			catchingUp = false
 			if err := retry(ctx, p.log, "write the views", save); err != nil {
