@@ -26,7 +26,7 @@ func importPipeline(t *testing.T, dir string) (pipeline, runs string) {
 		"kit.schema.json":     `{"type":"object","required":["summary","ideas"]}`,
 		"summary.sh":          agent("summary", `echo '{"title":"made by loopbus"}' > "$LOOPBUS_OUTPUT_DIR/summary.json"`),
 		"ideas.sh":            agent("ideas", `echo '{"ideas":["made by loopbus"]}' > "$LOOPBUS_OUTPUT_DIR/ideas.json"`),
-		"kit.sh": agent("writing-kit", `{ printf '{"summary":'; cat "$LOOPBUS_INPUT_DIR/summary.json"; printf ',"ideas":'; cat "$LOOPBUS_INPUT_DIR/ideas.json"; printf '}'; } > "$LOOPBUS_OUTPUT_DIR/writing-kit.json"`),
+		"kit.sh":              agent("writing-kit", `{ printf '{"summary":'; cat "$LOOPBUS_INPUT_DIR/summary.json"; printf ',"ideas":'; cat "$LOOPBUS_INPUT_DIR/ideas.json"; printf '}'; } > "$LOOPBUS_OUTPUT_DIR/writing-kit.json"`),
 		"p.yaml": `name: kit
 steps:
   summary:
