@@ -102,6 +102,8 @@ func TestEvolveImport(t *testing.T) {
 
 func TestCheckImport(t *testing.T) {
 	chain := chainPipeline()
+	roots := rootsPipeline()
+	roots.Steps[1].Outputs = []schemas.Output{{Name: "x.json"}}
 	sum, ideas := art("summary", "summary.json"), art("ideas", "ideas.json")
 	base := []schemas.Event{startedImport(chain)}
 	oneDone := with(base, importedEv("summary", sum))
@@ -124,6 +126,9 @@ func TestCheckImport(t *testing.T) {
 		{"a wrong content hash", base, badHash, ErrInconsistent},
 		{"after the first job", with(base, signal(1, "resume", ""), control(schemas.TypeSessionResumed, &schemas.SessionResumed{}), requested("summary", 1)),
 			importedEv("summary", sum), ErrInconsistent},
+		{"after the first job, for a step the job is not of", with([]schemas.Event{startedImport(roots)}, signal(1, "resume", ""),
+			control(schemas.TypeSessionResumed, &schemas.SessionResumed{}), requested("y", 1)), importedEv("x", art("x", "x.json")), ErrInconsistent},
+		{"before the first job, for a step of two roots", []schemas.Event{startedImport(roots)}, importedEv("x", art("x", "x.json")), nil},
 		{"into a session run, not imported", []schemas.Event{started(chain)}, importedEv("summary", sum), ErrInconsistent},
 		{"into a completed session", with(base, importedEv("summary", sum), importedEv("ideas", ideas), importedEv("writing-kit", art("writing-kit", "writing-kit.json")),
 			control(schemas.TypeSessionCompleted, &schemas.SessionCompleted{})), func() schemas.Event { ev := importedEv("summary", sum); ev.ID = "late"; return ev }(), ErrInconsistent},
