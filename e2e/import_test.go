@@ -92,6 +92,8 @@ func TestImportLoopliaFolder(t *testing.T) {
 		// imported.
 		runs, imported string
 		stderr         string
+		// atOnce: import --resume, which resumes and follows at once.
+		atOnce bool
 	}{
 		{
 			name:     "two of three steps done",
@@ -120,6 +122,13 @@ func TestImportLoopliaFolder(t *testing.T) {
 			imported: "summary ideas",
 		},
 		{
+			name:     "import --resume runs the rest at once",
+			folder:   map[string]string{"content.md": loopliaContent, "summary.json": loopliaSummary, "session.json": loopliaManifest(loopliaContent)},
+			runs:     "ideas writing-kit",
+			imported: "summary",
+			atOnce:   true,
+		},
+		{
 			name: "session.json records a step in progress: it runs although its file is there",
 			folder: map[string]string{"content.md": loopliaContent, "summary.json": loopliaSummary, "ideas.json": loopliaIdeas,
 				"session.json": strings.Replace(loopliaManifest(loopliaContent), `"status": "completed", "contentHash": "`+shortHash(loopliaIdeas), `"status": "in_progress", "contentHash": "`+shortHash(loopliaIdeas), 1)},
@@ -134,60 +143,14 @@ func TestImportLoopliaFolder(t *testing.T) {
 			folder := filepath.Join(dir, "article")
 			writeFiles(t, folder, tc.folder)
 			global := []string{"--data", filepath.Join(dir, "data")}
-
-			r := loopbus(t, append([]string{"import", folder, "--pipeline", pipeline, "--session", "imp"}, global...)...)
-			if r.code != 0 {
-				t.Fatalf("import: exit %d\n%s", r.code, r.stderr)
-			}
-			if !strings.Contains(r.stdout, "loopbus resume imp --data "+filepath.Join(dir, "data")) || !strings.Contains(r.stderr, tc.stderr) {
-				t.Errorf("import does not say how to resume, or what it should on stderr (%q):\nstdout:\n%s\nstderr:\n%s", tc.stderr, r.stdout, r.stderr)
-			}
-			for _, step := range strings.Fields(tc.imported) {
-				if !strings.Contains(r.stdout, "imported  "+step+" (contentHash ") {
-					t.Errorf("import does not list %s as imported:\n%s", step, r.stdout)
-				}
-			}
-			for _, step := range strings.Fields(tc.runs) {
-				if !strings.Contains(r.stdout, "runs      "+step+": ") {
-					t.Errorf("import does not list %s as to run:\n%s", step, r.stdout)
-				}
-			}
-			st := parseManifest(t, loopbus(t, append([]string{"status", "imp", "--json"}, global...)...).stdout)
-			if st.Status != "paused" {
-				t.Errorf("after import: status %s, want paused until resumed", st.Status)
-			}
-			evs := events(t, global, "imp")
-			if n := count(evs, "loopbus.step.imported", ""); n != len(strings.Fields(tc.imported)) {
-				t.Errorf("%d step.imported events, want %d", n, len(strings.Fields(tc.imported)))
-			}
-			for _, ev := range evs {
-				if ev.Type != "loopbus.step.imported" {
-					continue
-				}
-				var d struct {
-					Step        string `json:"step"`
-					Source      string `json:"source"`
-					ContentHash string `json:"contentHash"`
-					Artifacts   []struct {
-						Name, Object, Digest string
-					} `json:"artifacts"`
-				}
-				if err := json.Unmarshal(ev.Data, &d); err != nil {
-					t.Fatal(err)
-				}
-				want := shortHash(tc.folder[d.Step+".json"])
-				if d.Source != "looplia" || d.ContentHash != want || len(d.Artifacts) != 1 || d.Artifacts[0].Digest != "sha256:"+sha(tc.folder[d.Step+".json"]) || d.Artifacts[0].Object == "" {
-					t.Errorf("step.imported %s: %s; want source looplia, content hash %s and the file's digest", d.Step, ev.Data, want)
-				}
-			}
-			if n := count(evs, "loopbus.job.requested", ""); n != 0 {
-				t.Errorf("%d jobs requested before the resume", n)
-			}
-
 			out := filepath.Join(dir, "out")
-			r = loopbus(t, append([]string{"resume", "imp", "--out", out}, global...)...)
-			if r.code != 0 {
-				t.Fatalf("resume: exit %d, want 0 (completed)\n%s", r.code, r.stderr)
+			if tc.atOnce {
+				r := loopbus(t, append([]string{"import", folder, "--pipeline", pipeline, "--session", "imp", "--resume", "--out", out}, global...)...)
+				if r.code != 0 || !strings.Contains(r.stderr, "imported  summary (contentHash "+shortHash(loopliaSummary)+")") {
+					t.Fatalf("import --resume: exit %d, want 0 (completed), saying what it imported\n%s", r.code, r.stderr)
+				}
+			} else {
+				importThenResume(t, tc.folder, folder, pipeline, out, global, tc.imported, tc.runs, tc.stderr)
 			}
 			log, err := os.ReadFile(runs)
 			if err != nil {
@@ -202,17 +165,79 @@ func TestImportLoopliaFolder(t *testing.T) {
 					t.Errorf("writing-kit.json was not made from the imported %s.json:\n%s", step, kit)
 				}
 			}
-			st = parseManifest(t, loopbus(t, append([]string{"status", "imp", "--json"}, global...)...).stdout)
+			st := parseManifest(t, loopbus(t, append([]string{"status", "imp", "--json"}, global...)...).stdout)
 			if st.Status != "completed" {
 				t.Errorf("after resume: status %s, want completed", st.Status)
 			}
-			evs = events(t, global, "imp")
+			evs := events(t, global, "imp")
 			for _, step := range strings.Fields(tc.imported) {
 				if n := count(evs, "loopbus.job.requested", step); n != 0 {
 					t.Errorf("imported step %s was requested %d times", step, n)
 				}
 			}
 		})
+	}
+}
+
+// importThenResume imports dir (holding the files folder) as session imp
+// and checks what import says and records (imported: the steps imported,
+// runs: those to run, stderr: what it says there) and that nothing runs
+// before the resume; then it resumes the session, which must complete,
+// writing the final artifacts into out.
+func importThenResume(t *testing.T, folder map[string]string, dir, pipeline, out string, global []string, imported, runs, stderr string) {
+	t.Helper()
+	r := loopbus(t, append([]string{"import", dir, "--pipeline", pipeline, "--session", "imp"}, global...)...)
+	if r.code != 0 {
+		t.Fatalf("import: exit %d\n%s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "loopbus resume imp "+strings.Join(global, " ")) || !strings.Contains(r.stderr, stderr) {
+		t.Errorf("import does not say how to resume, or what it should on stderr (%q):\nstdout:\n%s\nstderr:\n%s", stderr, r.stdout, r.stderr)
+	}
+	for _, step := range strings.Fields(imported) {
+		if !strings.Contains(r.stdout, "imported  "+step+" (contentHash ") {
+			t.Errorf("import does not list %s as imported:\n%s", step, r.stdout)
+		}
+	}
+	for _, step := range strings.Fields(runs) {
+		if !strings.Contains(r.stdout, "runs      "+step+": ") {
+			t.Errorf("import does not list %s as to run:\n%s", step, r.stdout)
+		}
+	}
+	st := parseManifest(t, loopbus(t, append([]string{"status", "imp", "--json"}, global...)...).stdout)
+	if st.Status != "paused" {
+		t.Errorf("after import: status %s, want paused until resumed", st.Status)
+	}
+	evs := events(t, global, "imp")
+	if n := count(evs, "loopbus.step.imported", ""); n != len(strings.Fields(imported)) {
+		t.Errorf("%d step.imported events, want %d", n, len(strings.Fields(imported)))
+	}
+	for _, ev := range evs {
+		if ev.Type != "loopbus.step.imported" {
+			continue
+		}
+		var d struct {
+			Step        string `json:"step"`
+			Source      string `json:"source"`
+			ContentHash string `json:"contentHash"`
+			Artifacts   []struct {
+				Name, Object, Digest string
+			} `json:"artifacts"`
+		}
+		if err := json.Unmarshal(ev.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		want := shortHash(folder[d.Step+".json"])
+		if d.Source != "looplia" || d.ContentHash != want || len(d.Artifacts) != 1 || d.Artifacts[0].Digest != "sha256:"+sha(folder[d.Step+".json"]) || d.Artifacts[0].Object == "" {
+			t.Errorf("step.imported %s: %s; want source looplia, content hash %s and the file's digest", d.Step, ev.Data, want)
+		}
+	}
+	if n := count(evs, "loopbus.job.requested", ""); n != 0 {
+		t.Errorf("%d jobs requested before the resume", n)
+	}
+
+	r = loopbus(t, append([]string{"resume", "imp", "--out", out}, global...)...)
+	if r.code != 0 {
+		t.Fatalf("resume: exit %d, want 0 (completed)\n%s", r.code, r.stderr)
 	}
 }
 
