@@ -44,7 +44,7 @@ as inputs.
 The session waits (paused) until 'loopbus resume SESSION' runs the steps
 not imported; with --resume, import resumes it at once and follows it to its
 end like run (same exit codes; --detach returns at once).`,
-		Example: `  loopbus import ~/.looplia/contentItem/article-1 --pipeline writing-kit.yaml
+		Example: `  loopbus import ./article-1 --pipeline writing-kit.yaml
   loopbus import ./article-1 --pipeline writing-kit.yaml --session kit-1 --resume`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
