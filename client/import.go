@@ -34,10 +34,11 @@ const (
 	LoopliaManifest = "session.json"
 )
 
-// LoopliaSteps maps an artifact file of a Looplia session folder to the
-// name its session.json records the step under. A pipeline step whose name
-// is not in session.json is matched to the entry of its output's Looplia
-// step (a step with summary.json among its outputs to "analyzing").
+// loopliaSteps maps an artifact file of a Looplia session folder to the
+// name its session.json records the step under (Looplia's step-to-artifact
+// table). A pipeline step whose name is not in session.json is matched to
+// the entry of its output's Looplia step (a step with summary.json among
+// its outputs to "analyzing").
 var loopliaSteps = map[string]string{
 	"summary.json":     "analyzing",
 	"ideas.json":       "generating_ideas",
@@ -369,7 +370,7 @@ func jsonKind(k string) string {
 		return "object"
 	case "slice":
 		return "array"
-	case "int", "int64", "ptr":
+	case "int", "int64":
 		return "number"
 	}
 	return k

@@ -966,7 +966,7 @@ const HoldImport = "import"
 func (m *Manifest) imported(d *schemas.StepImported, at time.Time) {
 	sv := m.Steps[d.Step]
 	switch {
-	case m.Kind != "" || m.Import == nil || m.Terminal() || len(m.Jobs) > 0 || len(d.Artifacts) == 0:
+	case m.Kind != "" || m.Import == nil || m.Terminal() || len(m.Jobs) > 0 || len(d.Artifacts) == 0 || d.ContentHash != schemas.ContentHash(d.Artifacts):
 		return
 	case sv == nil || sv.Status != StepStatusPending:
 		return

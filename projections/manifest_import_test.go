@@ -82,12 +82,20 @@ func TestManifestImport(t *testing.T) {
 	if m.Status != StatusCompleted || m.Hold != nil || m.Steps["writing-kit"].Imported || m.Steps["writing-kit"].Iterations != 1 {
 		t.Errorf("after the resume: status %s, hold %+v, writing-kit %+v; want completed by its job", m.Status, m.Hold, m.Steps["writing-kit"])
 	}
-	// Out of order (ideas before summary), and into a session run.
+	// Out of order (ideas before summary), with a wrong hash, and into a
+	// session run.
 	var b builder
 	b.importStart(sessionID)
 	b.importStep(sessionID, "ideas", "ideas.json", ideasJSON, nil)
 	if m := foldAll(b.evs); m.Steps["ideas"].Status != StepStatusPending {
 		t.Errorf("ideas imported before summary: %s", m.Steps["ideas"].Status)
+	}
+	b = builder{}
+	b.importStart(sessionID)
+	b.importStep(sessionID, "summary", "summary.json", summaryJSON, nil)
+	b.evs[1].Data.(*schemas.StepImported).ContentHash = "0000000000000000"
+	if m := foldAll(b.evs); m.Steps["summary"].Status != StepStatusPending {
+		t.Errorf("summary imported with a wrong content hash: %s", m.Steps["summary"].Status)
 	}
 	b = builder{}
 	b.start(sessionID)
