@@ -46,10 +46,6 @@ var loopliaSteps = map[string]string{
 	"writing-kit.json": "assembling_kit",
 }
 
-// LoopliaStepFor returns the step name Looplia's session.json uses for an
-// artifact file ("" for a file Looplia does not make).
-func LoopliaStepFor(artifact string) string { return loopliaSteps[artifact] }
-
 // loopliaManifest is a Looplia session.json (format version 1).
 type loopliaManifest struct {
 	Version    *int                         `json:"version"`
@@ -114,24 +110,13 @@ type ImportFile struct {
 	Size   int64
 }
 
-// Imported returns the names of the steps the plan imports.
-func (p *ImportPlan) Imported() []string {
-	var out []string
-	for _, s := range p.Steps {
-		if s.Import {
-			out = append(out, s.Step)
-		}
-	}
-	return out
-}
-
 // PlanImport reads a Looplia session folder (dir: content.md, the step
 // artifacts and, since Looplia 0.5, session.json) for pipeline p and says
 // which steps are imported as completed: a step whose every declared
 // output is a file in dir that satisfies the output's schema, whose
 // required steps are imported too, and, when session.json exists, that it
 // records as completed (under the step's name, or else under the Looplia
-// name of one of its outputs, see LoopliaStepFor) with the file's content
+// name of one of its outputs, see loopliaSteps) with the file's content
 // hash if it recorded one. When session.json's sourceHash is not the
 // input's, nothing is imported. input is the session's input; "" for
 // dir/content.md. It reads files only: nothing is stored or published.
@@ -197,7 +182,7 @@ func PlanImport(p schemas.Pipeline, dir, input string) (*ImportPlan, error) {
 		if is.Reason, err = planStep(&is, st, root, dir, man, imported); err != nil {
 			return nil, fmt.Errorf("%w: step %s: %v", ErrBadInput, st.Name, err)
 		}
-		if is.Reason == "" && plan.SourceChanged {
+		if plan.SourceChanged {
 			is.Reason = fmt.Sprintf("the source changed: %s records sourceHash %s, the input's is %s", LoopliaManifest, man.SourceHash, plan.SourceHash)
 		}
 		if is.Reason == "" && len(st.Outputs) == 0 {
