@@ -258,7 +258,7 @@ func (d *decider) finishRun(st *Step) {
 	}
 	d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 		Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
-		ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: stepSchemaVersion(st.Def),
+		ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: schemas.StepSchemaVersion(st.Def),
 	}, freeParts(st, roundParts(st, name)...)...)
 	busy := d.s.busyTask
 	switch {

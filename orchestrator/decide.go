@@ -235,7 +235,7 @@ func (d *decider) decide() {
 				parts := freeParts(st, roundParts(st, name)...)
 				d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 					Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
-					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: stepSchemaVersion(st.Def),
+					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: schemas.StepSchemaVersion(st.Def),
 				}, parts...)
 				changed = true
 			case st.Status == StepRunning && st.Outcome == outcomeFailed && st.RateLimited:
@@ -745,16 +745,6 @@ func firstLine(s string) string {
 		return s[:i]
 	}
 	return s
-}
-
-func stepSchemaVersion(d schemas.Step) string {
-	var vs []string
-	for _, o := range d.Outputs {
-		if o.SchemaVersion != "" {
-			vs = append(vs, o.SchemaVersion)
-		}
-	}
-	return strings.Join(vs, ",")
 }
 
 // MaxAttempts bounds how often one iteration is requested after retryable

@@ -97,6 +97,10 @@ type Session struct {
 	// own. RerunIDs are their ids, so that a replayed copy is refused.
 	Reruns   int
 	RerunIDs []string
+	// Import is set for a session loopbus import made (see
+	// schemas.ImportStart): it starts paused, and step.imported events
+	// complete steps before its first job.
+	Import *schemas.ImportStart
 	// Backlog is the state of a backlog session (nil for pipelines).
 	Backlog *BacklogState
 	// Loops is the state of a loops session (nil otherwise).
@@ -183,6 +187,9 @@ type Step struct {
 	AwaitJob   string
 	AwaitUntil time.Time
 	Approved   bool
+	// Imported marks a step step.imported completed: its outputs were
+	// produced outside loopbus, and its agent never ran.
+	Imported bool
 }
 
 // PendingSignal is a signal the orchestrator has not acknowledged yet.
@@ -353,6 +360,8 @@ func Check(st *State, ev schemas.Event) error {
 		return fmt.Errorf("%w: session %s was already started by event %s", ErrReplayed, ev.Session, s.StartID)
 	case ev.Type == schemas.TypeSessionRerun:
 		return s.checkRerun(ev)
+	case ev.Type == schemas.TypeStepImported:
+		return s.checkImport(ev)
 	case s.seen == nil:
 		return nil
 	}
@@ -432,6 +441,67 @@ func (s *Session) rerun(ev schemas.Event) {
 	if s.Usage == nil {
 		s.Usage = map[string]schemas.Usage{}
 	}
+}
+
+// checkImport refuses a step.imported its session cannot take: a copy of
+// one applied before, or one importable refuses.
+func (s *Session) checkImport(ev schemas.Event) error {
+	if _, dup := s.seen[ev.ID]; dup {
+		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
+	}
+	if why := s.importable(ev); why != "" {
+		return fmt.Errorf("%w: %s %s", ErrInconsistent, ev.Type, why)
+	}
+	return nil
+}
+
+// importable says why step.imported ev cannot complete its step ("" when
+// it can). Imports are valid only in a pipeline session loopbus import
+// started, before its first job: for a step of the pipeline not completed
+// yet, whose required steps are completed (imported), with exactly the
+// step's declared outputs and their content hash.
+func (s *Session) importable(ev schemas.Event) string {
+	d, _ := ev.Data.(*schemas.StepImported)
+	if d == nil {
+		return "has no import data"
+	}
+	st := s.Steps[d.Step]
+	switch {
+	case s.Kind != "":
+		return fmt.Sprintf("imports into %s session %s: imports are for pipeline sessions", s.Kind, s.ID)
+	case s.Import == nil:
+		return fmt.Sprintf("imports into session %s, which loopbus import did not start", s.ID)
+	case s.terminal():
+		return fmt.Sprintf("imports into session %s, which is %s", s.ID, s.Status)
+	case s.Requests > 0:
+		return fmt.Sprintf("imports into session %s, which has run jobs: imports come before the first job", s.ID)
+	case st == nil:
+		return fmt.Sprintf("names step %s, which session %s does not have", d.Step, s.ID)
+	case st.Status != StepPending:
+		return fmt.Sprintf("imports step %s, which is %s", d.Step, st.Status)
+	}
+	for _, r := range st.Def.Requires {
+		if dep := s.Steps[r]; dep == nil || dep.Status != StepCompleted {
+			return fmt.Sprintf("imports step %s before step %s, which it requires", d.Step, r)
+		}
+	}
+	want := make([]string, 0, len(st.Def.Outputs))
+	for _, o := range st.Def.Outputs {
+		want = append(want, o.Name)
+	}
+	got := make([]string, 0, len(d.Artifacts))
+	for _, a := range d.Artifacts {
+		got = append(got, a.Name)
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	switch {
+	case len(want) == 0 || !slices.Equal(want, got):
+		return fmt.Sprintf("imports artifacts [%s] for step %s, whose declared outputs are [%s]", strings.Join(got, ", "), d.Step, strings.Join(want, ", "))
+	case d.ContentHash != schemas.ContentHash(d.Artifacts):
+		return fmt.Sprintf("imports step %s with content hash %s, but its artifacts hash to %s", d.Step, d.ContentHash, schemas.ContentHash(d.Artifacts))
+	}
+	return ""
 }
 
 // startOver makes the step pending in a new round: what it produced no
@@ -960,6 +1030,12 @@ func newSession(ev schemas.Event) *Session {
 	if d.Budget != nil {
 		s.Budget = s.Budget.Tighter(*d.Budget)
 	}
+	if d.Import != nil && s.Kind == "" {
+		// An imported session waits for its step.imported events and the
+		// user's resume: nothing is dispatched before.
+		imp := *d.Import
+		s.Import, s.Status = &imp, StatusPaused
+	}
 	for _, def := range d.Pipeline.Steps {
 		s.Steps[def.Name] = &Step{Def: def, Status: StepPending}
 	}
@@ -1156,6 +1232,11 @@ func evolveSession(s *Session, ev schemas.Event) {
 		}
 	case *schemas.SessionRerun:
 		s.rerun(ev)
+	case *schemas.StepImported:
+		if s.importable(ev) == "" {
+			st := s.Steps[d.Step]
+			st.Status, st.Artifacts, st.Imported = StepCompleted, slices.Clone(d.Artifacts), true
+		}
 	case *schemas.SessionClosed:
 		if !s.terminal() {
 			for _, name := range s.stepNames() {

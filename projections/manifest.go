@@ -96,13 +96,17 @@ type Manifest struct {
 	Error string `json:"error,omitempty"`
 	// FailedStep is the step session.failed blamed, if any.
 	FailedStep string `json:"failedStep,omitempty"`
+	// Import is set for a session loopbus import made: it started paused
+	// (Hold kind "import") and steps may show Imported.
+	Import *schemas.ImportStart `json:"import,omitempty"`
 	// Reruns counts the session.rerun events that reopened the session;
 	// LastRerun is the newest (its step, "" for all, and reason).
 	Reruns    int        `json:"reruns,omitempty"`
 	LastRerun *RerunView `json:"lastRerun,omitempty"`
 	// Hold is why the session is paused or stopped; nil otherwise. Its kind
-	// is "pause" (session.paused), or the kind of session.stopped: "signal"
-	// or "budget".
+	// is "pause" (session.paused), "import" (an imported session waiting
+	// for its first resume), or the kind of session.stopped: "signal" or
+	// "budget".
 	Hold *Hold `json:"hold,omitempty"`
 	// Budget is the pipeline's budget tightened by the session's own
 	// (schemas.Budget.Tighter); nil when neither bounds anything.
@@ -191,6 +195,10 @@ type StepView struct {
 	// step's prompts; Hints are the newest MaxHints of them, oldest first.
 	HintsDelivered int    `json:"hintsDelivered,omitempty"`
 	Hints          []Hint `json:"hints,omitempty"`
+	// Imported marks a step step.imported completed: its outputs
+	// (Artifacts, with their digests, and ContentHash) were produced
+	// outside loopbus, and no agent of the session ran it.
+	Imported bool `json:"imported,omitempty"`
 }
 
 // Loop statuses (LoopView.Status).
@@ -268,7 +276,7 @@ type TargetView struct {
 
 // Hold says why a session or step is held.
 type Hold struct {
-	// Kind is, for a session, "pause", "signal" or "budget"; for a step,
+	// Kind is, for a session, "pause", "import", "signal" or "budget"; for a step,
 	// the kind of step.paused: "pause", "stop" or "breaker".
 	Kind   string    `json:"kind"`
 	Reason string    `json:"reason,omitempty"`
@@ -679,6 +687,11 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		}
 		m.syncLoop(orElse(d.Step, ev.Step))
 
+	case schemas.TypeStepImported:
+		if d, ok := dataAs[schemas.StepImported](ev.Data); ok {
+			m.imported(d, ev.Time)
+		}
+
 	case schemas.TypeStepFailed:
 		d, ok := dataAs[schemas.StepFailed](ev.Data)
 		if !ok {
@@ -865,6 +878,11 @@ func startManifest(ev schemas.Event) *Manifest {
 		in := d.Input
 		m.Input = &in
 	}
+	if d.Import != nil && m.Kind == "" {
+		imp := *d.Import
+		m.Import, m.Status = &imp, StatusPaused
+		m.Hold = &Hold{Kind: HoldImport, Reason: "imported: the steps not imported run on loopbus resume " + ev.Session, Since: ev.Time}
+	}
 	for _, st := range d.Pipeline.Steps {
 		if st.Name == "" || m.Steps[st.Name] != nil {
 			continue // malformed pipeline: keep the first of duplicate names
@@ -937,6 +955,36 @@ func (m *Manifest) settle(sv *StepView) {
 	}
 }
 
+// HoldImport is the kind of Hold of an imported session until its first
+// resume.
+const HoldImport = "import"
+
+// imported applies step.imported as the orchestrator does: in a pipeline
+// session loopbus import started, before its first job, a pending step
+// whose required steps completed is completed with the imported
+// artifacts. Others are ignored (the orchestrator dead-letters them).
+func (m *Manifest) imported(d *schemas.StepImported, at time.Time) {
+	sv := m.Steps[d.Step]
+	switch {
+	case m.Kind != "" || m.Import == nil || m.Terminal() || len(m.Jobs) > 0 || len(d.Artifacts) == 0 || d.ContentHash != schemas.ContentHash(d.Artifacts):
+		return
+	case sv == nil || sv.Status != StepStatusPending:
+		return
+	case slices.ContainsFunc(sv.Requires, func(r string) bool { return m.Steps[r] == nil || m.Steps[r].Status != StepStatusCompleted }):
+		return
+	}
+	sv.Status, sv.Imported = StepStatusCompleted, true
+	sv.ContentHash, sv.SchemaVersion = d.ContentHash, d.SchemaVersion
+	sv.Artifacts = slices.Clone(d.Artifacts)
+	when := at
+	if d.CompletedAt != nil {
+		when = *d.CompletedAt
+	}
+	if !when.IsZero() {
+		sv.CompletedAt = &when
+	}
+}
+
 // RerunView is the newest session.rerun of a session.
 type RerunView struct {
 	// Step is the step run again with its dependents; "" for every step.
@@ -977,6 +1025,7 @@ func (m *Manifest) rerun(d *schemas.SessionRerun, at time.Time) {
 			sv.ContentHash, sv.SchemaVersion, sv.ErrorMessage, sv.LastFeedback = "", "", "", ""
 			sv.CompletedAt, sv.Artifacts, sv.Wait, sv.Approval, sv.Hold = nil, nil, nil, nil, nil
 			sv.Iterations, sv.JobID, sv.Worker = 0, "", ""
+			sv.Imported = false
 		}
 	}
 	m.Status, m.Hold, m.Error, m.FailedStep, m.Final = StatusRunning, nil, "", "", nil

@@ -41,6 +41,7 @@ var goldenCases = []struct {
 	{"usage_sums", usageSums},
 	{"backlog_runs", backlogRuns},
 	{"loops_session", loopsSession},
+	{"imported_session", importedSession},
 }
 
 func foldAll(evs []schemas.Event) *Manifest {

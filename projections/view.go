@@ -22,6 +22,7 @@ func (m *Manifest) Clone() *Manifest {
 	c.Final = slices.Clone(m.Final)
 	c.Hold = clonePtr(m.Hold)
 	c.Budget = clonePtr(m.Budget)
+	c.Import = clonePtr(m.Import)
 	c.Usage = clonePtr(m.Usage)
 	c.Signals = slices.Clone(m.Signals)
 	c.Loops = slices.Clone(m.Loops)

@@ -80,6 +80,9 @@ func catalogueEntries() map[string]entry {
 		TypeSessionClosed: {func() any { return new(SessionClosed) }},
 		TypeSessionRerun:  {func() any { return new(SessionRerun) }},
 
+		// Sessions imported from other systems.
+		TypeStepImported: {func() any { return new(StepImported) }},
+
 		// Approval gates.
 		TypeSignalApprove:     {func() any { return new(Signal) }},
 		TypeSignalReject:      {func() any { return new(Signal) }},

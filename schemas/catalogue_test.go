@@ -105,6 +105,7 @@ func samples(t *testing.T) map[string]any {
 			},
 			Input:      input,
 			SourceHash: ShortHash(input.Digest),
+			Import:     &ImportStart{Source: ImportSourceLooplia, ManifestSourceHash: ShortHash(input.Digest)},
 		},
 		TypeSessionCompleted: &SessionCompleted{Final: []ArtifactRef{draft, notes}},
 		TypeSessionFailed:    &SessionFailed{Step: "outline", Reason: "step outline used up its 3 iterations"},
@@ -234,6 +235,9 @@ func samples(t *testing.T) map[string]any {
 		TypeSessionClosed: &SessionClosed{Reason: "superseded by sess-2"},
 		TypeSessionRerun:  &SessionRerun{Step: "outline", Reason: "agent fixed"},
 
+		TypeStepImported: &StepImported{Step: "outline", Artifacts: []ArtifactRef{outline}, ContentHash: ContentHash([]ArtifactRef{outline}),
+			SchemaVersion: "outline-1", Source: ImportSourceLooplia, SourceStep: "analyzing", SourceSchemaVersion: "0.5.0", CompletedAt: &created},
+
 		TypeSignalApprove: &Signal{Target: "sess-1/outline", Step: "outline", Reason: "looks good", By: "alice"},
 		TypeSignalReject:  &Signal{Target: "sess-1/outline", Step: "outline", Reason: "too long", By: "bob"},
 		TypeApprovalRequested: &ApprovalRequested{Step: "outline", JobID: "sess-1.outline.2", Iteration: 2, Artifacts: []ArtifactRef{outline},
@@ -252,8 +256,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 48 {
-		t.Errorf("catalogue has %d types, want 48", len(want))
+	if len(want) != 49 {
+		t.Errorf("catalogue has %d types, want 49", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

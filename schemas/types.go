@@ -249,6 +249,9 @@ type SessionStarted struct {
 	// its agent and validate commands name (scripts), stored so that they
 	// travel with the session: a worker needs nothing but the bus.
 	DefinitionFiles []DefinitionFile `json:"definitionFiles,omitempty"`
+	// Import marks a session made by loopbus import: it starts paused,
+	// and its first events may be step.imported.
+	Import *ImportStart `json:"import,omitempty"`
 }
 
 // DefinitionFile is a file of the pipeline's directory stored for the

@@ -149,6 +149,8 @@ func Describe(ev schemas.Event, m *projections.Manifest) string {
 			s += ", " + Money(st.Usage.CostUSD)
 		}
 		return s
+	case *schemas.StepImported:
+		return "step " + d.Step + " imported from " + d.Source + " (hash " + d.ContentHash + "): its agent does not run"
 	case *schemas.StepFailed:
 		return "step " + d.Step + " failed after " + Plural(d.Iterations, "iteration") + ": " + OneLine(d.Error, 160)
 	case *schemas.StepWaiting:

@@ -80,6 +80,8 @@ func stepDetail(st *projections.StepView) string {
 		parts = append(parts, st.ErrorMessage)
 	case st.Status == projections.StepStatusInProgress && st.Worker != "":
 		parts = append(parts, "on "+st.Worker)
+	case st.Imported:
+		parts = append(parts, "imported (its agent did not run)")
 	}
 	if n := st.CancelledJobs; n > 0 {
 		parts = append(parts, Plural(n, "job")+" cancelled")

@@ -61,6 +61,8 @@ func (p *Progress) Event(ev schemas.Event, m *projections.Manifest) {
 			took = fmt.Sprintf(" in %s", ev.Time.Sub(t).Round(time.Millisecond))
 		}
 		fmt.Fprintf(p.w, "%s  ✓ %s completed%s (iterations %d, hash %s)\n", ts, d.Step, took, d.Iterations, d.ContentHash)
+	case *schemas.StepImported:
+		fmt.Fprintf(p.w, "%s  ✓ %s imported from %s (hash %s)\n", ts, d.Step, d.Source, d.ContentHash)
 	case *schemas.StepFailed:
 		fmt.Fprintf(p.w, "%s  ✗ %s failed: %s\n", ts, d.Step, clip(d.Error, 200))
 	case *schemas.ApprovalRequested:

@@ -73,6 +73,8 @@ func summarize(e schemas.Event) string {
 		return fmt.Sprintf("job=%s errors=%d first: %s", d.JobID, len(d.Errors), clipFields(d.Errors[0].Pointer+" "+d.Errors[0].Message, 60))
 	case *schemas.StepCompleted:
 		return fmt.Sprintf("iterations=%d hash=%s", d.Iterations, d.ContentHash)
+	case *schemas.StepImported:
+		return fmt.Sprintf("source=%s hash=%s", d.Source, d.ContentHash)
 	case *schemas.StepFailed:
 		return clipFields(d.Error, 80)
 	case *schemas.SessionCompleted:

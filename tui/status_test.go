@@ -78,6 +78,20 @@ func TestWriteStatus(t *testing.T) {
 			want:    []string{"status    failed\n", "error     step a failed\n", "STEP  STATUS   ITER  HASH  DETAIL\n"},
 			notWant: []string{"cost", "TOKENS", "signals"},
 		},
+		{
+			name: "an imported session: paused until resumed, its imported steps say so",
+			events: func() *events {
+				e := &events{}
+				e.add(schemas.TypeSessionStarted, "", &schemas.SessionStarted{Pipeline: schemas.Pipeline{Name: "p", Steps: []schemas.Step{
+					{Name: "a", MaxIterations: 1, Outputs: []schemas.Output{{Name: "a.json"}}}, {Name: "b", Requires: []string{"a"}, MaxIterations: 1}}},
+					Import: &schemas.ImportStart{Source: schemas.ImportSourceLooplia}})
+				arts := []schemas.ArtifactRef{{Name: "a.json", Object: "s/import/a/a.json", Digest: schemas.Digest([]byte("{}")), Size: 2, Step: "a"}}
+				e.add(schemas.TypeStepImported, "a", &schemas.StepImported{Step: "a", Artifacts: arts, ContentHash: schemas.ContentHash(arts), Source: schemas.ImportSourceLooplia})
+				return e
+			},
+			now:  now,
+			want: []string{"status    paused: imported: the steps not imported run on loopbus resume", "a completed 0/1 44136fa355b3678a imported (its agent did not run)\n", "b pending 0/1"},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
