@@ -340,3 +340,72 @@ func TestBacklogApprovalTimeout(t *testing.T) {
 		})
 	}
 }
+
+// settleAt folds start and the decisions that follow it (no job is ever
+// answered: no worker runs) and returns the state.
+func settleAt(t *testing.T, start schemas.Event) *State {
+	t.Helper()
+	st := NewState()
+	Evolve(st, start)
+	trigger := start
+	for n := 0; n < 50; n++ {
+		out := Decide(st, trigger, fixedNow)
+		if len(out) == 0 {
+			return st
+		}
+		for _, ev := range out {
+			if err := Check(st, ev); err != nil {
+				t.Fatalf("decided %s: %v", ev.Type, err)
+			}
+			Evolve(st, ev)
+		}
+		trigger = out[len(out)-1]
+	}
+	t.Fatal("the decisions do not settle")
+	return nil
+}
+
+// job_dispatch_timeout applies to a loops file's and a backlog's jobs as
+// to a pipeline's: a job no worker started by then fails its step and the
+// session.
+func TestJobDispatchTimeoutLoopsAndBacklog(t *testing.T) {
+	loops := loopsPipeline(1)
+	loops.JobDispatchTimeoutMs = 30_000
+	backlogP := backlogPipeline(1, "")
+	backlogP.JobDispatchTimeoutMs = 30_000
+	tests := []struct {
+		name  string
+		start schemas.Event
+		want  []string
+	}{
+		{name: "loops", start: loopsStarted(loops), want: []string{
+			"job.cancelled s1.plan.1: job_dispatch_timeout",
+			"step.failed plan: job s1.plan.1 was not started within job_dispatch_timeout 30s: no worker took it (does a worker run its tool lanes? see agentworker --lanes)",
+			"session.failed",
+		}},
+		{name: "backlog", start: backlogStarted(backlogP, &schemas.BacklogStart{Tasks: []schemas.Task{task("T1", 1, "todo")}}), want: []string{
+			"job.cancelled s1.T1.1: job_dispatch_timeout",
+			"step.failed T1: job s1.T1.1 was not started within job_dispatch_timeout 30s: no worker took it (does a worker run its tool lanes? see agentworker --lanes)",
+			"session.failed",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := settleAt(t, tt.start)
+			if wake, ok := st.Sessions[sess].WakeAt(); !ok || !wake.Equal(fixedNow.Add(30*time.Second)) {
+				t.Errorf("WakeAt = %v, %v; want the dispatch deadline", wake, ok)
+			}
+			tick := schemas.Event{ID: "tick", Session: sess}
+			if out := Decide(st, tick, fixedNow.Add(29*time.Second)); len(out) > 0 {
+				t.Fatalf("before the deadline: %s", types(out))
+			}
+			var got []string
+			for _, ev := range Decide(st, tick, fixedNow.Add(30*time.Second)) {
+				got = append(got, line(ev))
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("at the deadline:\n  got  %s\n  want %s", strings.Join(got, "\n       "), strings.Join(tt.want, "\n       "))
+			}
+		})
+	}
+}
