@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/dashboard"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/serve"
 )
 
 // chromium finds Debian's Chromium ($LOOPBUS_CHROMIUM, else chromium on
@@ -203,4 +206,47 @@ func TestBrowserNeedsTheToken(t *testing.T) {
 func portOf(addr string) string {
 	_, p, _ := net.SplitHostPort(addr)
 	return p
+}
+
+// TestBrowserBudgetCloseAndLanes: a session whose job waits for lane heavy
+// says so on its page; the budget form sets the bounds typed; the close
+// button asks once more, then closes the session.
+func TestBrowserBudgetCloseAndLanes(t *testing.T) {
+	ctx := browser(t)
+	heavy := func(schemas.AgentSpec) []string { return []string{"heavy"} }
+	// No agent worker runs here: a no-net one is announced by hand.
+	s := startServices(t, dashboard.Config{Addr: "127.0.0.1:0", Lanes: heavy}, serve.Services{Orchestrator: true, Validator: true, Projector: true})
+	if err := s.b.PutWorker(t.Context(), bus.WorkerInfo{ID: "laptop", Lanes: []string{"no-net"}}); err != nil {
+		t.Fatal(err)
+	}
+	open := s.submitGated(t, "ui-1")
+	defer open("a")
+	s.waitManifest(t, "ui-1", "job a requested", func(m *projections.Manifest) bool { return len(m.Jobs) == 1 })
+
+	run(t, ctx, "the page says no worker serves the job's lane",
+		chromedp.Navigate(s.srv.URL+"/sessions/ui-1"),
+		chromedp.WaitVisible(chromedp.CSS(`#unserved:not([hidden])`)),
+	)
+	if text := value(t, ctx, "read the warning", chromedp.Text(chromedp.CSS(`#unserved`))); !strings.Contains(text, "no worker for lane heavy") {
+		t.Errorf("warning %q, want it to name lane heavy", text)
+	}
+	run(t, ctx, "the budget form sets the bounds typed",
+		chromedp.SendKeys(chromedp.CSS(`input[name="maxIterations"]`), "40"),
+		chromedp.SendKeys(chromedp.CSS(`#session-controls input[name="reason"]`), "more runs"),
+		chromedp.Click(chromedp.CSS(`#budget`)),
+		chromedp.WaitVisible(chromedp.CSS(`#control-result[data-result="recorded"]`)),
+	)
+	s.waitManifest(t, "ui-1", "the new budget", func(m *projections.Manifest) bool { return m.Budget != nil && m.Budget.MaxIterations == 40 })
+	run(t, ctx, "the close button asks once more",
+		chromedp.Click(chromedp.CSS(`#close`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.s-running`)),
+	)
+	if text := value(t, ctx, "read the button", chromedp.Text(chromedp.CSS(`#close`))); text != "Close for good?" {
+		t.Errorf("after one click the button says %q", text)
+	}
+	run(t, ctx, "the second click closes the session",
+		chromedp.Click(chromedp.CSS(`#close`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.s-closed`)),
+	)
+	s.waitManifest(t, "ui-1", "the session to be closed", func(m *projections.Manifest) bool { return m.Status == projections.StatusClosed })
 }
