@@ -293,7 +293,11 @@ function sessionPage() {
       const ls = kids.get(parent) || [];
       if (!ls.length || depth > 20) return null;
       return el("ul", {}, ...ls.map((l) => {
-        const st = Object.assign({}, steps[l.id] || {}, { status: l.status });
+        // A running loop shows its step's hold or wait (as status does):
+        // paused, waiting, awaiting approval.
+        const step = steps[l.id] || {};
+        const held = l.status === "running" && ["paused", "stopped", "breaker", "waiting", "awaiting_approval"].includes(step.status);
+        const st = Object.assign({}, step, { status: held ? step.status : l.status });
         return el("li", {}, node(l.id, st, l.level + (l.title ? ": " + l.title : "") + (l.branch ? " · " + l.branch : "")), list(l.id, depth + 1));
       }));
     };
