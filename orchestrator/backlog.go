@@ -15,7 +15,7 @@ import (
 // A backlog session runs each task as a step named after the task, and each
 // role run (bootstrap, repair, review) as a step named after the role; the
 // step machinery (feedback, retries, rate-limit waits, breaker, signals,
-// budgets) is the pipelines'. What differs is decided here: which step runs
+// budgets, approval gates by role) is the pipelines'. What differs is decided here: which step runs
 // next (task selection and phases) and what a passed run changes (task.*
 // events from the agent's summary).
 
