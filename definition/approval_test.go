@@ -205,7 +205,7 @@ func TestParseGateErrors(t *testing.T) {
 		{
 			name: "a backlog's approval is not a mapping of roles", dir: backlogs,
 			yaml:    minimalBacklog + "approval: required\n",
-			wantErr: []string{`p.yaml:8: approval: want a mapping, got a string`},
+			wantErr: []string{`p.yaml:8: approval: want a mapping from roles to gates, such as {iterate: required} (roles: iterate, review, repair, bootstrap), got the string "required"`},
 		},
 		{
 			name: "a backlog role's gate is bad", dir: backlogs,
@@ -238,5 +238,17 @@ func TestParseGateErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A null approval in a backlog is absent, as null is everywhere in the
+// file.
+func TestParseBacklogApprovalNull(t *testing.T) {
+	p, err := Parse("p.yaml", []byte(minimalBacklog+"approval:\n"), backlogDir(t))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if p.Backlog.Approval != nil {
+		t.Errorf("Approval = %+v, want none", p.Backlog.Approval)
 	}
 }

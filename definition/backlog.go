@@ -178,6 +178,12 @@ func (l *loader) backlog(top yamlread.Map, p *schemas.Pipeline) {
 // (bootstrap, repair, iterate, review) to gates, each as a step's
 // approval. A null gate is absent; nil is returned when none is set.
 func (l *loader) phaseApprovals(e yamlread.Entry) map[string]schemas.Approval {
+	if _, scalar := yamlread.Scalar(e.Val); scalar {
+		// approval: required, as on a step: say what a backlog takes.
+		l.Errorf(e.ValPos, e.Field, "want a mapping from roles to gates, such as {iterate: required} (roles: %s), got %s",
+			strings.Join(backlogRoles(), ", "), describeValue(e.Val))
+		return nil
+	}
 	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, nil)
 	if !ok {
 		return nil
