@@ -356,18 +356,23 @@ function sessionPage() {
   // for lane heavy"): asked when the manifest changes, and every 10 s
   // while jobs are requested and not started (workers come and go
   // without an event of the session).
-  let waitTimer = null, waitTick = null;
-  function waiting(m) {
-    const requested = m.status === "running" && Object.values(m.jobs || {}).some((j) => j.status === "requested");
+  // The answer reads the session's history: it is asked again only when
+  // the jobs waiting change, or on the tick.
+  let waitTimer = null, waitTick = null, waitKey = "";
+  function waiting(m, tick) {
+    const ids = m.status === "running" ? Object.entries(m.jobs || {}).filter(([, j]) => j.status === "requested").map(([id]) => id).sort() : [];
     const box = document.getElementById("unserved");
-    if (!requested) {
+    if (!ids.length) {
       box.hidden = true;
       box.textContent = "";
+      waitKey = "";
       if (waitTick) { clearInterval(waitTick); waitTick = null; }
       return;
     }
-    if (!waitTick) waitTick = setInterval(() => waiting(manifest), 10000);
-    if (waitTimer) return;
+    if (!waitTick) waitTick = setInterval(() => waiting(manifest, true), 10000);
+    const key = ids.join(" ");
+    if ((key === waitKey && !tick) || waitTimer) return;
+    waitKey = key;
     waitTimer = setTimeout(async () => {
       waitTimer = null;
       try {
