@@ -353,11 +353,10 @@ function sessionPage() {
   }
 
   // waiting says when the session's jobs wait for a worker ("no worker
-  // for lane heavy"): asked when the manifest changes, and every 10 s
-  // while jobs are requested and not started (workers come and go
-  // without an event of the session).
-  // The answer reads the session's history: it is asked again only when
-  // the jobs waiting change, or on the tick.
+  // for lane heavy"). The answer reads the session's history, so it is
+  // asked when the jobs requested and not started change, and every 10 s
+  // while there are any (workers come and go without an event of the
+  // session).
   let waitTimer = null, waitTick = null, waitKey = "";
   function waiting(m, tick) {
     const ids = m.status === "running" ? Object.entries(m.jobs || {}).filter(([, j]) => j.status === "requested").map(([id]) => id).sort() : [];
