@@ -221,6 +221,16 @@ func (c *Client) Signal(ctx context.Context, r SignalRequest, wait time.Duration
 	return sent, acks, err
 }
 
+// SetBudget sets a session's budget (see the SetBudget function).
+func (c *Client) SetBudget(ctx context.Context, session string, budget schemas.Budget, reason string) (Published, error) {
+	return SetBudget(ctx, c.b, session, budget, reason)
+}
+
+// CloseSession closes a session for good (see the CloseSession function).
+func (c *Client) CloseSession(ctx context.Context, session, reason string) (Published, error) {
+	return CloseSession(ctx, c.b, session, reason)
+}
+
 // Tasks returns a backlog session's task list (see the Tasks function).
 func (c *Client) Tasks(ctx context.Context, session string) (*projections.TaskList, error) {
 	return Tasks(ctx, c.b, session)

@@ -142,7 +142,8 @@ type SignalDest struct {
 
 // ResolveSignalTarget returns the sessions t selects. A session target
 // must have a session.started in the stream (else ErrNoSession) and, with
-// a step, that step in its pipeline (else ErrBadInput listing the steps).
+// a step, that step in its pipeline (else ErrBadInput listing the
+// steps; a loops or backlog session's steps are not checked here).
 // "all" selects the sessions whose session.started is in the stream and
 // that have not completed or failed since (read from the stream's
 // session.started, session.completed and session.failed subjects, not
@@ -166,9 +167,10 @@ func ResolveSignalTarget(ctx context.Context, b Bus, t SignalTarget) ([]SignalDe
 	if !ok {
 		return nil, fmt.Errorf("session %s: session.started carries %T", t.Session, started.Data)
 	}
-	// A loops session's loops (steps) are spawned as it runs: the
-	// orchestrator answers a signal for one that does not exist.
-	if t.Step != "" && data.Pipeline.Kind != schemas.KindLoops && !slices.ContainsFunc(data.Pipeline.Steps, func(s schemas.Step) bool { return s.Name == t.Step }) {
+	// A loops session's loops and a backlog's task and role runs (steps)
+	// are made as it runs: the orchestrator answers a signal for one that
+	// does not exist.
+	if t.Step != "" && data.Pipeline.Kind != schemas.KindLoops && data.Pipeline.Kind != schemas.KindBacklog && !slices.ContainsFunc(data.Pipeline.Steps, func(s schemas.Step) bool { return s.Name == t.Step }) {
 		names := make([]string, len(data.Pipeline.Steps))
 		for i, s := range data.Pipeline.Steps {
 			names[i] = s.Name

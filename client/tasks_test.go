@@ -430,3 +430,17 @@ func TestWriteFileAtomicKeepsMode(t *testing.T) {
 		t.Errorf("new file: %v %v", fi, err)
 	}
 }
+
+// A backlog's steps are its task and role runs, made as it runs: a signal
+// may name one (approve SESSION/T001), and the orchestrator answers for
+// one it does not have.
+func TestResolveSignalTargetBacklogRun(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	id := startTasksSession(t, b, "bl-sig", twoTasks()...)
+	for _, step := range []string{"T001", "review", "T999"} {
+		got, err := ResolveSignalTarget(context.Background(), b, SignalTarget{Session: "bl-sig", Step: step})
+		if err != nil || len(got) != 1 || got[0].StartedID != id {
+			t.Errorf("step %s: %+v, %v; want the session", step, got, err)
+		}
+	}
+}

@@ -215,16 +215,9 @@ func (s *Service) apiSignal(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, err)
 		return
 	}
-	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
-		// A cross-site form cannot send JSON without asking first (CORS).
-		s.apiError(w, fmt.Errorf("%w: send the signal as application/json", client.ErrBadInput))
-		return
-	}
 	var body signalBody
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSignalBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil {
-		s.apiError(w, fmt.Errorf("%w: signal: %v", client.ErrBadInput, err))
+	if err := decodeBody(w, r, "signal", &body); err != nil {
+		s.apiError(w, err)
 		return
 	}
 	req := client.SignalRequest{Verb: body.Verb, Target: client.SignalTarget{Session: id, Step: body.Step}, Reason: body.Reason, Message: body.Message}
@@ -248,6 +241,129 @@ func (s *Service) apiSignal(w http.ResponseWriter, r *http.Request) {
 		out = append(out, client.ResultOf(sg, body.Verb, acks[sg.Event.ID], "no orchestrator answered within "+signalWait.String()))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// decodeBody decodes the request's JSON body (what names it in errors)
+// into v: it must be application/json (a cross-site form cannot send JSON
+// without asking first, CORS), at most maxSignalBody bytes, with no field
+// v does not have. Errors wrap client.ErrBadInput.
+func decodeBody(w http.ResponseWriter, r *http.Request, what string, v any) error {
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
+		return fmt.Errorf("%w: send the %s as application/json", client.ErrBadInput, what)
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSignalBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %s: %v", client.ErrBadInput, what, err)
+	}
+	return nil
+}
+
+// budgetBody is what the page's budget form posts: each bound given (not
+// zero) replaces the session's, as loopbus budget's flags do.
+type budgetBody struct {
+	MaxCostUSD    float64 `json:"maxCostUsd,omitempty"`
+	MaxTokens     int64   `json:"maxTokens,omitempty"`
+	MaxIterations int     `json:"maxIterations,omitempty"`
+	Reason        string  `json:"reason,omitempty"`
+}
+
+// closeBody is what the page's close button posts.
+type closeBody struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// controlAnswer is what budget and close answer: the event written, as
+// loopbus budget --json and loopbus close --json print it.
+type controlAnswer struct {
+	Session string `json:"session"`
+	ID      string `json:"id"`
+	Type    string `json:"type"`
+	Seq     uint64 `json:"seq"`
+}
+
+// apiBudget sets the session's budget (client.SetBudget, as loopbus budget
+// does): a session its budget stopped goes on when the new bounds allow.
+// A session that ended is refused (409).
+func (s *Service) apiBudget(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	var body budgetBody
+	if err := decodeBody(w, r, "budget", &body); err != nil {
+		s.apiError(w, err)
+		return
+	}
+	p, err := s.c.SetBudget(r.Context(), id, schemas.Budget{MaxCostUSD: body.MaxCostUSD, MaxTokens: body.MaxTokens, MaxIterations: body.MaxIterations}, body.Reason)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, controlAnswer{Session: id, ID: p.Event.ID, Type: p.Event.Type, Seq: p.Seq})
+}
+
+// apiClose closes the session for good (client.CloseSession, as loopbus
+// close does). A session that ended is refused (409).
+func (s *Service) apiClose(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	var body closeBody
+	if err := decodeBody(w, r, "close", &body); err != nil {
+		s.apiError(w, err)
+		return
+	}
+	p, err := s.c.CloseSession(r.Context(), id, body.Reason)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, controlAnswer{Session: id, ID: p.Event.ID, Type: p.Event.Type, Seq: p.Seq})
+}
+
+// waitingAnswer is GET /api/sessions/{id}/waiting: the session's jobs
+// requested and not started, each with why it may wait (client.LaneWait:
+// "no worker for lane heavy"), as loopbus status prints them.
+type waitingAnswer struct {
+	Waiting []client.LaneWait `json:"waiting"`
+	// Note says why nothing can be said of workers, when presence is off.
+	Note string `json:"note,omitempty"`
+}
+
+// apiWaiting answers the session's jobs that wait for a worker.
+func (s *Service) apiWaiting(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	m, err := s.c.Status(r.Context(), id)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	ws, err := s.c.Bus().Workers(r.Context())
+	if errors.Is(err, bus.ErrNoPresence) {
+		writeJSON(w, http.StatusOK, waitingAnswer{Waiting: []client.LaneWait{}, Note: err.Error()})
+		return
+	}
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	waits, err := client.WaitingJobs(r.Context(), s.c.Bus(), m, ws, s.cfg.Lanes)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	if waits == nil {
+		waits = []client.LaneWait{}
+	}
+	writeJSON(w, http.StatusOK, waitingAnswer{Waiting: waits})
 }
 
 // apiDeadLetters answers the newest dead letters (at most 500), newest

@@ -6,14 +6,20 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/client"
 	"github.com/loopbus/loopbus/dashboard"
+	"github.com/loopbus/loopbus/definition"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/serve"
 )
 
 // chromium finds Debian's Chromium ($LOOPBUS_CHROMIUM, else chromium on
@@ -203,4 +209,98 @@ func TestBrowserNeedsTheToken(t *testing.T) {
 func portOf(addr string) string {
 	_, p, _ := net.SplitHostPort(addr)
 	return p
+}
+
+// TestBrowserBudgetCloseAndLanes: a session whose job waits for lane heavy
+// says so on its page; the budget form sets the bounds typed; the close
+// button asks once more, then closes the session.
+func TestBrowserBudgetCloseAndLanes(t *testing.T) {
+	ctx := browser(t)
+	heavy := func(schemas.AgentSpec) []string { return []string{"heavy"} }
+	// No agent worker runs here: a no-net one is announced by hand.
+	s := startServices(t, dashboard.Config{Addr: "127.0.0.1:0", Lanes: heavy}, serve.Services{Orchestrator: true, Validator: true, Projector: true})
+	if err := s.b.PutWorker(t.Context(), bus.WorkerInfo{ID: "laptop", Lanes: []string{"no-net"}}); err != nil {
+		t.Fatal(err)
+	}
+	open := s.submitGated(t, "ui-1")
+	defer open("a")
+	s.waitManifest(t, "ui-1", "job a requested", func(m *projections.Manifest) bool { return len(m.Jobs) == 1 })
+
+	run(t, ctx, "the page says no worker serves the job's lane",
+		chromedp.Navigate(s.srv.URL+"/sessions/ui-1"),
+		chromedp.WaitVisible(chromedp.CSS(`#unserved:not([hidden])`)),
+	)
+	if text := value(t, ctx, "read the warning", chromedp.Text(chromedp.CSS(`#unserved`))); !strings.Contains(text, "no worker for lane heavy") {
+		t.Errorf("warning %q, want it to name lane heavy", text)
+	}
+	run(t, ctx, "the budget form sets the bounds typed",
+		chromedp.SendKeys(chromedp.CSS(`input[name="maxIterations"]`), "40"),
+		chromedp.SendKeys(chromedp.CSS(`#session-controls input[name="reason"]`), "more runs"),
+		chromedp.Click(chromedp.CSS(`#budget`)),
+		chromedp.WaitVisible(chromedp.CSS(`#control-result[data-result="recorded"]`)),
+	)
+	s.waitManifest(t, "ui-1", "the new budget", func(m *projections.Manifest) bool { return m.Budget != nil && m.Budget.MaxIterations == 40 })
+	run(t, ctx, "the close button asks once more",
+		chromedp.Click(chromedp.CSS(`#close`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.s-running`)),
+	)
+	if text := value(t, ctx, "read the button", chromedp.Text(chromedp.CSS(`#close`))); text != "Close for good?" {
+		t.Errorf("after one click the button says %q", text)
+	}
+	run(t, ctx, "the second click closes the session",
+		chromedp.Click(chromedp.CSS(`#close`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.s-closed`)),
+	)
+	s.waitManifest(t, "ui-1", "the session to be closed", func(m *projections.Manifest) bool { return m.Status == projections.StatusClosed })
+}
+
+// TestBrowserApprovesALoop: a loops session whose plan level has an
+// approval gate; the loop tree shows plan awaiting approval; choosing it
+// and pressing Approve completes it and its child is spawned.
+func TestBrowserApprovesALoop(t *testing.T) {
+	ctx := browser(t)
+	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0"})
+	files := map[string]string{
+		"plan.sh": `printf '# plan\n## the only part\n' > "$LOOPBUS_OUTPUT_DIR/plan.md"` + "\n",
+		"part.sh": `cp "$LOOPBUS_INPUT_DIR/plan.md" "$LOOPBUS_OUTPUT_DIR/part.md"` + "\n",
+		"loops.yaml": `kind: loops
+name: gated-loops
+levels:
+  plan:
+    agent: {backend: exec, command: [sh, plan.sh]}
+    outputs: [{name: plan.md}]
+    approval: required
+    children: {level: part, from: plan.md, split: headings}
+  part:
+    agent: {backend: exec, command: [sh, part.sh]}
+    outputs: [{name: part.md}]
+`,
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(s.dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := definition.Load(filepath.Join(s.dir, "loops.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.SubmitLoops(t.Context(), s.b, p, "write one part", "", "loop-ui", time.Now(), nil); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ctx, "the loop tree shows plan awaiting approval",
+		chromedp.Navigate(s.srv.URL+"/sessions/loop-ui"),
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="plan"][data-status="awaiting_approval"]`)),
+	)
+	run(t, ctx, "Approve on plan completes it and spawns its child",
+		chromedp.SetValue(chromedp.CSS(`#step`), "plan"),
+		chromedp.SendKeys(chromedp.CSS(`#text`), "good plan"),
+		chromedp.Click(chromedp.CSS(`button[data-verb="approve"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#signal-result[data-result="applied"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="plan-001"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.s-completed`)),
+	)
+	if text := value(t, ctx, "read the answer", chromedp.Text(chromedp.CSS(`#signal-result`))); !strings.Contains(text, "loop plan approved by dashboard") {
+		t.Errorf("the answer shown: %q", text)
+	}
 }

@@ -56,6 +56,11 @@ type Config struct {
 	// MaxRows bounds the events one timeline keeps and sends on connect;
 	// zero means 2000.
 	MaxRows int
+	// Lanes decides the tool lanes a job's agent needs (client.PlannedLanes
+	// with the workers' lane table), so that a session's page can say "no
+	// worker for lane heavy". Nil: only a job waiting while no worker runs,
+	// or for long, is named.
+	Lanes client.LanesFunc
 }
 
 // Validate refuses a listener beyond loopback without a token, and a
@@ -185,6 +190,9 @@ func (s *Service) routes() {
 	s.mux.HandleFunc("GET /api/sessions/{id}/tasks", sessionAPI(s, s.c.Tasks))
 	s.mux.HandleFunc("GET /api/sessions/{id}/artifact", s.apiArtifact)
 	s.mux.HandleFunc("POST /api/sessions/{id}/signal", s.apiSignal)
+	s.mux.HandleFunc("POST /api/sessions/{id}/budget", s.apiBudget)
+	s.mux.HandleFunc("POST /api/sessions/{id}/close", s.apiClose)
+	s.mux.HandleFunc("GET /api/sessions/{id}/waiting", s.apiWaiting)
 	s.mux.HandleFunc("GET /api/updates", s.apiUpdates)
 	s.mux.HandleFunc("GET /api/deadletters", s.apiDeadLetters)
 	s.mux.HandleFunc("GET /api/workers", s.apiWorkers)
@@ -214,6 +222,8 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, client.ErrBadInput):
 		return http.StatusBadRequest
+	case errors.Is(err, client.ErrSessionEnded):
+		return http.StatusConflict
 	case errors.Is(err, bus.ErrDigestMismatch):
 		return http.StatusBadGateway
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -29,10 +29,16 @@ type system struct {
 
 func startSystem(t *testing.T, cfg dashboard.Config) *system {
 	t.Helper()
+	return startServices(t, cfg, serve.All(2))
+}
+
+// startServices is startSystem running the services svc.
+func startServices(t *testing.T, cfg dashboard.Config, svc serve.Services) *system {
+	t.Helper()
 	b, _ := testnats.Bus(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve.All(2).Run(ctx, b, testnats.Logger(t), nil) }()
+	go func() { done <- svc.Run(ctx, b, testnats.Logger(t), nil) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {

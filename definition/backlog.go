@@ -32,7 +32,7 @@ func backlogKeys() []string {
 		"kind", "name", "project", "agents", "roles", "schedule",
 		"max_iterations", "max_parallel", "source_files", "summary_iterations",
 		"timeout", "validate", "validate_timeout", "prompts", "budget", "breaker",
-		"workdir", "target",
+		"workdir", "target", "approval", "job_dispatch_timeout",
 	}
 }
 
@@ -165,7 +165,40 @@ func (l *loader) backlog(top yamlread.Map, p *schemas.Pipeline) {
 	if e, ok := top.Get("breaker"); ok {
 		p.Breaker = l.breaker(e)
 	}
+	if e, ok := top.Get("job_dispatch_timeout"); ok {
+		p.JobDispatchTimeoutMs = l.duration(e, 0)
+	}
+	if e, ok := top.Get("approval"); ok {
+		b.Approval = l.phaseApprovals(e)
+	}
 	p.Backlog = b
+}
+
+// phaseApprovals decodes a backlog's approval gates: a mapping from roles
+// (bootstrap, repair, iterate, review) to gates, each as a step's
+// approval. A null gate is absent; nil is returned when none is set.
+func (l *loader) phaseApprovals(e yamlread.Entry) map[string]schemas.Approval {
+	if _, scalar := yamlread.Scalar(e.Val); scalar {
+		// approval: required, as on a step: say what a backlog takes.
+		l.Errorf(e.ValPos, e.Field, "want a mapping from roles to gates, such as {iterate: required} (roles: %s), got %s",
+			strings.Join(backlogRoles(), ", "), describeValue(e.Val))
+		return nil
+	}
+	m, ok := l.Mapping(e.Val, e.KeyPos, e.Field, nil)
+	if !ok {
+		return nil
+	}
+	m = l.Only(m, backlogRoles(), "role")
+	var out map[string]schemas.Approval
+	for _, r := range m.Entries {
+		if a := l.approval(r); a != nil {
+			if out == nil {
+				out = map[string]schemas.Approval{}
+			}
+			out[r.Key] = *a
+		}
+	}
+	return out
 }
 
 // backlogAgents decodes agents: a non-empty mapping from agent names

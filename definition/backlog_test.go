@@ -295,7 +295,7 @@ func TestParseKindPipeline(t *testing.T) {
 
 func TestParseBacklogErrors(t *testing.T) {
 	dir := backlogDir(t)
-	const allowed = `(allowed: kind, name, project, agents, roles, schedule, max_iterations, max_parallel, source_files, summary_iterations, timeout, validate, validate_timeout, prompts, budget, breaker, workdir, target)`
+	const allowed = `(allowed: kind, name, project, agents, roles, schedule, max_iterations, max_parallel, source_files, summary_iterations, timeout, validate, validate_timeout, prompts, budget, breaker, workdir, target, approval, job_dispatch_timeout)`
 	tests := []struct {
 		name    string
 		yaml    string

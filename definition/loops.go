@@ -28,14 +28,14 @@ const (
 
 // loopsKeys returns the top-level keys of a loops file.
 func loopsKeys() []string {
-	return []string{"kind", "name", "target", "agent", "levels", "budget", "breaker"}
+	return []string{"kind", "name", "target", "agent", "levels", "budget", "breaker", "job_dispatch_timeout"}
 }
 
 // levelKeys returns the keys of one level of a loops file.
 func levelKeys() []string {
 	return []string{
 		"agent", "prompt", "outputs", "validate", "validate_timeout",
-		"max_iterations", "timeout", "worktree", "children", "breaker",
+		"max_iterations", "timeout", "worktree", "children", "breaker", "approval",
 	}
 }
 
@@ -79,6 +79,9 @@ func (l *loader) loops(top yamlread.Map, p *schemas.Pipeline) {
 	}
 	if e, ok := top.Get("breaker"); ok {
 		p.Breaker = l.breaker(e)
+	}
+	if e, ok := top.Get("job_dispatch_timeout"); ok {
+		p.JobDispatchTimeoutMs = l.duration(e, 0)
 	}
 	p.Loops = lp
 
@@ -215,6 +218,9 @@ func (l *loader) level(e yamlread.Entry, def *schemas.AgentSpec, levels []string
 		}
 	}
 	l.runLimits(m, &lv.MaxIterations, &lv.TimeoutMs, &lv.ValidateTimeoutMs, &lv.Breaker)
+	if ae, ok := m.Get("approval"); ok {
+		lv.Approval = l.approval(ae)
+	}
 	if ce, ok := m.Get("children"); ok {
 		lv.Children = l.children(ce, &lv, levels, outputsOK, &info)
 	}

@@ -238,13 +238,13 @@ func TestParseLoopsErrors(t *testing.T) {
 			yaml: "kind: loops\nname: demo\nagent: {backend: claude}\nsteps: {}\nlevelz: {}\nlevels:\n" + "  plan:\n    outputs: [{name: plan.md}]\n",
 			wantErr: []string{
 				`p.yaml:4: steps: a file of kind loops has no steps: its loops are configured by levels (rename steps to levels, or remove kind for a pipeline)`,
-				`p.yaml:5: levelz: unknown key "levelz" (allowed: kind, name, target, agent, levels, budget, breaker)`,
+				`p.yaml:5: levelz: unknown key "levelz" (allowed: kind, name, target, agent, levels, budget, breaker, job_dispatch_timeout)`,
 			},
 		},
 		{
 			name:    "unknown level key",
 			yaml:    loopsHead + plan + "    requires: [x]\n",
-			wantErr: []string{`p.yaml:7: levels.plan.requires: unknown key "requires" (allowed: agent, prompt, outputs, validate, validate_timeout, max_iterations, timeout, worktree, children, breaker)`},
+			wantErr: []string{`p.yaml:7: levels.plan.requires: unknown key "requires" (allowed: agent, prompt, outputs, validate, validate_timeout, max_iterations, timeout, worktree, children, breaker, approval)`},
 		},
 		{
 			name:    "name and levels missing",

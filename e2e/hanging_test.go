@@ -136,3 +136,33 @@ steps:
 		t.Errorf("events: %s; want the job never started, then cancelled and failed", got)
 	}
 }
+
+// TestJobDispatchTimeoutLoops: a loops file takes job_dispatch_timeout as
+// a pipeline does: its root loop's agent may use Bash (lane heavy), the
+// only worker runs no-net, and the session fails within seconds naming the
+// timeout.
+func TestJobDispatchTimeoutLoops(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	c.service("orchestrator", "orchestrator")
+	c.service("validator", "validator", "--ack-wait", "10s")
+	c.service("projector", "projector")
+	c.service("worker-a", "agentworker", "--id", "worker-a", "--lanes", "no-net", "--ack-wait", "10s", "--work-dir", filepath.Join(c.dir, "work-a"))
+	writeFiles(t, c.dir, map[string]string{"loops.yaml": `kind: loops
+name: lanes
+job_dispatch_timeout: 3s
+levels:
+  plan:
+    agent: {backend: claude, command: [false], allowed_tools: [Bash]}
+    outputs: [{name: plan.md}]
+`})
+	start := time.Now()
+	res := loopbus(t, append([]string{"run", filepath.Join(c.dir, "loops.yaml"), "--task", "build it", "--session", "lane-loops"}, c.global()...)...)
+	took := time.Since(start)
+	if res.code != 1 || !strings.Contains(res.stderr, "job lane-loops.plan.1 was not started within job_dispatch_timeout 3s") {
+		t.Fatalf("run: exit %d after %s, want 1 naming job_dispatch_timeout\n%s", res.code, took, res.stderr)
+	}
+	if took > 45*time.Second {
+		t.Errorf("the session failed after %s, want a few seconds", took)
+	}
+}

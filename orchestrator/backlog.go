@@ -15,7 +15,7 @@ import (
 // A backlog session runs each task as a step named after the task, and each
 // role run (bootstrap, repair, review) as a step named after the role; the
 // step machinery (feedback, retries, rate-limit waits, breaker, signals,
-// budgets) is the pipelines'. What differs is decided here: which step runs
+// budgets, approval gates by role) is the pipelines'. What differs is decided here: which step runs
 // next (task selection and phases) and what a passed run changes (task.*
 // events from the agent's summary).
 
@@ -125,6 +125,13 @@ func (b *BacklogState) iterateAgent(n int) string {
 // stepDef is the step a run of a task or role executes.
 func (b *BacklogState) stepDef(name, agent string, s *Session) schemas.Step {
 	def := schemas.Step{Name: name, Agent: b.Def.Agents[agent], MaxIterations: max(b.Def.MaxSummaryIterations, 1), TimeoutMs: b.Def.TimeoutMs}
+	role := schemas.RoleIterate
+	if slices.Contains(roleSteps, name) {
+		role = name
+	}
+	if a, ok := b.Def.Approval[role]; ok {
+		def.Approval = &a
+	}
 	switch name {
 	case schemas.PhaseBootstrap, schemas.PhaseRepair:
 		def.Outputs = []schemas.Output{{Name: backlog.FileName, Schema: backlog.FileSchema(), SchemaVersion: "task-file/1", Report: true}}

@@ -58,10 +58,13 @@ type simResult struct {
 	lines       []string
 	maxInFlight int
 	prompts     map[string]string
+	// state is the state the session ends in.
+	state *State
 }
 
 // simulate runs a session to its end (or 200 events) with script as every
-// agent, returning the decisions as lines.
+// agent, returning the decisions as lines. An approval gate reached
+// (approval.requested of job J) is answered by during[0]["gate J"].
 func simulate(t *testing.T, start schemas.Event, script agentScript, during ...map[string][]schemas.Event) simResult {
 	t.Helper()
 	st := NewState()
@@ -112,10 +115,14 @@ func simulate(t *testing.T, start schemas.Event, script agentScript, during ...m
 							Data: &schemas.JobCompleted{JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, Worker: "w", Artifacts: []schemas.ArtifactRef{out}}},
 						simVerdict(t, jr, script(jr, runs[jr.Step])))
 				}
+				if ar, ok := o.Data.(*schemas.ApprovalRequested); ok && len(during) > 0 {
+					queue = append(queue, during[0]["gate "+ar.JobID]...)
+				}
 			}
 			trigger = out[len(out)-1]
 		}
 	}
+	res.state = st
 	return res
 }
 
@@ -172,6 +179,12 @@ func simLine(ev schemas.Event) string {
 		return line(ev)
 	case *schemas.StepFailed:
 		return line(ev)
+	case *schemas.ApprovalRequested, *schemas.ApprovalExpired:
+		return approvalLine(ev)
+	case *schemas.SignalAcknowledged:
+		if d.Signal == "approve" || d.Signal == "reject" {
+			return line(ev)
+		}
 	}
 	return ""
 }

@@ -543,11 +543,10 @@ func (d *decider) answer(p PendingSignal) {
 	}
 }
 
-// gated reports whether st has an approval gate: a pipeline step with
-// approval set (loop levels and backlog runs have none).
-func (s *Session) gated(st *Step) bool {
-	return st.Def.Approval != nil && s.Backlog == nil && s.Loops == nil
-}
+// gated reports whether st has an approval gate: a pipeline step, a loop
+// of a level or a backlog run of a role with approval set (its Def carries
+// the gate).
+func (s *Session) gated(st *Step) bool { return st.Def.Approval != nil }
 
 // awaitApproval records that st's passed outputs wait for approval, until
 // its timeout if it has one.
@@ -578,15 +577,16 @@ func (d *decider) approvalExpired(st *Step) {
 	}
 }
 
-// answerApproval acts on an approve or reject signal: only a step awaiting
-// approval takes one; any other is acknowledged as ignored, saying why.
+// answerApproval acts on an approve or reject signal: only a step (a
+// loop, a backlog run) awaiting approval takes one; any other is
+// acknowledged as ignored, saying why.
 func (d *decider) answerApproval(p PendingSignal, st *Step, ack func(result, detail string), ignore func(string, ...any)) {
 	switch {
 	case st == nil:
 		ignore("%s names a step awaiting approval: SESSION/STEP", p.Verb)
 		return
 	case !d.s.gated(st):
-		ignore("step %s has no approval gate", st.Def.Name)
+		ignore("%s has no approval gate", d.s.gateName(st))
 		return
 	case !st.awaitingApproval():
 		state := st.Status
@@ -598,7 +598,7 @@ func (d *decider) answerApproval(p PendingSignal, st *Step, ack func(result, det
 		case st.Status == StepRunning && st.Outcome == outcomeFailed:
 			state = "running again"
 		}
-		ignore("step %s is not awaiting approval (it is %s)", st.Def.Name, state)
+		ignore("%s is not awaiting approval (it is %s)", d.s.gateName(st), state)
 		return
 	case p.Verb == "reject" && strings.TrimSpace(p.Reason) == "":
 		ignore("a reject needs a reason: it is the next iteration's feedback")
@@ -609,10 +609,39 @@ func (d *decider) answerApproval(p PendingSignal, st *Step, ack func(result, det
 		by = " by " + p.By
 	}
 	if p.Verb == "approve" {
-		ack(schemas.SignalApplied, fmt.Sprintf("step %s approved%s; it completes", st.Def.Name, by))
+		then := "it completes"
+		if lp := d.s.loopOf(st); lp != nil {
+			if lv := d.s.Loops.Def.Level(lp.Level); lv != nil && lv.Children != nil {
+				then = "it completes and spawns its children"
+			}
+		}
+		ack(schemas.SignalApplied, fmt.Sprintf("%s approved%s; %s", d.s.gateName(st), by, then))
 		return
 	}
-	ack(schemas.SignalApplied, fmt.Sprintf("step %s rejected%s; iteration %d runs with the reason as feedback", st.Def.Name, by, st.Iteration+1))
+	ack(schemas.SignalApplied, fmt.Sprintf("%s rejected%s; iteration %d runs with the reason as feedback", d.s.gateName(st), by, st.Iteration+1))
+}
+
+// gateName names st for messages about its gate: step NAME, loop ID, task
+// ID (a backlog's task run) or the NAME run (a backlog's role run).
+func (s *Session) gateName(st *Step) string {
+	name := st.Def.Name
+	switch {
+	case s.Backlog != nil && slices.Contains(roleSteps, name):
+		return "the " + name + " run"
+	case s.Backlog != nil:
+		return "task " + name
+	case s.Loops != nil:
+		return "loop " + name
+	}
+	return "step " + name
+}
+
+// loopOf returns the loop st runs in a loops session, nil otherwise.
+func (s *Session) loopOf(st *Step) *Loop {
+	if s.Loops == nil || s.Backlog != nil {
+		return nil
+	}
+	return s.Loops.Loops[st.Def.Name]
 }
 
 // resume resumes the session (and every held or waiting step) or one step.

@@ -13,8 +13,9 @@ import (
 
 // A loops session runs each loop of its hierarchy as a step named after the
 // loop's id (the root's level name, then <parent>-001, <parent>-002, …), so
-// feedback, retries, rate-limit waits, the breaker, signals and budgets are
-// the pipelines'. What differs is decided here: which loops exist (spawned
+// feedback, retries, rate-limit waits, the breaker, signals, budgets and
+// approval gates (a level's approval: its loops complete, and spawn their
+// children, only once approved) are the pipelines'. What differs is decided here: which loops exist (spawned
 // from a passed parent's artifact), and how a worktree loop's commits reach
 // the target branch (a merge queue, one merge job at a time, in pass
 // order).
@@ -286,7 +287,8 @@ func (l *LoopsState) unqueue(id string) {
 // loopStepDef is the step a loop of level lv runs.
 func loopStepDef(id string, lv *schemas.LoopLevel) schemas.Step {
 	return schemas.Step{Name: id, Agent: lv.Agent, Prompt: lv.Prompt, Outputs: lv.Outputs, Validate: lv.Validate,
-		MaxIterations: max(lv.MaxIterations, 1), TimeoutMs: lv.TimeoutMs, ValidateTimeoutMs: lv.ValidateTimeoutMs, Breaker: lv.Breaker, Line: lv.Line}
+		MaxIterations: max(lv.MaxIterations, 1), TimeoutMs: lv.TimeoutMs, ValidateTimeoutMs: lv.ValidateTimeoutMs, Breaker: lv.Breaker, Line: lv.Line,
+		Approval: lv.Approval}
 }
 
 // checkParts cuts a passed loop's children inputs from its report; a report

@@ -55,7 +55,16 @@ func commitOf(id string) string { return fmt.Sprintf("%x", schemas.Digest([]byte
 
 func simulateLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []string, reqs map[string]*schemas.JobRequested) {
 	t.Helper()
-	st := NewState()
+	lines, reqs, _ = runLoops(t, start, w)
+	return lines, reqs
+}
+
+// runLoops is simulateLoops that also returns the state it ends in. An
+// approval gate reached (approval.requested of job J) is answered by
+// during["gate J"].
+func runLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []string, reqs map[string]*schemas.JobRequested, st *State) {
+	t.Helper()
+	st = NewState()
 	queue := []schemas.Event{start}
 	reqs = map[string]*schemas.JobRequested{}
 	cat, err := schemas.NewCatalogue()
@@ -130,11 +139,14 @@ func simulateLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []stri
 					queue = append(queue, w.during[jr.JobID]...)
 					queue = append(queue, answer(jr)...)
 				}
+				if ar, ok := o.Data.(*schemas.ApprovalRequested); ok {
+					queue = append(queue, w.during["gate "+ar.JobID]...)
+				}
 			}
 			trigger = out[len(out)-1]
 		}
 	}
-	return lines, reqs
+	return lines, reqs, st
 }
 
 func loopLine(ev schemas.Event) string {
@@ -168,6 +180,12 @@ func loopLine(ev schemas.Event) string {
 		return fmt.Sprintf("%s %s %s", typ, d.Step, d.Kind)
 	case *schemas.SessionCompleted, *schemas.SessionFailed, *schemas.StepFailed:
 		return line(ev)
+	case *schemas.ApprovalRequested, *schemas.ApprovalExpired:
+		return approvalLine(ev)
+	case *schemas.SignalAcknowledged:
+		if d.Signal == "approve" || d.Signal == "reject" {
+			return line(ev)
+		}
 	}
 	return ""
 }

@@ -292,6 +292,9 @@ func (st *Step) awaitingApproval() bool {
 // next iteration runs with reason as feedback. A person's rejection
 // (byPerson) does not count against max_iterations; one by a gate's
 // timeout does, so that a gate nobody answers cannot run agents forever.
+// (A loop's children cut from the rejected outputs stay in its Parts
+// until the next passed verdict replaces them: only a completed loop
+// spawns.)
 func (st *Step) reject(reason string, byPerson bool) {
 	st.Outcome, st.Passed = outcomeFailed, nil
 	if byPerson {
@@ -742,7 +745,7 @@ func (f *facts) check(s *Session, ev schemas.Event) error {
 			return bad("completes step %s with job %s, whose run or validation failed", d.Step, d.JobID)
 		case st.Outcome != outcomePassed:
 			return bad("completes step %s with job %s, whose validation has not passed", d.Step, d.JobID)
-		case st.Def.Approval != nil && s.Backlog == nil && s.Loops == nil && !st.Approved:
+		case s.gated(st) && !st.Approved:
 			return bad("completes step %s with job %s, which was not approved (the step has an approval gate)", d.Step, d.JobID)
 		case !sameArtifacts(d.Artifacts, st.Passed):
 			return bad("completes step %s with artifacts %s, but the passed verdict on job %s names %s", d.Step, artifactList(d.Artifacts), d.JobID, artifactList(st.Passed))

@@ -46,3 +46,31 @@ func TestFoldApproval(t *testing.T) {
 		t.Fatalf("after the next request: %s, approval %+v", sv.Status, sv.Approval)
 	}
 }
+
+// A loop waiting at its level's gate shows awaiting_approval in the
+// manifest (status, watch and the dashboard's loop tree read it), and so
+// does the loop once approved and completed no longer.
+func TestFoldLoopApproval(t *testing.T) {
+	b := loopsBuilder{&builder{}}
+	in := inputRef(sessionID)
+	p := loopsPipeline()
+	p.Loops.Levels[0].Approval = &schemas.Approval{}
+	b.add(sessionID, schemas.TypeSessionStarted, "", "", &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: shortHash(in.Digest),
+		Loops: &schemas.LoopsStart{Task: "Add a cache", Base: "main", BaseCommit: baseCommit, Target: loopTarget}})
+	b.spawn("plan", "", "plan", 0, 0, "Add a cache")
+	job := b.request("plan", 1, 0, "")
+	plan := artifact(sessionID, "plan", 1, "plan.md", "## Cache layer\n")
+	b.done("plan", job, 1, nil, true, plan)
+	b.add(sessionID, schemas.TypeApprovalRequested, "plan", job, &schemas.ApprovalRequested{Step: "plan", JobID: job, Iteration: 1, Artifacts: []schemas.ArtifactRef{plan}})
+	m := BuildManifest(sessionID, b.evs)
+	if sv := m.Steps["plan"]; sv == nil || sv.Status != StepStatusAwaitingApproval || sv.Approval == nil {
+		t.Fatalf("loop plan: %+v, want awaiting_approval", sv)
+	}
+	sig := b.signal(sessionID, "approve", "plan", "", "")
+	b.ack(sessionID, sig, "approve", "plan", schemas.SignalApplied, "loop plan approved")
+	b.stepCompleted(sessionID, "plan", job, 1, "", plan)
+	m = BuildManifest(sessionID, b.evs)
+	if sv := m.Steps["plan"]; sv.Status != StepStatusCompleted || sv.Approval != nil {
+		t.Fatalf("loop plan after approval: %s, approval %+v", sv.Status, sv.Approval)
+	}
+}

@@ -141,6 +141,10 @@ type Backlog struct {
 	// ("" for the repository's current branch).
 	Workdir string `json:"workdir,omitempty"`
 	Base    string `json:"base,omitempty"`
+	// Approval holds the approval gates by role (bootstrap, repair,
+	// iterate: every task run, review): a run of a gated role waits after
+	// its report passed until it is approved or rejected.
+	Approval map[string]Approval `json:"approval,omitempty"`
 }
 
 // Workdirs of a backlog.

@@ -78,7 +78,11 @@ type LoopLevel struct {
 	// Children says which loops a passed loop of this level spawns.
 	Children *LoopChildren `json:"children,omitempty"`
 	Breaker  *Breaker      `json:"breaker,omitempty"`
-	Line     int           `json:"line,omitempty"`
+	// Approval, when set, is a gate: each loop of the level waits after
+	// its validation passed until it is approved (it completes, then
+	// spawns its children or is merged) or rejected.
+	Approval *Approval `json:"approval,omitempty"`
+	Line     int       `json:"line,omitempty"`
 }
 
 // LoopChildren says how a passed loop spawns its children.

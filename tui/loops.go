@@ -98,7 +98,7 @@ func loopTree(m *projections.Manifest) []treeNode {
 
 // loopState is a loop's status for people: "merged 3f2a1bc", "merging
 // 9c1e2d4", a running loop's held or waiting step state ("paused:
-// reason"), or the plain status.
+// reason", "awaiting approval"), or the plain status.
 func loopState(l *projections.LoopView, st *projections.StepView, now time.Time) string {
 	switch l.Status {
 	case projections.LoopStatusCompleted:
@@ -112,7 +112,8 @@ func loopState(l *projections.LoopView, st *projections.StepView, now time.Time)
 	case projections.LoopStatusRunning:
 		if st != nil {
 			switch st.Status {
-			case projections.StepStatusPaused, projections.StepStatusStopped, projections.StepStatusBreaker, projections.StepStatusWaiting:
+			case projections.StepStatusPaused, projections.StepStatusStopped, projections.StepStatusBreaker, projections.StepStatusWaiting,
+				projections.StepStatusAwaitingApproval:
 				return StepState(st, now)
 			}
 		}

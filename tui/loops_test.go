@@ -224,3 +224,26 @@ func TestProgressLoops(t *testing.T) {
 		}
 	}
 }
+
+// A loop waiting at its level's approval gate says so in the tree.
+func TestWriteStatusLoopAwaitingApproval(t *testing.T) {
+	e := &events{}
+	e.add(schemas.TypeSessionStarted, "", &schemas.SessionStarted{
+		Pipeline: schemas.Pipeline{Name: "feature", Kind: schemas.KindLoops, Loops: &schemas.Loops{Levels: []schemas.LoopLevel{
+			{Name: "plan", MaxIterations: 2, Approval: &schemas.Approval{}},
+		}}},
+		Loops: &schemas.LoopsStart{Task: "Add a cache"},
+	})
+	e.add(schemas.TypeLoopSpawned, "plan", &schemas.LoopSpawned{Loop: "plan", Level: "plan", Title: "Add a cache"})
+	e.add(schemas.TypeJobRequested, "plan", &schemas.JobRequested{JobID: "plan.1", Step: "plan", Iteration: 1})
+	e.add(schemas.TypeJobCompleted, "plan", &schemas.JobCompleted{JobID: "plan.1", Step: "plan", Iteration: 1})
+	e.add(schemas.TypeValidationPassed, "plan", &schemas.Verdict{JobID: "plan.1", Step: "plan", Iteration: 1})
+	e.add(schemas.TypeApprovalRequested, "plan", &schemas.ApprovalRequested{Step: "plan", JobID: "plan.1", Iteration: 1})
+	var b bytes.Buffer
+	if err := WriteStatus(&b, e.manifest(t), false, base.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if got := spaces.ReplaceAllString(b.String(), " "); !strings.Contains(got, "plan plan awaiting approval 1 iteration Add a cache") {
+		t.Errorf("the tree does not show the gate:\n%s", b.String())
+	}
+}

@@ -59,8 +59,14 @@ in the pipeline): the step completes with the outputs that passed validation
 and the steps after it run. The approval is a signal.approve event naming who
 (--by, default your user name) and the optional --comment; the orchestrator
 answers with signal.acknowledged, printed here. When the step is not
-awaiting approval, the orchestrator ignores it and this exits 1.`
-		cmd.Example = `  loopbus approve kit-1/summary --comment "reads well"`
+awaiting approval, the orchestrator ignores it and this exits 1.
+
+STEP is a pipeline's step, a loop's id in a loops session (approving it
+spawns its children) or a backlog's task id or role (bootstrap, repair,
+review): loop levels and backlog roles take approval too.`
+		cmd.Example = `  loopbus approve kit-1/summary --comment "reads well"
+  loopbus approve feature-1/plan-001
+  loopbus approve backlog-1/T003`
 		cmd.Flags().StringVar(&text, "comment", "", "an optional comment, kept in the history")
 	} else {
 		cmd.Short = "Reject a step waiting at its approval gate: another iteration runs with the reason as feedback"

@@ -69,6 +69,13 @@ func serveDashboard(ctx context.Context, cfg dashboard.Config, given bool, mcfg 
 		return err
 	}
 	cfg.Extra = map[string]http.Handler{"GET /metrics": m.Handler()}
+	if cfg.Lanes == nil {
+		// A session's page names the lanes its waiting jobs need, as
+		// status does.
+		if cfg.Lanes, err = jobLanes(); err != nil {
+			return err
+		}
+	}
 	d, err := dashboard.New(cfg, client.New(b), log.With().Str("service", "dashboard").Logger(), time.Now)
 	if err != nil {
 		return err
@@ -107,8 +114,11 @@ func newDashboardCmd(g *globals) *cobra.Command {
 		Long: `Serve the web dashboard alone, against the bus of --nats (or the server
 another loopbus command runs on --data). It lists sessions, follows one live
 (steps or loop tree, events, tool calls, cost, artifacts), shows the dead
-letters and backlogs' tasks, and sends pause, resume, stop, hint and
-invalidate as 'loopbus signal' does. /metrics is served beside it.
+letters and backlogs' tasks, and sends pause, resume, stop, hint,
+invalidate, approve and reject as 'loopbus signal' does, and budget and
+close as 'loopbus budget' and 'loopbus close' do; a session's page says
+when its jobs wait for a lane no worker serves. /metrics is served beside
+it.
 
 It listens on loopback unless told otherwise; any other address needs a
 token (--http-token or ` + httpTokenEnv + `).`,

@@ -226,6 +226,7 @@ function sessionPage() {
     jobs(m);
     artifacts(m);
     if (m.kind === "backlog") tasks();
+    waiting(m);
     if (document.getElementById("manifest-box").open) document.getElementById("manifest").textContent = JSON.stringify(m, null, 2);
   }
 
@@ -292,7 +293,11 @@ function sessionPage() {
       const ls = kids.get(parent) || [];
       if (!ls.length || depth > 20) return null;
       return el("ul", {}, ...ls.map((l) => {
-        const st = Object.assign({}, steps[l.id] || {}, { status: l.status });
+        // A running loop shows its step's hold or wait (as status does):
+        // paused, waiting, awaiting approval.
+        const step = steps[l.id] || {};
+        const held = l.status === "running" && ["paused", "stopped", "breaker", "waiting", "awaiting_approval"].includes(step.status);
+        const st = Object.assign({}, step, { status: held ? step.status : l.status });
         return el("li", {}, node(l.id, st, l.level + (l.title ? ": " + l.title : "") + (l.branch ? " · " + l.branch : "")), list(l.id, depth + 1));
       }));
     };
@@ -347,12 +352,86 @@ function sessionPage() {
     }, 500);
   }
 
+  // waiting says when the session's jobs wait for a worker ("no worker
+  // for lane heavy"). The answer reads the session's history, so it is
+  // asked when the jobs requested and not started change, and every 10 s
+  // while there are any (workers come and go without an event of the
+  // session).
+  let waitTimer = null, waitTick = null, waitKey = "";
+  function waiting(m, tick) {
+    const ids = m.status === "running" ? Object.entries(m.jobs || {}).filter(([, j]) => j.status === "requested").map(([id]) => id).sort() : [];
+    const box = document.getElementById("unserved");
+    if (!ids.length) {
+      box.hidden = true;
+      box.textContent = "";
+      waitKey = "";
+      if (waitTick) { clearInterval(waitTick); waitTick = null; }
+      return;
+    }
+    if (!waitTick) waitTick = setInterval(() => waiting(manifest, true), 10000);
+    const key = ids.join(" ");
+    if ((key === waitKey && !tick) || waitTimer) return;
+    waitKey = key;
+    waitTimer = setTimeout(async () => {
+      waitTimer = null;
+      try {
+        const d = await api("/api/sessions/" + enc + "/waiting");
+        const lines = d.waiting.filter((w) => w.job).map((w) => "Job " + w.job + " (" + w.step + "): " + w.message + ".");
+        box.textContent = lines.join(" ");
+        box.hidden = lines.length === 0;
+      } catch (e) { showError("Could not tell which workers are present: " + e.message); }
+    }, 300);
+  }
+
+  // The budget form and the close button: session.budget and
+  // session.closed, as loopbus budget and loopbus close send them.
+  const controls = document.getElementById("session-controls");
+  const controlOut = document.getElementById("control-result");
+  async function control(what, body) {
+    controlOut.textContent = what + "…";
+    try {
+      const res = await api("/api/sessions/" + enc + "/" + what, { method: "POST", headers: { "Content-Type": "application/json", Accept: "application/json" }, body: JSON.stringify(body) });
+      controlOut.textContent = (what === "close" ? "closed" : "budget set") + " (recorded at stream sequence " + res.seq + ")";
+      controlOut.dataset.result = "recorded";
+      return true;
+    } catch (e) {
+      controlOut.textContent = what + " refused: " + e.message;
+      controlOut.dataset.result = "error";
+      return false;
+    }
+  }
+  controls.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const f = controls.elements;
+    const body = {};
+    if (f.maxCostUsd.value) body.maxCostUsd = Number(f.maxCostUsd.value);
+    if (f.maxTokens.value) body.maxTokens = Number(f.maxTokens.value);
+    if (f.maxIterations.value) body.maxIterations = Number(f.maxIterations.value);
+    if (f.reason.value) body.reason = f.reason.value;
+    if (await control("budget", body)) for (const name of ["maxCostUsd", "maxTokens", "maxIterations", "reason"]) f[name].value = "";
+  });
+  // Closing is for good: the first click asks, a second within 5 s closes.
+  const closeBtn = document.getElementById("close");
+  let armed = null;
+  closeBtn.addEventListener("click", async () => {
+    if (!armed) {
+      closeBtn.textContent = "Close for good?";
+      armed = setTimeout(() => { armed = null; closeBtn.textContent = "Close session"; }, 5000);
+      return;
+    }
+    clearTimeout(armed);
+    armed = null;
+    closeBtn.textContent = "Close session";
+    const reason = controls.elements.reason.value;
+    if (await control("close", reason ? { reason } : {})) controls.elements.reason.value = "";
+  });
+
   document.getElementById("manifest-box").addEventListener("toggle", (e) => {
     if (e.target.open && manifest) document.getElementById("manifest").textContent = JSON.stringify(manifest, null, 2);
   });
 
   document.getElementById("text").addEventListener("input", (e) => { delete e.target.dataset.empty; });
-  for (const btn of document.querySelectorAll(".controls button")) {
+  for (const btn of document.querySelectorAll(".controls button[data-verb]")) {
     btn.addEventListener("click", async () => {
       const verb = btn.dataset.verb;
       const step = document.getElementById("step").value;
