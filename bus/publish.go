@@ -79,15 +79,18 @@ func (b *Bus) PublishExpect(ctx context.Context, ev schemas.Event, expectLast ui
 
 // PublishChain writes evs, all of one session, in order, each only if the
 // session's newest event is the one written just before it (the first:
-// at expectLast), so no other event can come between them. Unlike
-// PublishBatch it is not atomic: it stops at the first event refused
-// (ErrStale; ErrDuplicate when its id was stored before) or failed,
-// having written the events before it, and Published.Seq is the last
-// event written. It is for writers that would make the rest of the chain
-// again from what was written, as the orchestrator's level-triggered
-// decisions are made again from the session's events; it costs one
-// round trip per event, where the server stages an atomic batch in a
-// store of its own, synced to disk, per batch.
+// at expectLast), so no other event can come between them. An event whose
+// id is already stored (within the de-duplication window) is skipped: it
+// was written by an earlier attempt at the same chain, which this one
+// completes. Unlike PublishBatch it is not atomic: it stops at the first
+// event refused (ErrStale) or failed, having written the events before
+// it. Published.Seq is the sequence of the last event written; when every
+// event was already stored, nothing is written and the error wraps
+// ErrDuplicate. It is for writers that make the rest of a chain again
+// from what was written, as the orchestrator's level-triggered decisions
+// are made again from the session's events; it costs one round trip per
+// event, where the server stages an atomic batch in a store of its own,
+// synced to disk, per batch.
 func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (Published, error) {
 	// Every event is encoded (and checked) before the first is written:
 	// an event that cannot be written does not leave the others half done.
@@ -103,17 +106,21 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 		msgs[i] = m
 	}
 	var res Published
-	for i, m := range msgs {
+	written := false
+	for _, m := range msgs {
 		m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
 		m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
 		p, err := b.request(ctx, m)
-		if err == nil && p.Duplicate {
-			err = fmt.Errorf("%w (%s)", ErrDuplicate, evs[i].ID)
-		}
 		if err != nil {
 			return res, err
 		}
-		res.Seq, expectLast = p.Seq, p.Seq
+		if p.Duplicate {
+			continue // the session's newest event is still expectLast
+		}
+		res.Seq, expectLast, written = p.Seq, p.Seq, true
+	}
+	if !written {
+		return res, fmt.Errorf("%w (%s…): every event of the chain was stored before", ErrDuplicate, evs[0].ID)
 	}
 	return res, nil
 }

@@ -281,9 +281,10 @@ func TestPublishBatchConcurrentDeciders(t *testing.T) {
 }
 
 // TestPublishChain: the events are written in order, each guarded on the
-// one before; a stale expectation writes nothing; a chain whose second
-// event was stored before stops there, with the first written; an event
-// that cannot be encoded writes none.
+// one before; a stale expectation writes nothing; events stored before
+// are skipped and the rest written (a chain completed), and a chain
+// stored whole before is ErrDuplicate; an event that cannot be encoded
+// writes none.
 func TestPublishChain(t *testing.T) {
 	t.Parallel()
 	b, _ := testnats.Bus(t)
@@ -303,19 +304,27 @@ func TestPublishChain(t *testing.T) {
 	if _, err := b.PublishChain(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "c3")}); !errors.Is(err, bus.ErrStale) {
 		t.Errorf("stale chain: %v, want ErrStale", err)
 	}
-	res, err = b.PublishChain(ctx, "s1", 4, []schemas.Event{jobStarted("s1", "c4"), jobStarted("s1", "c1"), jobStarted("s1", "c5")})
-	if !errors.Is(err, bus.ErrDuplicate) || res.Seq != 5 {
-		t.Errorf("chain with a stored id = %+v, %v; want Seq 5 and ErrDuplicate", res, err)
+	res, err = b.PublishChain(ctx, "s1", 4, []schemas.Event{jobStarted("s1", "c1"), jobStarted("s1", "c4"), jobStarted("s1", "c2"), jobStarted("s1", "c5")})
+	if err != nil || res.Seq != 6 {
+		t.Errorf("chain completing an earlier one = %+v, %v; want Seq 6", res, err)
+	}
+	for seq, id := range map[uint64]string{5: "c4", 6: "c5"} {
+		if ev, err := b.GetEvent(ctx, seq); err != nil || ev.ID != id {
+			t.Errorf("event %d = %q, %v; want %s", seq, ev.ID, err, id)
+		}
+	}
+	if _, err := b.PublishChain(ctx, "s1", 6, []schemas.Event{jobStarted("s1", "c4"), jobStarted("s1", "c5")}); !errors.Is(err, bus.ErrDuplicate) {
+		t.Errorf("a chain stored before: %v, want ErrDuplicate", err)
 	}
 	bad := jobStarted("s1", "c6")
 	bad.Data = &schemas.JobStarted{}
-	if _, err := b.PublishChain(ctx, "s1", 5, []schemas.Event{jobStarted("s1", "c7"), bad}); err == nil {
+	if _, err := b.PublishChain(ctx, "s1", 6, []schemas.Event{jobStarted("s1", "c7"), bad}); err == nil {
 		t.Error("a chain with an invalid event was written")
 	}
-	if _, err := b.PublishChain(ctx, "s1", 5, []schemas.Event{jobStarted("s2", "c8")}); err == nil {
+	if _, err := b.PublishChain(ctx, "s1", 6, []schemas.Event{jobStarted("s2", "c8")}); err == nil {
 		t.Error("a chain with another session's event was written")
 	}
-	if last, err := b.SessionLastSeq(ctx, "s1"); err != nil || last != 5 {
-		t.Errorf("SessionLastSeq(s1) = %d, %v; want 5", last, err)
+	if last, err := b.SessionLastSeq(ctx, "s1"); err != nil || last != 6 {
+		t.Errorf("SessionLastSeq(s1) = %d, %v; want 6", last, err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 // Bus is what the orchestrator needs from the event bus.
 type Bus interface {
 	Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error
+	PublishBatch(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error)
 	PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error)
 	// OwnID makes a decision's id unguessable to other keys (see
 	// bus.Bus.OwnID), so no one can store something under it first.
@@ -298,7 +299,7 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 // commit publishes one decision and settles the session's inflight mark.
 func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, expect uint64, evs []schemas.Event) {
 	log := s.log.With().Str("session", id).Str("trigger", trigger.Type).Int("events", len(evs)).Logger()
-	res, err := s.bus.PublishChain(ctx, id, expect, s.own(evs))
+	res, err := s.publish(ctx, id, expect, s.own(evs))
 	switch {
 	case err == nil:
 		s.mu.Lock()
@@ -321,7 +322,7 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 		s.mu.Lock()
 		fallback := Unrecordable(s.state, trigger, evs, err, s.now())
 		s.mu.Unlock()
-		fres, ferr := s.bus.PublishChain(ctx, id, expect, s.own(fallback))
+		fres, ferr := s.publish(ctx, id, expect, s.own(fallback))
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		switch {
@@ -335,6 +336,22 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 			delete(s.inflight, id)
 		}
 	}
+}
+
+// publish writes one decision, guarded on the session's last event being
+// expect. A decision that answers a signal is one atomic batch: what the
+// answer does is worked out from the signal, which its acknowledgement
+// consumes, so a part of it could not be made whole again (a stop cut
+// after session.stopped would be answered "already stopped"). Any other
+// decision is a chain (bus.PublishChain): Decide is level-triggered, so
+// the next decision writes whatever a cut chain left out, and a chain
+// costs a round trip per event where the server syncs a staging store of
+// its own to disk for every batch.
+func (s *Service) publish(ctx context.Context, id string, expect uint64, evs []schemas.Event) (bus.Published, error) {
+	if slices.ContainsFunc(evs, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSignalAcknowledged }) {
+		return s.bus.PublishBatch(ctx, id, expect, evs)
+	}
+	return s.bus.PublishChain(ctx, id, expect, evs)
 }
 
 // own gives decided events ids only this orchestrator's key can compute

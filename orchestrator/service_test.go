@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -816,14 +817,27 @@ type failingBus struct {
 }
 
 func (f *failingBus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error) {
-	f.mu.Lock()
-	fail := f.n > 0
-	f.n--
-	f.mu.Unlock()
-	if fail {
-		return bus.Published{}, fmt.Errorf("%w: refused for the test", bus.ErrRejected)
+	if err := f.fail(); err != nil {
+		return bus.Published{}, err
 	}
 	return f.Bus.PublishChain(ctx, session, expectLast, evs)
+}
+
+func (f *failingBus) PublishBatch(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error) {
+	if err := f.fail(); err != nil {
+		return bus.Published{}, err
+	}
+	return f.Bus.PublishBatch(ctx, session, expectLast, evs)
+}
+
+func (f *failingBus) fail() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n--
+	if f.n >= 0 {
+		return fmt.Errorf("%w: refused for the test", bus.ErrRejected)
+	}
+	return nil
 }
 
 // TestRunnerRetriesAfterUnrecordableFallbackFails: when a decision and
@@ -1051,4 +1065,80 @@ func TestRunnerCompletesADecisionCutShort(t *testing.T) {
 		typeStep{schemas.TypeSessionCompleted, ""})
 	r2.stop()
 	r2.assertNoErrors(t)
+}
+
+// interleavingBus writes the first event of the first chain of more
+// than one event, then stores another event of the session, as a worker
+// would between two writes, and answers ErrStale: the rest of the chain
+// is refused. It records whether a chain answered a signal.
+type interleavingBus struct {
+	*bus.Bus
+	mu             sync.Mutex
+	done, answered bool
+}
+
+func (c *interleavingBus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error) {
+	c.mu.Lock()
+	cut := !c.done && len(evs) > 1
+	c.done = c.done || cut
+	c.answered = c.answered || slices.ContainsFunc(evs, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSignalAcknowledged })
+	c.mu.Unlock()
+	if !cut {
+		return c.Bus.PublishChain(ctx, session, expectLast, evs)
+	}
+	if _, err := c.Bus.PublishChain(ctx, session, expectLast, evs[:1]); err != nil {
+		return bus.Published{}, err
+	}
+	if _, err := c.Bus.Publish(ctx, schemas.Event{
+		ID: "between", Type: schemas.TypeToolCompleted, Session: session, Step: "draft", Job: "x", Time: time.Now(),
+		Data: &schemas.ToolCompleted{JobID: "x", ToolID: "t", Name: "n", Lane: "exec", Status: "ok"},
+	}); err != nil {
+		return bus.Published{}, err
+	}
+	return bus.Published{}, fmt.Errorf("another event came between: %w", bus.ErrStale)
+}
+
+// TestRunnerCompletesAnInterruptedDecision: step.completed is written,
+// then another event comes between it and the next job.requested; the
+// orchestrator decides again and requests the job, each decision once. A
+// signal's answer, which could not be made whole again from a part of
+// it, is written as one batch, never as a chain.
+func TestRunnerCompletesAnInterruptedDecision(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	ib := &interleavingBus{Bus: b}
+	r := startRunner(t, ib, "o1")
+	const session = "interrupted"
+	startSession(t, b, session, twoSteps())
+	evs := waitEvents(t, b, session, "job.requested for draft", has(schemas.TypeJobRequested, "draft"))
+	pass(t, b, mustFind(t, evs, schemas.TypeJobRequested, "draft"))
+	evs = waitEvents(t, b, session, "job.requested for review", has(schemas.TypeJobRequested, "review"))
+	sc, jr := mustFind(t, evs, schemas.TypeStepCompleted, "draft"), mustFind(t, evs, schemas.TypeJobRequested, "review")
+	if between := mustFind(t, evs, schemas.TypeToolCompleted, "draft"); !(sc.Seq < between.Seq && between.Seq < jr.Seq) {
+		t.Fatalf("the decision was not interrupted:\n%s", describe(evs))
+	}
+	publish(t, b, schemas.Event{ID: "stop-1", Type: schemas.TypeSignalStop, Session: session, Time: time.Now(),
+		Data: &schemas.Signal{Target: session, Reason: "enough"}})
+	evs = waitEvents(t, b, session, "signal.acknowledged", has(schemas.TypeSignalAcknowledged, ""))
+	ack := mustFind(t, evs, schemas.TypeSignalAcknowledged, "")
+	if d := ack.Data.(*schemas.SignalAcknowledged); d.Result != schemas.SignalApplied {
+		t.Errorf("ack: %+v", d)
+	}
+	if cancelled := mustFind(t, evs, schemas.TypeJobCancelled, "review"); cancelled.Seq+2 != ack.Seq {
+		t.Errorf("the answer is not one write:\n%s", describe(evs))
+	}
+	ib.mu.Lock()
+	if ib.answered {
+		t.Error("a signal was answered by a chain")
+	}
+	ib.mu.Unlock()
+	assertDecisionsOnce(t, evs,
+		typeStep{schemas.TypeJobRequested, "draft"}, typeStep{schemas.TypeStepCompleted, "draft"},
+		typeStep{schemas.TypeJobRequested, "review"})
+	for _, typ := range []string{schemas.TypeJobCancelled, schemas.TypeSessionStopped, schemas.TypeSignalAcknowledged} {
+		if n := countType(evs, typ); n != 1 {
+			t.Errorf("%d %s, want 1:\n%s", n, typ, describe(evs))
+		}
+	}
+	r.stop()
+	r.assertNoErrors(t)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -111,39 +112,72 @@ func SchemaFile(typ string) ([]byte, error) {
 	return b, nil
 }
 
-// Catalogue validates and decodes event data. It is immutable after
-// NewCatalogue and safe for concurrent use.
+// Catalogue validates and decodes event data. It is safe for concurrent
+// use. Each type's schema is compiled when first needed, so a process pays
+// only for the types it meets (a command-line call a few, a service its
+// own); CompileAll compiles them all.
 type Catalogue struct {
 	entries  map[string]entry
-	compiled map[string]*jsonschema.Schema
+	compiled map[string]*compiledSchema
 }
 
-// NewCatalogue compiles the embedded schema of every event type.
+// compiledSchema is one type's schema, compiled once.
+type compiledSchema struct {
+	once sync.Once
+	sch  *jsonschema.Schema
+	err  error
+}
+
+// NewCatalogue returns the catalogue of the embedded schemas.
 func NewCatalogue() (*Catalogue, error) {
-	c := &Catalogue{entries: catalogueEntries(), compiled: map[string]*jsonschema.Schema{}}
+	c := &Catalogue{entries: catalogueEntries(), compiled: map[string]*compiledSchema{}}
+	for typ := range c.entries {
+		if _, err := SchemaFile(typ); err != nil {
+			return nil, err
+		}
+		c.compiled[typ] = &compiledSchema{}
+	}
+	return c, nil
+}
+
+// CompileAll compiles every type's schema now, returning the first error.
+func (c *Catalogue) CompileAll() error {
+	for _, typ := range c.Types() {
+		if _, err := c.schema(typ); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// schema returns typ's compiled schema, compiling it on first use.
+func (c *Catalogue) schema(typ string) (*jsonschema.Schema, error) {
+	cs := c.compiled[typ]
+	cs.once.Do(func() { cs.sch, cs.err = compileEventSchema(typ) })
+	return cs.sch, cs.err
+}
+
+func compileEventSchema(typ string) (*jsonschema.Schema, error) {
+	raw, err := SchemaFile(typ)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("schema of %s: %w", typ, err)
+	}
 	comp := jsonschema.NewCompiler()
 	comp.DefaultDraft(jsonschema.Draft2020)
 	comp.UseLoader(noLoader{})
-	for typ := range c.entries {
-		raw, err := SchemaFile(typ)
-		if err != nil {
-			return nil, err
-		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-		if err != nil {
-			return nil, fmt.Errorf("schema of %s: %w", typ, err)
-		}
-		uri := DataSchemaURI(typ)
-		if err := comp.AddResource(uri, doc); err != nil {
-			return nil, fmt.Errorf("schema of %s: %w", typ, err)
-		}
-		sch, err := comp.Compile(uri)
-		if err != nil {
-			return nil, fmt.Errorf("schema of %s: %w", typ, err)
-		}
-		c.compiled[typ] = sch
+	uri := DataSchemaURI(typ)
+	if err := comp.AddResource(uri, doc); err != nil {
+		return nil, fmt.Errorf("schema of %s: %w", typ, err)
 	}
-	return c, nil
+	sch, err := comp.Compile(uri)
+	if err != nil {
+		return nil, fmt.Errorf("schema of %s: %w", typ, err)
+	}
+	return sch, nil
 }
 
 // Types lists the catalogue's event types, sorted.
@@ -224,7 +258,11 @@ func (c *Catalogue) validateRaw(typ string, raw []byte) error {
 	if err != nil {
 		return fmt.Errorf("%w: %s: data is not JSON: %v", ErrInvalidData, typ, err)
 	}
-	if err := c.compiled[typ].Validate(inst); err != nil {
+	sch, err := c.schema(typ)
+	if err != nil {
+		return err
+	}
+	if err := sch.Validate(inst); err != nil {
 		return fmt.Errorf("%w: %s: %s", ErrInvalidData, typ, summarize(err))
 	}
 	return nil

@@ -737,3 +737,15 @@ func TestDataSchemaURI(t *testing.T) {
 		})
 	}
 }
+
+// TestCatalogueCompilesEverySchema: schemas compile when first used; every
+// embedded one compiles.
+func TestCatalogueCompilesEverySchema(t *testing.T) {
+	c, err := NewCatalogue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CompileAll(); err != nil {
+		t.Fatalf("CompileAll: %v", err)
+	}
+}
