@@ -36,6 +36,8 @@ const (
 	extJob         = "job"
 	extCausation   = "causation"
 	extCorrelation = "correlation"
+	// extForkOf marks a copy in a fork's history (schemas.Event.ForkOf).
+	extForkOf = "forkof"
 	// ExtTraceparent is the CloudEvents distributed-tracing extension:
 	// the W3C trace context of the span the event belongs to (see SpanOf).
 	ExtTraceparent = "traceparent"
@@ -63,7 +65,7 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 	if ev.ID == "" {
 		return nil, fmt.Errorf("event %s: empty id", ev.Type)
 	}
-	subject, err := schemas.SubjectFor(ev.Session, ev.Type)
+	subject, err := ev.StreamSubject()
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +86,7 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 	ce.DataEncoded = raw
 	for _, x := range [...]struct{ name, val string }{
 		{extSession, ev.Session}, {extStep, ev.Step}, {extJob, ev.Job},
-		{extCausation, ev.Causation}, {extCorrelation, ev.Correlation},
+		{extCausation, ev.Causation}, {extCorrelation, ev.Correlation}, {extForkOf, ev.ForkOf},
 	} {
 		if x.val != "" {
 			ce.SetExtension(x.name, x.val)
@@ -180,6 +182,7 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.E
 		Job:         ext(extJob),
 		Causation:   ext(extCausation),
 		Correlation: ext(extCorrelation),
+		ForkOf:      ext(extForkOf),
 		Time:        ce.Time(),
 	}
 	if ev.Session == "" {
@@ -191,7 +194,10 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.E
 	if ce.Subject() != ev.Subject() {
 		return bad("subject attribute %q does not match session/step %q", ce.Subject(), ev.Subject())
 	}
-	if want, _ := schemas.SubjectFor(ev.Session, ev.Type); subject != want {
+	if want, _ := ev.StreamSubject(); subject != want {
+		if ev.ForkOf != "" {
+			return bad("published on %q but a copy of a %s event in the history of session %s belongs on %q", subject, ev.Type, ev.Session, want)
+		}
 		return bad("published on %q but a %s event of session %s belongs on %q", subject, ev.Type, ev.Session, want)
 	}
 	// The de-duplication id is what makes a replayed copy harmless: the
@@ -204,7 +210,13 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte) (schemas.E
 		return bad("%s %q is not the event id %q: a replayed or altered copy", nats.MsgIdHdr, msgID, ev.ID)
 	}
 	if b.trust != nil {
-		signer, err := b.trust.verify(ev.Type, subject, header, data)
+		// A copy in a fork's history is stated by whoever forked (see
+		// schemas.SessionForked): the roles that may fork may copy.
+		stated := ev.Type
+		if ev.ForkOf != "" {
+			stated = schemas.TypeSessionForked
+		}
+		signer, err := b.trust.verify(stated, subject, header, data)
 		if err != nil {
 			return schemas.Event{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 		}

@@ -78,6 +78,7 @@ func catalogueEntries() map[string]entry {
 		TypeSessionBudget: {func() any { return new(SessionBudget) }},
 		TypeSessionClosed: {func() any { return new(SessionClosed) }},
 		TypeSessionRerun:  {func() any { return new(SessionRerun) }},
+		TypeSessionForked: {func() any { return new(SessionForked) }},
 
 		// Approval gates.
 		TypeSignalApprove:     {func() any { return new(Signal) }},

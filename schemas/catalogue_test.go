@@ -72,7 +72,7 @@ func samples(t *testing.T) map[string]any {
 		{Artifact: "outline.json", Pointer: "/sections/1", Message: "got number, want string", Source: "schema"},
 		{Artifact: "outline.json", Pointer: "", Message: "missing property 'title'", Source: "schema"},
 	}
-	return map[string]any{
+	m := map[string]any{
 		TypeSessionStarted: &SessionStarted{
 			Pipeline: Pipeline{
 				Name:   "report",
@@ -233,6 +233,7 @@ func samples(t *testing.T) map[string]any {
 		TypeSessionBudget: &SessionBudget{Budget: Budget{MaxCostUSD: 5, MaxIterations: 40}, Reason: "worth another $3"},
 		TypeSessionClosed: &SessionClosed{Reason: "superseded by sess-2"},
 		TypeSessionRerun:  &SessionRerun{Step: "outline", Reason: "agent fixed"},
+		TypeSessionForked: nil, // below: the pipeline of session.started
 
 		TypeSignalApprove: &Signal{Target: "sess-1/outline", Step: "outline", Reason: "looks good", By: "alice"},
 		TypeSignalReject:  &Signal{Target: "sess-1/outline", Step: "outline", Reason: "too long", By: "bob"},
@@ -240,6 +241,10 @@ func samples(t *testing.T) map[string]any {
 			Until: ptrTime(t, "2026-11-22T15:00:00Z"), OnTimeout: OnTimeoutReject},
 		TypeApprovalExpired: &ApprovalExpired{Step: "outline", JobID: "sess-1.outline.2", Iteration: 2, OnTimeout: OnTimeoutFail, Reason: "no approval within 24h0m0s"},
 	}
+	st := m[TypeSessionStarted].(*SessionStarted)
+	m[TypeSessionForked] = &SessionForked{Origin: "sess-1", Seq: 42, Event: "9f86d081884c7d659a2feaa0c55ad015", Copied: 12, Pipeline: st.Pipeline, Input: st.Input,
+		SourceHash: st.SourceHash, Budget: &Budget{MaxCostUSD: 2}, DefinitionFiles: st.DefinitionFiles, Changed: []string{"outline"}, Reason: "try another outline"}
+	return m
 }
 
 func TestNewCatalogue(t *testing.T) {
@@ -252,8 +257,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 48 {
-		t.Errorf("catalogue has %d types, want 48", len(want))
+	if len(want) != 49 {
+		t.Errorf("catalogue has %d types, want 49", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

@@ -32,7 +32,7 @@ func Publishers(t string) []Role {
 		return []Role{RoleClient}
 	case TypeApprovalRequested, TypeApprovalExpired:
 		return []Role{RoleOrchestrator}
-	case TypeSessionBudget, TypeSessionClosed, TypeSessionRerun:
+	case TypeSessionBudget, TypeSessionClosed, TypeSessionRerun, TypeSessionForked:
 		return []Role{RoleClient}
 	case TypeTaskAdded, TypeTaskUpdated:
 		return []Role{RoleClient, RoleOrchestrator}
