@@ -211,7 +211,9 @@ func (s *Service) Run(ctx context.Context) error {
 		Follow: true,
 		OnSkip: func(_ string, seq uint64) { s.counts.skipped(seq) },
 	}, func(ev schemas.Event) error {
-		s.counts.count(ev)
+		if ev.ForkOf == "" { // a copy in a fork's history was counted as the original
+			s.counts.count(ev)
+		}
 		return nil
 	})
 	cancel()

@@ -41,6 +41,7 @@ var goldenCases = []struct {
 	{"usage_sums", usageSums},
 	{"backlog_runs", backlogRuns},
 	{"loops_session", loopsSession},
+	{"forked", forkedGolden},
 }
 
 func foldAll(evs []schemas.Event) *Manifest {
