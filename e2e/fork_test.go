@@ -171,6 +171,39 @@ steps:
 	if r := loopbus(t, append([]string{"replay", "fk-1"}, global...)...); r.code != 0 || !strings.Contains(r.stdout, "forks\n  fk-2\tat stream seq "+at) {
 		t.Errorf("replay fk-1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// Forked at its end, nothing changed: every step keeps its result
+	// and the fork completes without running an agent; with step two
+	// changed, two and three (which requires it) run again, one does not.
+	last := strconv.Itoa(len(evs))
+	if r := loopbus(t, append([]string{"fork", "fk-1", "--at", last, "--as", "fk-3"}, global...)...); r.code != 0 || !strings.Contains(r.stderr, "kept: one, two, three") {
+		t.Errorf("fork at the end: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := loopbus(t, append([]string{"fork", "fk-1", "--at", last, "--as", "fk-4", "--pipeline", filepath.Join(dir, "p2.yaml")}, global...)...); r.code != 0 || !strings.Contains(r.stderr, "kept: one; to run: two, three") {
+		t.Errorf("fork at the end with two changed: exit %d\n%s", r.code, r.stderr)
+	}
+	if log, err = os.ReadFile(runs); err != nil {
+		t.Fatal(err)
+	}
+	steps = steps[:0]
+	for _, l := range strings.Split(strings.TrimSpace(string(log)), "\n") {
+		steps = append(steps, strings.SplitN(l, ":", 2)[0])
+	}
+	if strings.Join(steps, " ") != "one two three two three two three" {
+		t.Errorf("agent runs after the forks at the end: %v, want one two three two three two three", steps)
+	}
+	if r := loopbus(t, append([]string{"replay", "fk-1"}, global...)...); !strings.Contains(r.stdout, "fk-3\tat stream seq "+last) || !strings.Contains(r.stdout, "fk-4\tat stream seq "+last) {
+		t.Errorf("replay fk-1 does not list every fork:\n%s", r.stdout)
+	}
+
+	// A finished fork is rerun like any session (its state is read back
+	// through its origin's history).
+	if r := loopbus(t, append([]string{"rerun", "fk-2/three"}, global...)...); r.code != 0 {
+		t.Errorf("rerun fk-2/three: exit %d\n%s", r.code, r.stderr)
+	}
+	if log, err = os.ReadFile(runs); err != nil || !strings.HasPrefix(strings.TrimSpace(string(log))[strings.LastIndex(strings.TrimSpace(string(log)), "\n")+1:], "three:") {
+		t.Errorf("the rerun of the fork's step three did not run it: %v\n%s", err, log)
+	}
+
 	// An id in use is refused.
 	if r := loopbus(t, append([]string{"fork", "fk-1", "--at", evs[point-1].ID, "--as", "fk-2"}, global...)...); r.code != 2 || !strings.Contains(r.stderr, "session already exists: fk-2") {
 		t.Errorf("fork into fk-2 again: exit %d\n%s", r.code, r.stderr)
