@@ -162,6 +162,17 @@ func (c *Client) Status(ctx context.Context, session string) (*projections.Manif
 	return Status(ctx, c.b, session)
 }
 
+// Fork starts a new session from another's history (see the Fork
+// function).
+func (c *Client) Fork(ctx context.Context, req ForkRequest) (Forked, error) {
+	return Fork(ctx, c.b, req)
+}
+
+// Forks lists the forks of a session (see the Forks function).
+func (c *Client) Forks(ctx context.Context, session string) ([]ForkRef, error) {
+	return Forks(ctx, c.b, session)
+}
+
 // Sessions lists the sessions on the stream that f selects, newest first.
 func (c *Client) Sessions(ctx context.Context, f SessionFilter) ([]SessionSummary, error) {
 	return Sessions(ctx, c.b, f, c.now())
