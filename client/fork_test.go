@@ -1,0 +1,136 @@
+package client_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// TestFork: the fork point is a stream sequence or an event id of the
+// origin, and every other point is refused saying why; a fork of a fork
+// runs (its origin read back through the chain), but not from the history
+// it copied; another input runs every step again; the sessions list has
+// the forks.
+func TestFork(t *testing.T) {
+	ctx, c := rig(t)
+	dir := t.TempDir()
+	pipeline := filepath.Join(dir, "chain.yaml")
+	if err := os.WriteFile(pipeline, []byte(`name: chain
+steps:
+  first:
+    agent: {backend: exec, command: [sh, -c, "echo 1 > \"$LOOPBUS_OUTPUT_DIR/first.txt\""]}
+    prompt: one
+    outputs: [{name: first.txt}]
+  second:
+    requires: [first]
+    agent: {backend: exec, command: [sh, -c, "echo 2 > \"$LOOPBUS_OUTPUT_DIR/second.txt\""]}
+    prompt: two
+    outputs: [{name: second.txt}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	input := filepath.Join(dir, "in.txt")
+	other := filepath.Join(dir, "other.txt")
+	for path, body := range map[string]string{input: "x\n", other: "y\n"} {
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range []string{"o-1", "o-2"} {
+		if m := runSession(t, ctx, c, pipeline, input, s); m.Status != projections.StatusCompleted {
+			t.Fatalf("%s: %s %s", s, m.Status, m.Error)
+		}
+	}
+	evs, err := client.Events(ctx, c.Bus(), "o-1", client.Until{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	others, err := client.Events(ctx, c.Bus(), "o-2", client.Until{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := evs[len(evs)-1]
+	seq := func(n uint64) string { return strconv.FormatUint(n, 10) }
+	for _, tc := range []struct {
+		name string
+		req  client.ForkRequest
+		want error
+		says string
+	}{
+		{"no point", client.ForkRequest{Origin: "o-1"}, client.ErrBadInput, "give the fork point"},
+		{"an event of another session", client.ForkRequest{Origin: "o-1", At: seq(others[0].Seq)}, client.ErrBadInput, "is an event of session o-2, not of o-1"},
+		{"beyond the end", client.ForkRequest{Origin: "o-1", At: seq(others[len(others)-1].Seq + 50)}, client.ErrBadInput, "beyond the end of session o-1: its last event is at " + seq(last.Seq)},
+		{"an unknown id", client.ForkRequest{Origin: "o-1", At: "nope"}, client.ErrBadInput, `no event with id "nope"`},
+		{"an unknown session", client.ForkRequest{Origin: "nosuch", At: "1"}, client.ErrNoSession, "nosuch"},
+		{"an unsafe id", client.ForkRequest{Origin: "o-1", At: "1", As: "a/b"}, client.ErrBadInput, "--as"},
+		{"an id in use", client.ForkRequest{Origin: "o-1", At: "1", As: "o-2"}, client.ErrSessionExists, "o-2"},
+		{"into itself", client.ForkRequest{Origin: "o-1", At: "1", As: "o-1"}, client.ErrBadInput, "another id"},
+	} {
+		if _, err := c.Fork(ctx, tc.req); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: %v, want %v saying %q", tc.name, err, tc.want, tc.says)
+		}
+	}
+
+	// At its end by event id, unchanged: everything kept, done at once.
+	f, err := c.Fork(ctx, client.ForkRequest{Origin: "o-1", At: last.ID, As: "f-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(f.Kept, []string{"first", "second"}) || len(f.Again) != 0 || f.Seq == 0 || f.Point.Seq != last.Seq {
+		t.Errorf("fork: %+v", f)
+	}
+	if m, err := c.Follow(ctx, "f-1", nil); err != nil || m.Status != projections.StatusCompleted || m.ForkedFrom == nil || m.ForkedFrom.Session != "o-1" {
+		t.Fatalf("f-1: %v %+v", err, m)
+	}
+	// A fork of the fork, with another input: every step runs again.
+	fevs, err := client.Events(ctx, c.Bus(), "f-1", client.Until{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forked := slices.IndexFunc(fevs, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSessionForked && ev.ForkOf == "" })
+	if forked != len(evs) {
+		t.Fatalf("f-1's session.forked at %d, want after its %d copies", forked, len(evs))
+	}
+	f2, err := c.Fork(ctx, client.ForkRequest{Origin: "f-1", At: seq(fevs[len(fevs)-1].Seq), As: "f-2", Input: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(f2.Again, []string{"first", "second"}) {
+		t.Errorf("with another input, runs %v", f2.Again)
+	}
+	m, err := c.Follow(ctx, "f-2", nil)
+	if err != nil || m.Status != projections.StatusCompleted || m.Input == nil || m.Input.Name != "other.txt" {
+		t.Fatalf("f-2: %v %+v", err, m)
+	}
+	if j := m.Steps["first"].JobID; j != "f-2.first.1.r1" {
+		t.Errorf("f-2 ran first as job %s, want f-2.first.1.r1 (its own, a new round)", j)
+	}
+	// Not from the history f-1 copied from o-1.
+	if _, err := c.Fork(ctx, client.ForkRequest{Origin: "f-1", At: seq(fevs[1].Seq), As: "f-3"}); !errors.Is(err, client.ErrBadInput) ||
+		!strings.Contains(err.Error(), "loopbus fork o-1 --at "+evs[1].ID) {
+		t.Errorf("fork at a copy: %v", err)
+	}
+	list, err := c.Sessions(ctx, client.SessionFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range list {
+		ids = append(ids, s.ID)
+	}
+	if !slices.Contains(ids, "f-1") || !slices.Contains(ids, "f-2") || slices.Contains(ids, "f-3") {
+		t.Errorf("sessions: %v", ids)
+	}
+	forks, err := c.Forks(ctx, "o-1")
+	if err != nil || len(forks) != 1 || forks[0].Session != "f-1" || forks[0].Event != last.ID {
+		t.Errorf("forks of o-1: %+v, %v", forks, err)
+	}
+}
