@@ -211,9 +211,7 @@ func (s *Service) Run(ctx context.Context) error {
 		Follow: true,
 		OnSkip: func(_ string, seq uint64) { s.counts.skipped(seq) },
 	}, func(ev schemas.Event) error {
-		if ev.ForkOf == "" { // a copy in a fork's history was counted as the original
-			s.counts.count(ev)
-		}
+		s.counts.count(ev)
 		return nil
 	})
 	cancel()
