@@ -160,7 +160,7 @@ func ResolveSignalTarget(ctx context.Context, b Bus, t SignalTarget) ([]SignalDe
 		return nil, err
 	}
 	if started == nil {
-		return nil, fmt.Errorf("%w: %s (no session.started or session.forked in the stream)", ErrNoSession, t.Session)
+		return nil, fmt.Errorf("%w: %s (no session.started in the stream)", ErrNoSession, t.Session)
 	}
 	var pipeline schemas.Pipeline
 	switch data := started.Data.(type) {

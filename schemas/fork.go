@@ -64,7 +64,8 @@ type SessionForked struct {
 // inputChanged (any step may read the input); else the steps old does not
 // have, those whose definition differs, and those whose definition names
 // a file of the pipeline's directory whose content (or presence) changed
-// (scripts travel as DefinitionFiles).
+// (scripts travel as DefinitionFiles); every step when the pipeline's
+// directory moved (relative paths in commands name other files).
 func ChangedSteps(old, next Pipeline, oldFiles, nextFiles []DefinitionFile, inputChanged bool) []string {
 	var files []string
 	digest := func(fs []DefinitionFile, path string) string {
