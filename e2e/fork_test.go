@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestForkFinishedSessionAfterStepOne (issue 18, "Fork and rerun"): a
@@ -208,4 +209,60 @@ steps:
 	if r := loopbus(t, append([]string{"fork", "fk-1", "--at", evs[point-1].ID, "--as", "fk-2"}, global...)...); r.code != 2 || !strings.Contains(r.stderr, "session already exists: fk-2") {
 		t.Errorf("fork into fk-2 again: exit %d\n%s", r.code, r.stderr)
 	}
+}
+
+// TestForkDetachedAcrossAnOrchestratorRestart: with the services as
+// processes, `fork --detach` prints the new session and returns; the
+// fork was published while the orchestrator was down, and the restarted
+// orchestrator (catching up, it reads the origin's history back) runs
+// it; `wait` follows it to its end.
+func TestForkDetachedAcrossAnOrchestratorRestart(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	writeFiles(t, c.dir, map[string]string{"input.txt": "x\n", "pipeline.yaml": `name: pair
+steps:
+  first:
+    agent: {backend: exec, command: [sh, -c, "echo 1 > \"$LOOPBUS_OUTPUT_DIR/first.txt\""]}
+    prompt: one
+    outputs: [{name: first.txt}]
+  second:
+    requires: [first]
+    agent: {backend: exec, command: [sh, -c, "echo 2 > \"$LOOPBUS_OUTPUT_DIR/second.txt\""]}
+    prompt: two
+    outputs: [{name: second.txt}]
+`})
+	ps := c.all(1, 1, 30*time.Second)
+	if r := loopbus(t, append([]string{"run", filepath.Join(c.dir, "pipeline.yaml"), "--input", filepath.Join(c.dir, "input.txt"), "--session", "cf-1", "--detach"}, c.global()...)...); r.code != 0 {
+		t.Fatalf("run --detach: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := loopbus(t, append([]string{"wait", "cf-1"}, c.global()...)...); r.code != 0 {
+		t.Fatalf("wait cf-1: exit %d\n%s", r.code, r.stderr)
+	}
+	evs := events(t, c.global(), "cf-1")
+	point := ""
+	for _, e := range evs {
+		if e.Type == "loopbus.step.completed" && e.Step == "first" {
+			point = e.ID
+		}
+	}
+	if err := ps["orchestrator"].kill(); err != nil {
+		t.Fatal(err)
+	}
+	r := loopbus(t, append([]string{"fork", "cf-1", "--at", point, "--as", "cf-2", "--detach"}, c.global()...)...)
+	if r.code != 0 || strings.TrimSpace(r.stdout) != "cf-2" {
+		t.Fatalf("fork --detach: exit %d, stdout %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	if err := ps["orchestrator"].start(); err != nil {
+		t.Fatal(err)
+	}
+	if r := loopbus(t, append([]string{"wait", "cf-2", "--json"}, c.global()...)...); r.code != 0 {
+		t.Fatalf("wait cf-2: exit %d\n%s\norchestrator:\n%s", r.code, r.stderr, ps["orchestrator"].logTail(40))
+	} else if m := parseManifest(t, r.stdout); m.Status != "completed" || m.Steps["second"].Status != "completed" {
+		t.Errorf("cf-2 after wait: %+v", m)
+	}
+	fevs := events(t, c.global(), "cf-2")
+	if n := count(fevs, "loopbus.job.requested", "first"); n != 1 || fevs[0].ForkOf == "" {
+		t.Errorf("cf-2 has %d job requests of first (want 1: the copy)", n)
+	}
+	c.checkAlive()
 }
