@@ -96,30 +96,24 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 	if as == req.Origin {
 		return Forked{}, fmt.Errorf("%w: a fork is a new session: give it another id than %s", ErrBadInput, req.Origin)
 	}
-	evs, err := Events(ctx, b, req.Origin, Until{})
+	history, err := readToPoint(ctx, b, req.Origin, req.At)
 	if err != nil {
 		return Forked{}, err
 	}
-	if len(evs) == 0 {
-		return Forked{}, fmt.Errorf("%w: %s", ErrNoSession, req.Origin)
-	}
-	i, err := forkPoint(ctx, b, req.Origin, req.At, evs)
-	if err != nil {
-		return Forked{}, err
-	}
-	history := evs[:i+1]
+	point := history[len(history)-1]
 	start := ownStart(history)
 	switch {
 	case start == nil:
+		origin, err := forkOrigin(ctx, b, req.Origin)
+		if err != nil {
+			return Forked{}, err
+		}
 		return Forked{}, fmt.Errorf("%w: the event at stream sequence %d is in the history %s copied from its origin; fork that session instead (loopbus fork %s --at %s)",
-			ErrBadInput, evs[i].Seq, req.Origin, forkOrigin(evs), evs[i].ForkOf)
+			ErrBadInput, point.Seq, req.Origin, origin, point.ForkOf)
 	case start.Pipeline.Kind != "" && start.Pipeline.Kind != schemas.KindPipeline:
 		return Forked{}, fmt.Errorf("%w: %s is a %s session: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Origin, start.Pipeline.Kind)
 	case req.Pipeline != nil && req.Pipeline.Kind != "" && req.Pipeline.Kind != schemas.KindPipeline:
 		return Forked{}, fmt.Errorf("%w: --pipeline %s is of kind %s: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Pipeline.Source, req.Pipeline.Kind)
-	case len(history) > schemas.MaxForkCopies:
-		return Forked{}, fmt.Errorf("%w: %s has %d events up to stream sequence %d; a fork copies at most %d (fork at an earlier point)",
-			ErrBadInput, req.Origin, len(history), evs[i].Seq, schemas.MaxForkCopies)
 	}
 	if last, err := b.SessionLastSeq(ctx, as); err != nil {
 		return Forked{}, err
@@ -127,7 +121,7 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		return Forked{}, fmt.Errorf("%w: %s (a fork is a new session: pick another --as)", ErrSessionExists, as)
 	}
 
-	data := &schemas.SessionForked{Origin: req.Origin, Seq: evs[i].Seq, Event: evs[i].ID, Copied: len(history), Pipeline: start.Pipeline,
+	data := &schemas.SessionForked{Origin: req.Origin, Seq: point.Seq, Event: point.ID, Copied: len(history), Pipeline: start.Pipeline,
 		Input: start.Input, SourceHash: start.SourceHash, Budget: start.Budget, DefinitionFiles: start.DefinitionFiles, Reason: req.Reason}
 	if req.Pipeline != nil {
 		data.Pipeline = *req.Pipeline
@@ -174,7 +168,7 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		return Forked{}, err
 	}
 	forked.Seq = p.Seq
-	out := Forked{Session: as, Event: forked, Seq: p.Seq, Point: evs[i]}
+	out := Forked{Session: as, Event: forked, Seq: p.Seq, Point: point}
 	if m := projections.BuildManifest(as, batch); m != nil {
 		for _, name := range m.StepOrder {
 			if m.Steps[name].Status == projections.StepStatusCompleted {
@@ -187,22 +181,56 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 	return out, nil
 }
 
-// forkPoint returns the index in evs (the origin's events) of the fork
-// point at: a stream sequence or an event id.
-func forkPoint(ctx context.Context, b Bus, origin, at string, evs []schemas.Event) (int, error) {
+// readToPoint returns the events of origin up to the fork point at (a
+// stream sequence or an event id), the point included, at most
+// schemas.MaxForkCopies of them (more is refused: ErrBadInput).
+func readToPoint(ctx context.Context, b Bus, origin, at string) ([]schemas.Event, error) {
 	if at == "" {
-		return 0, fmt.Errorf("%w: give the fork point: --at SEQ or --at EVENT-ID (see loopbus events %s)", ErrBadInput, origin)
+		return nil, fmt.Errorf("%w: give the fork point: --at SEQ or --at EVENT-ID (see loopbus events %s)", ErrBadInput, origin)
 	}
-	first, last := evs[0].Seq, evs[len(evs)-1].Seq
-	seq, err := strconv.ParseUint(at, 10, 64)
+	last, err := b.SessionLastSeq(ctx, origin)
 	if err != nil {
-		if i := slices.IndexFunc(evs, func(ev schemas.Event) bool { return ev.ID == at }); i >= 0 {
-			return i, nil
-		}
-		return 0, fmt.Errorf("%w: session %s has no event with id %q (--at takes a stream sequence or an event id of the session: see loopbus events %s)", ErrBadInput, origin, at, origin)
+		return nil, err
 	}
-	if i := slices.IndexFunc(evs, func(ev schemas.Event) bool { return ev.Seq == seq }); i >= 0 {
-		return i, nil
+	if last == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrNoSession, origin)
+	}
+	seq, bySeq := uint64(0), false
+	if n, err := strconv.ParseUint(at, 10, 64); err == nil {
+		seq, bySeq = n, true
+	}
+	var evs []schemas.Event
+	var first uint64
+	found, more := false, 0
+	err = b.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(origin)}}, func(ev schemas.Event) error {
+		if first == 0 {
+			first = ev.Seq
+		}
+		if bySeq && ev.Seq > seq {
+			return bus.ErrStop
+		}
+		if len(evs) == schemas.MaxForkCopies {
+			// Read on (without keeping) only to tell a point too far
+			// from one that is not there.
+			more++
+		} else {
+			evs = append(evs, ev)
+		}
+		if found = bySeq && ev.Seq == seq || !bySeq && ev.ID == at; found {
+			return bus.ErrStop
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case found && more > 0:
+		return nil, fmt.Errorf("%w: %s has %d events up to that point; a fork copies at most %d (fork at an earlier point)",
+			ErrBadInput, origin, len(evs)+more, schemas.MaxForkCopies)
+	case found:
+		return evs, nil
+	case !bySeq:
+		return nil, fmt.Errorf("%w: session %s has no event with id %q (--at takes a stream sequence or an event id of the session: see loopbus events %s)", ErrBadInput, origin, at, origin)
 	}
 	var other *schemas.Event
 	if seq > 0 {
@@ -213,16 +241,16 @@ func forkPoint(ctx context.Context, b Bus, origin, at string, evs []schemas.Even
 			return bus.ErrStop
 		})
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	switch {
 	case other != nil:
-		return 0, fmt.Errorf("%w: stream sequence %d is an event of session %s, not of %s (whose events are at %d…%d)", ErrBadInput, seq, other.Session, origin, first, last)
+		return nil, fmt.Errorf("%w: stream sequence %d is an event of session %s, not of %s (whose events are at %d…%d)", ErrBadInput, seq, other.Session, origin, first, last)
 	case seq > last:
-		return 0, fmt.Errorf("%w: stream sequence %d is beyond the end of session %s: its last event is at %d", ErrBadInput, seq, origin, last)
+		return nil, fmt.Errorf("%w: stream sequence %d is beyond the end of session %s: its last event is at %d", ErrBadInput, seq, origin, last)
 	}
-	return 0, fmt.Errorf("%w: stream sequence %d holds no event of session %s (whose events are at %d…%d)", ErrBadInput, seq, origin, first, last)
+	return nil, fmt.Errorf("%w: stream sequence %d holds no event of session %s (whose events are at %d…%d)", ErrBadInput, seq, origin, first, last)
 }
 
 // ownStart returns what a session's own start (its session.started, or
@@ -243,15 +271,16 @@ func ownStart(evs []schemas.Event) *schemas.SessionForked {
 	return nil
 }
 
-// forkOrigin returns the origin of the fork whose events are evs ("" when
-// it is no fork).
-func forkOrigin(evs []schemas.Event) string {
-	for _, ev := range evs {
-		if d, ok := ev.Data.(*schemas.SessionForked); ok && ev.ForkOf == "" {
-			return d.Origin
+// forkOrigin returns the origin of session, a fork ("" when it is none).
+func forkOrigin(ctx context.Context, b Bus, session string) (string, error) {
+	origin := ""
+	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{lifecycleSubject(session, schemas.TypeSessionForked)}}, func(ev schemas.Event) error {
+		if d, ok := ev.Data.(*schemas.SessionForked); ok {
+			origin = d.Origin
 		}
-	}
-	return ""
+		return bus.ErrStop
+	})
+	return origin, err
 }
 
 // copyHistory returns the copies of evs in session as: new ids derived

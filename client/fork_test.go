@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -8,8 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 )
@@ -132,5 +135,45 @@ steps:
 	forks, err := c.Forks(ctx, "o-1")
 	if err != nil || len(forks) != 1 || forks[0].Session != "f-1" || forks[0].Event != last.ID {
 		t.Errorf("forks of o-1: %+v, %v", forks, err)
+	}
+}
+
+// TestForkCopiesAtMost999: a fork copies at most schemas.MaxForkCopies
+// events (they go in one atomic batch with session.forked); a point past
+// them is refused, one at the limit forks.
+func TestForkCopiesAtMost999(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in := schemas.ArtifactRef{Name: "in.txt", Object: "big/input/in.txt", Digest: schemas.Digest([]byte("x")), Size: 1}
+	p := schemas.Pipeline{Name: "big", Kind: schemas.KindPipeline, Steps: []schemas.Step{{Name: "only", Agent: schemas.AgentSpec{Backend: "exec", Command: []string{"true"}},
+		Prompt: "p", Outputs: []schemas.Output{{Name: "o.txt"}}, MaxIterations: 1}}}
+	evs := []schemas.Event{{ID: "start", Type: schemas.TypeSessionStarted, Session: "big", Data: &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest)}}}
+	for i := 1; i < schemas.MaxForkCopies+1; i++ {
+		evs = append(evs, schemas.Event{ID: "info-" + strconv.Itoa(i), Type: schemas.TypeSignalInfo, Session: "big", Data: &schemas.Signal{Target: "big", Message: "note"}})
+	}
+	last := uint64(0)
+	for i := 0; i < len(evs); i += 500 {
+		res, err := b.PublishBatch(ctx, "big", last, evs[i:min(i+500, len(evs))])
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = res.Seq
+	}
+	if _, err := client.Fork(ctx, b, client.ForkRequest{Origin: "big", At: "info-999", As: "big-2"}); !errors.Is(err, client.ErrBadInput) ||
+		!strings.Contains(err.Error(), "big has 1000 events up to that point; a fork copies at most 999") {
+		t.Errorf("fork after 1000 events: %v", err)
+	}
+	f, err := client.Fork(ctx, b, client.ForkRequest{Origin: "big", At: "info-998", As: "big-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := f.Event.Data.(*schemas.SessionForked); d.Copied != schemas.MaxForkCopies || f.Point.Seq != last-1 || f.Seq != last+schemas.MaxForkCopies+1 {
+		t.Errorf("fork at the 999th event: %d copied, point %d (want %d), session.forked at %d", d.Copied, f.Point.Seq, last-1, f.Seq)
+	}
+	got, err := client.Events(ctx, b, "big-3", client.Until{})
+	if err != nil || len(got) != schemas.MaxForkCopies+1 || got[len(got)-1].Type != schemas.TypeSessionForked {
+		t.Errorf("big-3 holds %d events (%v), want 999 copies and session.forked", len(got), err)
 	}
 }
