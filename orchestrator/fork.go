@@ -18,7 +18,8 @@ import (
 // history up to the fork point (PrepareFork), events it verified as the
 // origin's when they came, and folds it as it folded it then; the fork
 // starts from that state, renamed, with its pipeline and input, and the
-// steps that do not keep their results pending in a new round. Jobs the
+// steps that do not keep their results pending (in a new round when they
+// had run). Jobs the
 // origin had in flight at the fork point stay the origin's: the fork's
 // jobs have ids of their own (JobID includes the session), so a late
 // result of the origin's job can never be taken for the fork's.
