@@ -112,6 +112,8 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 			ErrBadInput, point.Seq, req.Origin, origin, point.ForkOf)
 	case start.Pipeline.Kind != "" && start.Pipeline.Kind != schemas.KindPipeline:
 		return Forked{}, fmt.Errorf("%w: %s is a %s session: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Origin, start.Pipeline.Kind)
+	case slices.ContainsFunc(history, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSessionClosed && ev.ForkOf == "" }):
+		return Forked{}, fmt.Errorf("%w: %s was closed for good at or before stream sequence %d; fork it at an event before its session.closed", ErrBadInput, req.Origin, point.Seq)
 	case req.Pipeline != nil && req.Pipeline.Kind != "" && req.Pipeline.Kind != schemas.KindPipeline:
 		return Forked{}, fmt.Errorf("%w: --pipeline %s is of kind %s: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Pipeline.Source, req.Pipeline.Kind)
 	}

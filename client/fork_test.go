@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/client"
+	"github.com/loopbus/loopbus/definition"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
@@ -175,5 +176,55 @@ func TestForkCopiesAtMost999(t *testing.T) {
 	got, err := client.Events(ctx, b, "big-3", client.Until{})
 	if err != nil || len(got) != schemas.MaxForkCopies+1 || got[len(got)-1].Type != schemas.TypeSessionForked {
 		t.Errorf("big-3 holds %d events (%v), want 999 copies and session.forked", len(got), err)
+	}
+}
+
+// TestForkOfAClosedSession: a session closed for good is forked only at
+// an event before its close.
+func TestForkOfAClosedSession(t *testing.T) {
+	ctx, c := rig(t)
+	dir := t.TempDir()
+	pipeline := filepath.Join(dir, "one.yaml")
+	input := filepath.Join(dir, "in.txt")
+	gate := filepath.Join(dir, "gate")
+	agent := "while [ ! -e " + gate + " ]; do sleep 0.05; done; echo 1 > \\\"$LOOPBUS_OUTPUT_DIR/o.txt\\\""
+	if err := os.WriteFile(pipeline, []byte("name: one\nsteps:\n  only:\n    agent: {backend: exec, command: [sh, -c, \""+agent+"\"]}\n    prompt: p\n    outputs: [{name: o.txt}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(input, []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := definition.Load(pipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, p, input, client.SubmitOptions{Session: "cl-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CloseSession(ctx, c.Bus(), "cl-1", "done with it"); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := c.Follow(ctx, "cl-1", nil); err != nil || m.Status != projections.StatusClosed {
+		t.Fatalf("cl-1: %v %+v", err, m)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := client.Events(ctx, c.Bus(), "cl-1", client.Until{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := slices.IndexFunc(evs, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSessionClosed })
+	if closed < 1 {
+		t.Fatalf("no session.closed in cl-1")
+	}
+	if _, err := c.Fork(ctx, client.ForkRequest{Origin: "cl-1", At: evs[closed].ID, As: "cl-2"}); !errors.Is(err, client.ErrBadInput) || !strings.Contains(err.Error(), "closed for good") {
+		t.Errorf("fork after the close: %v", err)
+	}
+	if _, err := c.Fork(ctx, client.ForkRequest{Origin: "cl-1", At: evs[closed-1].ID, As: "cl-3"}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := c.Follow(ctx, "cl-3", nil); err != nil || m.Status != projections.StatusCompleted {
+		t.Errorf("fork before the close: %v %+v", err, m)
 	}
 }

@@ -96,6 +96,9 @@ func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (fo
 		return refuse(ErrInconsistent, "forks session %s at event %s, but its event at stream sequence %d is %s", d.Origin, d.Event, d.Seq, point.ID)
 	case origin == nil:
 		return refuse(ErrInconsistent, "forks session %s at stream sequence %d, before the session started (in the history it copied from its own origin)", d.Origin, d.Seq)
+	case origin.Status == StatusClosed:
+		// A closed session keeps nothing of its steps (see Evolve).
+		return refuse(ErrInconsistent, "forks session %s after it was closed for good: fork it at an event before its session.closed", d.Origin)
 	case origin.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline:
 		return refuse(ErrInconsistent, "forks %s session %s into a %s session: fork of a backlog or loops session is not supported yet", orElse(origin.Kind, schemas.KindPipeline), d.Origin, d.Pipeline.Kind)
 	case d.Copied != events:

@@ -315,6 +315,18 @@ func TestCheckFork(t *testing.T) {
 	if _, refused := foldStream(t, s); !errors.Is(refused[evs[len(evs)-1].ID], ErrReplayed) {
 		t.Errorf("second session.forked: %v", refused)
 	}
+	// Nor a closed session after its close (it keeps nothing of its
+	// steps); before it, it is.
+	c := (&stream{}).add(done[:6]...).add(closedEv())
+	c.add(c.fork(t, sess, closedEv().ID, forkSess, schemas.Pipeline{})...)
+	c.add(c.fork(t, sess, done[5].ID, "f2", schemas.Pipeline{})...)
+	st, refused := foldStream(t, c)
+	if err := refused["forked-"+forkSess]; !errors.Is(err, ErrInconsistent) || !strings.Contains(err.Error(), "after it was closed for good") {
+		t.Errorf("fork after a close: %v", err)
+	}
+	if f2 := st.Sessions["f2"]; f2 == nil || f2.Steps["summary"].Status != StepCompleted {
+		t.Errorf("fork of a closed session before its close: %+v (refused: %v)", f2, refused["forked-f2"])
+	}
 	// A backlog session is not forked yet.
 	b := (&stream{}).add(started(backlogPipeline(1, "")))
 	bevs := b.fork(t, sess, startID, forkSess, schemas.Pipeline{})

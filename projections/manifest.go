@@ -1019,8 +1019,8 @@ type ForkView struct {
 // longer has go. Jobs of the origin not finished at the fork point are
 // not the fork's (it runs jobs of its own): they show as cancelled.
 func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
-	if m.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline {
-		return // the orchestrator refuses it: not supported yet
+	if m.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline || m.Status == StatusClosed {
+		return // the orchestrator refuses it: not supported (yet), or closed for good
 	}
 	again := map[string]bool{}
 	for _, st := range d.Pipeline.Steps {

@@ -98,6 +98,15 @@ func TestManifestFork(t *testing.T) {
 	if m := foldAll(same); m.Steps["summary"].Status != StepStatusCompleted || m.Steps["ideas"].Status != StepStatusPending || m.Steps["writing-kit"].Status != StepStatusPending {
 		t.Errorf("unchanged fork: summary %s, ideas %s, kit %s", m.Steps["summary"].Status, m.Steps["ideas"].Status, m.Steps["writing-kit"].Status)
 	}
+	// A fork after the origin's close changes nothing (the orchestrator
+	// refuses it).
+	closed := slices.Clone(same[:forkedAt])
+	closed = append(closed, schemas.Event{ID: "closed", Type: schemas.TypeSessionClosed, Session: sessionID, Seq: same[forkedAt].Seq, Time: same[forkedAt].Time,
+		Data: &schemas.SessionClosed{Reason: "done"}}, same[forkedAt])
+	closed[len(closed)-1].Seq++
+	if m := foldAll(closed); m.Status != StatusClosed || m.ForkedFrom != nil {
+		t.Errorf("fork after a close: %s, forkedFrom %+v", m.Status, m.ForkedFrom)
+	}
 	// Changing summary runs every step again (the others require it).
 	d.Changed = []string{"summary"}
 	if m := foldAll(same); m.Steps["summary"].Status != StepStatusPending || len(m.Steps["summary"].Artifacts) != 0 {
