@@ -71,7 +71,8 @@ func NewForkID(origin string) string {
 // the event it copies, and publishes them with session.forked in one
 // atomic batch, so a fork exists whole or not at all. The origin is not
 // written to. Ids derive from the fork's session, the origin's events and
-// what changed, so a retried fork that landed before is not doubled.
+// what the fork runs, so a publish retried after a lost acknowledgement
+// is not doubled (and a fork command run again finds its session exists).
 //
 // Errors: ErrNoSession for an unknown origin; ErrSessionExists for a
 // fork id in use; ErrBadInput (with what to do) for an unsafe id, a fork
@@ -127,6 +128,14 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		Input: start.Input, SourceHash: start.SourceHash, Budget: start.Budget, DefinitionFiles: start.DefinitionFiles, Reason: req.Reason}
 	if req.Pipeline != nil {
 		data.Pipeline = *req.Pipeline
+		if req.Input == "" {
+			for _, st := range data.Pipeline.Steps {
+				if slices.ContainsFunc(st.Outputs, func(o schemas.Output) bool { return o.Name == data.Input.Name }) {
+					return Forked{}, fmt.Errorf("%w: the input %s of %s has the name of step %s's output in %s; give the fork another input (--input)",
+						ErrBadInput, data.Input.Name, req.Origin, st.Name, data.Pipeline.Source)
+				}
+			}
+		}
 		if data.DefinitionFiles, err = storeDefinition(ctx, b, as, data.Pipeline); err != nil {
 			return Forked{}, err
 		}
