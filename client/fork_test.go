@@ -83,6 +83,18 @@ steps:
 		}
 	}
 
+	// A pipeline with an output named as the origin's input, without
+	// another input.
+	clash, err := definition.Load(pipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clash.Steps[1].Outputs[0].Name = "in.txt"
+	if _, err := c.Fork(ctx, client.ForkRequest{Origin: "o-1", At: "1", As: "f-0", Pipeline: &clash}); !errors.Is(err, client.ErrBadInput) ||
+		!strings.Contains(err.Error(), "has the name of step second's output") {
+		t.Errorf("fork with an output named as the input: %v", err)
+	}
+
 	// At its end by event id, unchanged: everything kept, done at once.
 	f, err := c.Fork(ctx, client.ForkRequest{Origin: "o-1", At: last.ID, As: "f-1"})
 	if err != nil {
