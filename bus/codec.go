@@ -33,6 +33,8 @@ const (
 	extJob         = "job"
 	extCausation   = "causation"
 	extCorrelation = "correlation"
+	// extForkOf marks a copy in a fork's history (schemas.Event.ForkOf).
+	extForkOf = "forkof"
 	// ExtTraceparent is the CloudEvents distributed-tracing extension:
 	// the W3C trace context of the span the event belongs to (see SpanOf).
 	ExtTraceparent = "traceparent"
@@ -60,7 +62,7 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 	if ev.ID == "" {
 		return nil, fmt.Errorf("event %s: empty id", ev.Type)
 	}
-	subject, err := schemas.SubjectFor(ev.Session, ev.Type)
+	subject, err := ev.StreamSubject()
 	if err != nil {
 		return nil, err
 	}
@@ -76,9 +78,9 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 	// from the caller: see SpanOf. Decode does not need it (events of
 	// other publishers may lack it or carry their own); it is for tracers
 	// and subscribers.
-	ext := [6][2]string{
+	ext := [7][2]string{
 		{extSession, ev.Session}, {extStep, ev.Step}, {extJob, ev.Job},
-		{extCausation, ev.Causation}, {extCorrelation, ev.Correlation},
+		{extCausation, ev.Causation}, {extCorrelation, ev.Correlation}, {extForkOf, ev.ForkOf},
 		{ExtTraceparent, SpanOf(ev).Traceparent()},
 	}
 	body := appendEvent(make([]byte, 0, len(raw)+512), ev.ID, source, ev.Type, ev.Subject(), schemas.DataSchemaURI(ev.Type), ev.Time, ext, raw)
@@ -168,6 +170,7 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte, checkSchem
 		Job:         e.job,
 		Causation:   e.causation,
 		Correlation: e.correlation,
+		ForkOf:      e.forkOf,
 		Time:        t,
 	}
 	if ev.Session == "" {
@@ -179,7 +182,10 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte, checkSchem
 	if e.subject != ev.Subject() {
 		return bad("subject attribute %q does not match session/step %q", e.subject, ev.Subject())
 	}
-	if want, _ := schemas.SubjectFor(ev.Session, ev.Type); subject != want {
+	if want, _ := ev.StreamSubject(); subject != want {
+		if ev.ForkOf != "" {
+			return bad("published on %q but a copy of a %s event in the history of session %s belongs on %q", subject, ev.Type, ev.Session, want)
+		}
 		return bad("published on %q but a %s event of session %s belongs on %q", subject, ev.Type, ev.Session, want)
 	}
 	// The de-duplication id is what makes a replayed copy harmless: the
@@ -192,7 +198,13 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte, checkSchem
 		return bad("%s %q is not the event id %q: a replayed or altered copy", nats.MsgIdHdr, msgID, ev.ID)
 	}
 	if b.trust != nil {
-		signer, err := b.trust.verify(ev.Type, subject, header, data)
+		// A copy in a fork's history is stated by whoever forked (see
+		// schemas.SessionForked): the roles that may fork may copy.
+		stated := ev.Type
+		if ev.ForkOf != "" {
+			stated = schemas.TypeSessionForked
+		}
+		signer, err := b.trust.verify(stated, subject, header, data)
 		if err != nil {
 			return schemas.Event{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 		}

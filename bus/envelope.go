@@ -30,7 +30,7 @@ const maxJSONDepth = 10000
 // attributes it uses, as their JSON strings, and data as raw JSON.
 type envelope struct {
 	specVersion, id, source, typ, subject, time, dataContentType, dataSchema string
-	session, step, job, causation, correlation                               string
+	session, step, job, causation, correlation, forkOf                       string
 	data                                                                     []byte
 	// seen records which attributes were present, by their attrIndex, so
 	// a missing one and an empty one differ.
@@ -63,8 +63,10 @@ func (e *envelope) field(i int) *string {
 		return &e.job
 	case 11:
 		return &e.causation
+	case 12:
+		return &e.correlation
 	}
-	return &e.correlation
+	return &e.forkOf
 }
 
 // attrIndex numbers the attributes envelope keeps (the field and the bit
@@ -98,6 +100,8 @@ func attrIndex(name string) int {
 		return 11
 	case extCorrelation:
 		return 12
+	case extForkOf:
+		return 13
 	}
 	return -1
 }
@@ -457,7 +461,7 @@ func appendString(b []byte, s string) []byte {
 
 // appendEvent appends the structured-mode CloudEvent with these attributes
 // and data (raw JSON) to b. Empty extension values are left out.
-func appendEvent(b []byte, id, source, typ, subject, dataSchema string, t time.Time, ext [6][2]string, data []byte) []byte {
+func appendEvent(b []byte, id, source, typ, subject, dataSchema string, t time.Time, ext [7][2]string, data []byte) []byte {
 	b = append(b, `{"specversion":"`+specVersion+`","id":`...)
 	b = appendString(b, id)
 	b = append(b, `,"source":`...)

@@ -79,25 +79,11 @@ func SubmitWithBudget(ctx context.Context, b Bus, p schemas.Pipeline, inputPath,
 	if err := schemas.ValidateSessionID(session); err != nil {
 		return schemas.Event{}, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
-	name := filepath.Base(inputPath)
-	if err := schemas.ValidateName(name); err != nil {
-		return schemas.Event{}, fmt.Errorf("%w: input file name: %v (rename the file)", ErrBadInput, err)
-	}
-	for _, st := range p.Steps {
-		for _, o := range st.Outputs {
-			if o.Name == name {
-				return schemas.Event{}, fmt.Errorf("%w: input %s has the name of step %s's output; rename the input file", ErrBadInput, name, st.Name)
-			}
-		}
-	}
-	f, err := os.Open(inputPath)
+	f, name, err := openInput(p, inputPath)
 	if err != nil {
-		return schemas.Event{}, fmt.Errorf("%w: %v", ErrBadInput, err)
+		return schemas.Event{}, err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return schemas.Event{}, fmt.Errorf("%w: %s is not a regular file", ErrBadInput, inputPath)
-	}
 	if last, err := b.SessionLastSeq(ctx, session); err != nil {
 		return schemas.Event{}, err
 	} else if last != 0 {
@@ -108,6 +94,31 @@ func SubmitWithBudget(ctx context.Context, b Bus, p schemas.Pipeline, inputPath,
 		return schemas.Event{}, err
 	}
 	return publishStart(ctx, b, session, now, &schemas.SessionStarted{Pipeline: p, Input: ref, SourceHash: schemas.ShortHash(ref.Digest), Budget: budget})
+}
+
+// openInput opens the input file of a session of p: a regular file whose
+// name is safe and is no step's output name (else ErrBadInput).
+func openInput(p schemas.Pipeline, inputPath string) (*os.File, string, error) {
+	name := filepath.Base(inputPath)
+	if err := schemas.ValidateName(name); err != nil {
+		return nil, "", fmt.Errorf("%w: input file name: %v (rename the file)", ErrBadInput, err)
+	}
+	for _, st := range p.Steps {
+		for _, o := range st.Outputs {
+			if o.Name == name {
+				return nil, "", fmt.Errorf("%w: input %s has the name of step %s's output; rename the input file", ErrBadInput, name, st.Name)
+			}
+		}
+	}
+	f, err := os.Open(inputPath)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		_ = f.Close()
+		return nil, "", fmt.Errorf("%w: %s is not a regular file", ErrBadInput, inputPath)
+	}
+	return f, name, nil
 }
 
 // publishStart publishes session.started unless the session has events,

@@ -130,7 +130,10 @@ func Exists(ctx context.Context, b Bus, session string) error {
 
 // EventSubject is the subject filter of the events of session ("" for
 // every session) of type typ ("" for every type; "step.completed" or
-// "loopbus.step.completed"). Errors wrap ErrBadInput.
+// "loopbus.step.completed"). A session's whole history, without a type,
+// includes the copies a fork's history begins with (see
+// schemas.HistorySubjectFor); a type selects live events only. Errors
+// wrap ErrBadInput.
 func EventSubject(session, typ string) (string, error) {
 	sess, ev := "*", "*.*"
 	if session != "" {
@@ -138,6 +141,9 @@ func EventSubject(session, typ string) (string, error) {
 			return "", fmt.Errorf("%w: %v", ErrBadInput, err)
 		}
 		sess = session
+		if typ == "" {
+			return schemas.SessionSubjects(session), nil
+		}
 	}
 	if typ != "" {
 		if !strings.HasPrefix(typ, "loopbus.") {
@@ -154,6 +160,17 @@ func EventSubject(session, typ string) (string, error) {
 // Status returns a session's current manifest (see the Status function).
 func (c *Client) Status(ctx context.Context, session string) (*projections.Manifest, error) {
 	return Status(ctx, c.b, session)
+}
+
+// Fork starts a new session from another's history (see the Fork
+// function).
+func (c *Client) Fork(ctx context.Context, req ForkRequest) (Forked, error) {
+	return Fork(ctx, c.b, req)
+}
+
+// Forks lists the forks of a session (see the Forks function).
+func (c *Client) Forks(ctx context.Context, session string) ([]ForkRef, error) {
+	return Forks(ctx, c.b, session)
 }
 
 // Sessions lists the sessions on the stream that f selects, newest first.

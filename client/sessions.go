@@ -77,7 +77,7 @@ func Sessions(ctx context.Context, b Bus, f SessionFilter, now time.Time) ([]Ses
 	}
 	var ids []started
 	seen := map[string]bool{}
-	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{lifecycleSubject("*", schemas.TypeSessionStarted)}, SkipSchema: true}, func(ev schemas.Event) error {
+	err := b.Read(ctx, bus.ReadOptions{Subjects: startSubjects("*"), SkipSchema: true}, func(ev schemas.Event) error {
 		if !seen[ev.Session] {
 			seen[ev.Session] = true
 			ids = append(ids, started{ev.Session, ev.Time})

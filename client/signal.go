@@ -153,7 +153,7 @@ func ResolveSignalTarget(ctx context.Context, b Bus, t SignalTarget) ([]SignalDe
 		return runningSessions(ctx, b)
 	}
 	var started *schemas.Event
-	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{lifecycleSubject(t.Session, schemas.TypeSessionStarted)}}, func(ev schemas.Event) error {
+	err := b.Read(ctx, bus.ReadOptions{Subjects: startSubjects(t.Session)}, func(ev schemas.Event) error {
 		started = &ev
 		return bus.ErrStop
 	})
@@ -163,21 +163,32 @@ func ResolveSignalTarget(ctx context.Context, b Bus, t SignalTarget) ([]SignalDe
 	if started == nil {
 		return nil, fmt.Errorf("%w: %s (no session.started in the stream)", ErrNoSession, t.Session)
 	}
-	data, ok := started.Data.(*schemas.SessionStarted)
-	if !ok {
-		return nil, fmt.Errorf("session %s: session.started carries %T", t.Session, started.Data)
+	var pipeline schemas.Pipeline
+	switch data := started.Data.(type) {
+	case *schemas.SessionStarted:
+		pipeline = data.Pipeline
+	case *schemas.SessionForked:
+		pipeline = data.Pipeline
+	default:
+		return nil, fmt.Errorf("session %s: %s carries %T", t.Session, started.Type, started.Data)
 	}
 	// A loops session's loops and a backlog's task and role runs (steps)
 	// are made as it runs: the orchestrator answers a signal for one that
 	// does not exist.
-	if t.Step != "" && data.Pipeline.Kind != schemas.KindLoops && data.Pipeline.Kind != schemas.KindBacklog && !slices.ContainsFunc(data.Pipeline.Steps, func(s schemas.Step) bool { return s.Name == t.Step }) {
-		names := make([]string, len(data.Pipeline.Steps))
-		for i, s := range data.Pipeline.Steps {
+	if t.Step != "" && pipeline.Kind != schemas.KindLoops && pipeline.Kind != schemas.KindBacklog && !slices.ContainsFunc(pipeline.Steps, func(s schemas.Step) bool { return s.Name == t.Step }) {
+		names := make([]string, len(pipeline.Steps))
+		for i, s := range pipeline.Steps {
 			names[i] = s.Name
 		}
 		return nil, fmt.Errorf("%w: session %s has no step %q (steps: %s)", ErrBadInput, t.Session, t.Step, strings.Join(names, ", "))
 	}
 	return []SignalDest{{Session: t.Session, StartedID: started.ID}}, nil
+}
+
+// startSubjects are the subjects of the events that start session (may
+// be the wildcard *): session.started, and session.forked for a fork.
+func startSubjects(session string) []string {
+	return []string{lifecycleSubject(session, schemas.TypeSessionStarted), lifecycleSubject(session, schemas.TypeSessionForked)}
 }
 
 // lifecycleSubject is the subject of events of type typ in session
@@ -194,12 +205,13 @@ func runningSessions(ctx context.Context, b Bus) ([]SignalDest, error) {
 	ended := map[string]bool{}
 	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{
 		lifecycleSubject("*", schemas.TypeSessionStarted),
+		lifecycleSubject("*", schemas.TypeSessionForked),
 		lifecycleSubject("*", schemas.TypeSessionCompleted),
 		lifecycleSubject("*", schemas.TypeSessionFailed),
 		lifecycleSubject("*", schemas.TypeSessionClosed),
 	}}, func(ev schemas.Event) error {
 		switch ev.Type {
-		case schemas.TypeSessionStarted:
+		case schemas.TypeSessionStarted, schemas.TypeSessionForked:
 			if _, seen := started[ev.Session]; !seen {
 				order = append(order, ev.Session)
 				started[ev.Session] = ev.ID

@@ -108,6 +108,20 @@ func sessionAPI[T any](s *Service, get func(ctx context.Context, id string) (T, 
 	}
 }
 
+// forks answers the forks of a session (the sessions forked from it, with
+// their fork points, oldest first; [] when none), for the session page's
+// tree: its origin is in its manifest (forkedFrom), its children here.
+func (s *Service) forks(ctx context.Context, id string) ([]client.ForkRef, error) {
+	if _, err := s.c.Status(ctx, id); err != nil {
+		return nil, err
+	}
+	f, err := s.c.Forks(ctx, id)
+	if f == nil {
+		f = []client.ForkRef{}
+	}
+	return f, err
+}
+
 // apiArtifact answers one artifact of a session: ?object=OBJECT (as the
 // manifest names it), as a download, or with &view=1 as plain text. Only
 // artifacts the session's manifest names are served, and never as a page

@@ -188,6 +188,7 @@ func (s *Service) routes() {
 	s.mux.HandleFunc("GET /api/sessions/{id}", sessionAPI(s, s.c.Status))
 	s.mux.HandleFunc("GET /api/sessions/{id}/events", s.apiSessionEvents)
 	s.mux.HandleFunc("GET /api/sessions/{id}/tasks", sessionAPI(s, s.c.Tasks))
+	s.mux.HandleFunc("GET /api/sessions/{id}/forks", sessionAPI(s, s.forks))
 	s.mux.HandleFunc("GET /api/sessions/{id}/artifact", s.apiArtifact)
 	s.mux.HandleFunc("POST /api/sessions/{id}/signal", s.apiSignal)
 	s.mux.HandleFunc("POST /api/sessions/{id}/budget", s.apiBudget)

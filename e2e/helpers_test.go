@@ -110,14 +110,16 @@ func parseManifest(t *testing.T, s string) manifest {
 
 // cloudEvent is a decoded line of `events --json`.
 type cloudEvent struct {
-	SpecVersion string          `json:"specversion"`
-	ID          string          `json:"id"`
-	Source      string          `json:"source"`
-	Type        string          `json:"type"`
-	Subject     string          `json:"subject"`
-	Time        string          `json:"time"`
-	Step        string          `json:"step"`
-	Data        json.RawMessage `json:"data"`
+	SpecVersion string `json:"specversion"`
+	ID          string `json:"id"`
+	Source      string `json:"source"`
+	Type        string `json:"type"`
+	Subject     string `json:"subject"`
+	Time        string `json:"time"`
+	Step        string `json:"step"`
+	// ForkOf is set on a copy in a fork's history.
+	ForkOf string          `json:"forkof"`
+	Data   json.RawMessage `json:"data"`
 }
 
 // events returns a session's events as `loopbus events --json` prints them;

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,6 +144,20 @@ steps:
 	got, err := os.ReadFile(filepath.Join(exportDir, "artifacts", "out.txt"))
 	if err != nil || string(got) != "genuine\n" {
 		t.Fatalf("the step's output is %q (%v), want the first worker's", got, err)
+	}
+	// A fork, signed by the client: its copies of the workers' and the
+	// orchestrator's events are trusted as the client's copies, and the
+	// orchestrator reads sig-1's own (verified) history to start it.
+	r := client("events", "--session", "sig-1", "--type", "step.completed", "--json")
+	var done cloudEvent
+	if err := json.Unmarshal([]byte(strings.TrimSpace(r.stdout)), &done); err != nil || done.ID == "" {
+		t.Fatalf("step.completed of sig-1: %v\n%s%s", err, r.stdout, r.stderr)
+	}
+	if r := client("fork", "sig-1", "--at", done.ID, "--as", "sig-2"); r.code != 0 || !strings.Contains(r.stderr, "kept: write") {
+		t.Fatalf("fork as client: exit %d\n%s\norchestrator:\n%s", r.code, r.stderr, out.all["orchestrator"]())
+	}
+	if d := dlq(); strings.Contains(d, "sig-2") {
+		t.Errorf("events of the fork were dead-lettered:\n%s", d)
 	}
 	out.stopAll()
 	for _, svc := range []string{"orchestrator", "validator", "projector", "agentworker"} {

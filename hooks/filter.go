@@ -116,7 +116,8 @@ func subjectMatches(f, s string) bool {
 // matches one of h.Types or its stream subject matches one of h.Subjects,
 // and, when h.Sessions is set, its session is one of them.
 func (h Hook) Matches(ev schemas.Event) bool {
-	if isHookEvent(ev.Type) {
+	if isHookEvent(ev.Type) || ev.ForkOf != "" {
+		// A copy in a fork's history: hooks ran for the original.
 		return false
 	}
 	if len(h.Sessions) > 0 && !slices.Contains(h.Sessions, ev.Session) {

@@ -156,6 +156,11 @@ func (c *streamCounts) count(ev schemas.Event) {
 	}
 	c.events.WithLabelValues(typ).Inc()
 	c.sequence.Set(float64(ev.Seq))
+	if ev.ForkOf != "" {
+		// A copy in a fork's history: its job, step and session were
+		// counted as the original's.
+		return
+	}
 	switch d := ev.Data.(type) {
 	case *schemas.JobRequested:
 		c.jobs.put(key(ev.Session, d.JobID), &jobState{backend: c.backends.label(d.Agent.Backend)})

@@ -150,10 +150,20 @@ func (s *Service) Run(ctx context.Context) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		restore := func() {}
-		if ev.Type == schemas.TypeSessionRerun {
+		switch {
+		case ev.ForkOf != "":
+			// A copy in a fork's history: nothing to decide (PrepareFork).
+			Evolve(s.state, ev)
+			return nil
+		case ev.Type == schemas.TypeSessionRerun:
 			var err error
 			if restore, err = s.rehydrate(ctx, ev); err != nil {
 				return err
+			}
+		case ev.Type == schemas.TypeSessionForked:
+			var err error
+			if restore, err = PrepareFork(s.state, ev, s.history(ctx)); err != nil {
+				return fmt.Errorf("orchestrator: read the origin of fork %s: %w", ev.Session, err)
 			}
 		}
 		if err := Check(s.state, ev); err != nil {
@@ -194,19 +204,7 @@ func (s *Service) rehydrate(ctx context.Context, rerun schemas.Event) (restore f
 	}
 	tmp := NewState()
 	tmp.Retain = true
-	err = s.bus.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(rerun.Session)}}, func(ev schemas.Event) error {
-		if rerun.Seq != 0 && ev.Seq >= rerun.Seq {
-			return bus.ErrStop
-		}
-		if Check(tmp, ev) == nil {
-			_ = safeEvolve(tmp, ev) // one that crashed the fold was dead-lettered then
-		}
-		return nil
-	})
-	if err == nil {
-		err = ctx.Err() // Read ends without an error when ctx does
-	}
-	if err != nil {
+	if err = foldHistory(tmp, rerun.Session, rerun.Seq-min(rerun.Seq, 1), s.history(ctx), 0, nil); err != nil {
 		return restore, fmt.Errorf("orchestrator: read session %s again to rerun it: %w", rerun.Session, err)
 	}
 	if t := tmp.Sessions[rerun.Session]; t != nil && t.Steps != nil {
@@ -218,6 +216,24 @@ func (s *Service) rehydrate(ctx context.Context, rerun schemas.Event) (restore f
 		restore = func() { s.state.Sessions[rerun.Session] = sess }
 	}
 	return restore, nil
+}
+
+// history reads a session's events from the stream (see HistoryReader).
+// Read ends without an error when ctx does: that is an error here, or a
+// history cut short would be taken for the whole.
+func (s *Service) history(ctx context.Context) HistoryReader {
+	return func(session string, until uint64, fn func(schemas.Event) error) error {
+		err := s.bus.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}}, func(ev schemas.Event) error {
+			if until != 0 && ev.Seq > until {
+				return bus.ErrStop
+			}
+			return fn(ev)
+		})
+		if err == nil {
+			err = ctx.Err()
+		}
+		return err
+	}
 }
 
 // trackWait notes whether session has a rate-limit wait. s.mu is held.

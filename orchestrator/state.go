@@ -48,6 +48,9 @@ type State struct {
 	// running sessions, not the history; the service folds a session's
 	// history again, retained, when a rerun comes (Service.rehydrate).
 	Retain bool
+	// forks holds, by event id, what PrepareFork found for a
+	// session.forked not applied yet.
+	forks map[string]forkPrep
 }
 
 // NewState returns an empty state.
@@ -355,6 +358,12 @@ var ErrInconsistent = errors.New("inconsistent with the session's history")
 func Check(st *State, ev schemas.Event) error {
 	s := st.Sessions[ev.Session]
 	switch {
+	case ev.ForkOf != "":
+		// A copy in a fork's history: no fact for the orchestrator (see
+		// PrepareFork), whatever it says.
+		return nil
+	case ev.Type == schemas.TypeSessionForked:
+		return checkForked(st, ev)
 	case s == nil && ev.Type == schemas.TypeSessionStarted:
 		return nil
 	case s == nil:
@@ -979,9 +988,18 @@ func (s *Session) blocker() (blocker, bool) {
 // it is the only function that changes State. Callers that read untrusted streams
 // call Check first.
 func Evolve(st *State, ev schemas.Event) {
-	if ev.Type == schemas.TypeSessionStarted {
+	if ev.Type == schemas.TypeSessionStarted && ev.ForkOf == "" {
 		if _, ok := st.Sessions[ev.Session]; !ok {
 			st.Sessions[ev.Session] = newSession(ev)
+		}
+	}
+	if ev.Type == schemas.TypeSessionForked && ev.ForkOf == "" {
+		// The state PrepareFork read from the origin starts the fork.
+		if p, ok := st.forks[ev.ID]; ok {
+			delete(st.forks, ev.ID)
+			if _, exists := st.Sessions[ev.Session]; !exists && p.base != nil {
+				st.Sessions[ev.Session] = p.base
+			}
 		}
 	}
 	s := st.Sessions[ev.Session]
@@ -990,6 +1008,10 @@ func Evolve(st *State, ev schemas.Event) {
 	}
 	if ev.Seq > s.LastSeq {
 		s.LastSeq, s.LastID = ev.Seq, ev.ID
+	}
+	if ev.ForkOf != "" {
+		// A copy is history: it moves only the session's sequence.
+		return
 	}
 	evolveSession(s, ev)
 	s.facts.record(ev)

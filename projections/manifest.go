@@ -103,6 +103,11 @@ type Manifest struct {
 	// LastRerun is the newest (its step, "" for all, and reason).
 	Reruns    int        `json:"reruns,omitempty"`
 	LastRerun *RerunView `json:"lastRerun,omitempty"`
+	// ForkedFrom is the session this one is a fork of and the fork point
+	// (session.forked); nil for a session that is no fork. A session's
+	// own forks are not in its manifest (the origin stays untouched): they
+	// are found from their session.forked events.
+	ForkedFrom *ForkView `json:"forkedFrom,omitempty"`
 	// Hold is why the session is paused or stopped; nil otherwise. Its kind
 	// is "pause" (session.paused), "import" (an imported session waiting
 	// for its first resume), or the kind of session.stopped: "signal" or
@@ -402,6 +407,8 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		}
 		return startManifest(ev)
 	}
+	// A fork's history begins with copies of its origin's events, folded
+	// as they were; its session.forked applies as below.
 	if ev.Session != m.ContentID {
 		return m
 	}
@@ -784,6 +791,11 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 			m.rerun(d, ev.Time)
 		}
 
+	case schemas.TypeSessionForked:
+		if d, ok := dataAs[schemas.SessionForked](ev.Data); ok {
+			m.fork(d, ev.Time)
+		}
+
 	case schemas.TypeSessionClosed:
 		if m.Terminal() {
 			return m
@@ -1019,18 +1031,97 @@ func (m *Manifest) rerun(d *schemas.SessionRerun, at time.Time) {
 	}
 	for _, name := range m.StepOrder {
 		if sv := m.Steps[name]; sv != nil && again[name] {
-			// As step.invalidated: what its earlier run produced no
-			// longer stands; usage and counters are history and stay.
-			sv.Status = StepStatusPending
-			sv.ContentHash, sv.SchemaVersion, sv.ErrorMessage, sv.LastFeedback = "", "", "", ""
-			sv.CompletedAt, sv.Artifacts, sv.Wait, sv.Approval, sv.Hold = nil, nil, nil, nil, nil
-			sv.Iterations, sv.JobID, sv.Worker = 0, "", ""
-			sv.Imported = false
+			sv.startOver()
 		}
 	}
 	m.Status, m.Hold, m.Error, m.FailedStep, m.Final = StatusRunning, nil, "", "", nil
 	m.Reruns++
 	m.LastRerun = &RerunView{Step: d.Step, Reason: paragraph(d.Reason), At: at}
+}
+
+// startOver makes the step pending from scratch, as step.invalidated
+// does: what its earlier run produced no longer stands; usage and counters
+// are history and stay.
+func (sv *StepView) startOver() {
+	sv.Status = StepStatusPending
+	sv.ContentHash, sv.SchemaVersion, sv.ErrorMessage, sv.LastFeedback = "", "", "", ""
+	sv.CompletedAt, sv.Artifacts, sv.Wait, sv.Approval, sv.Hold = nil, nil, nil, nil, nil
+	sv.Iterations, sv.JobID, sv.Worker = 0, "", ""
+	sv.Imported = false
+}
+
+// ForkView is where a fork comes from: its origin session and the fork
+// point there (stream sequence and event id).
+type ForkView struct {
+	Session string    `json:"session"`
+	Seq     uint64    `json:"seq"`
+	Event   string    `json:"event"`
+	Reason  string    `json:"reason,omitempty"`
+	At      time.Time `json:"at"`
+}
+
+// fork applies session.forked as the orchestrator does, to the manifest
+// folded from the copied history (the origin's at the fork point): the
+// session runs d's pipeline on d's input; a step keeps its results when
+// it had completed, is not in d.Changed and requires no step that runs
+// again; the others are pending from scratch. Steps the pipeline no
+// longer has go. Jobs of the origin not finished at the fork point are
+// not the fork's (it runs jobs of its own): they show as cancelled.
+func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
+	if m.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline || m.Status == StatusClosed {
+		return // the orchestrator refuses it: not supported (yet), or closed for good
+	}
+	again := map[string]bool{}
+	for _, st := range d.Pipeline.Steps {
+		sv := m.Steps[st.Name]
+		again[st.Name] = sv == nil || sv.Status != StepStatusCompleted || slices.Contains(d.Changed, st.Name)
+	}
+	for grew := true; grew; {
+		grew = false
+		for _, st := range d.Pipeline.Steps {
+			if !again[st.Name] && slices.ContainsFunc(st.Requires, func(r string) bool { return again[r] }) {
+				again[st.Name], grew = true, true
+			}
+		}
+	}
+	steps, order := make(map[string]*StepView, len(d.Pipeline.Steps)), make([]string, 0, len(d.Pipeline.Steps))
+	for _, st := range d.Pipeline.Steps {
+		if st.Name == "" || steps[st.Name] != nil {
+			continue // malformed pipeline: keep the first of duplicate names
+		}
+		sv := m.Steps[st.Name]
+		if sv == nil {
+			sv = &StepView{Status: StepStatusPending}
+		} else if again[st.Name] {
+			sv.startOver()
+		}
+		sv.Requires, sv.Final, sv.MaxIterations = slices.Clone(st.Requires), st.Final, st.MaxIterations
+		steps[st.Name] = sv
+		order = append(order, st.Name)
+	}
+	m.Steps, m.StepOrder = steps, order
+	for _, j := range m.Jobs {
+		if j.Status == JobStatusRequested || j.Status == JobStatusRunning {
+			j.Status, j.Reason = JobStatusCancelled, "not the fork's: the origin's job at the fork point"
+		}
+	}
+	m.Pipeline, m.SourceHash = d.Pipeline.Name, d.SourceHash
+	in := d.Input
+	m.Input = &in
+	var b schemas.Budget
+	if d.Pipeline.Budget != nil {
+		b = *d.Pipeline.Budget
+	}
+	if d.Budget != nil {
+		b = b.Tighter(*d.Budget)
+	}
+	m.Budget = nil
+	if b != (schemas.Budget{}) {
+		m.Budget = &b
+	}
+	m.Status, m.Hold, m.Error, m.FailedStep, m.Final = StatusRunning, nil, "", "", nil
+	m.CreatedAt = at
+	m.ForkedFrom = &ForkView{Session: d.Origin, Seq: d.Seq, Event: d.Event, Reason: paragraph(d.Reason), At: at}
 }
 
 // job returns the view of job id, creating it (requested, of step) if new.

@@ -42,6 +42,7 @@ var goldenCases = []struct {
 	{"backlog_runs", backlogRuns},
 	{"loops_session", loopsSession},
 	{"imported_session", importedSession},
+	{"forked", forkedGolden},
 }
 
 func foldAll(evs []schemas.Event) *Manifest {

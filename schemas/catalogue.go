@@ -80,6 +80,7 @@ func catalogueEntries() map[string]entry {
 		TypeSessionBudget: {func() any { return new(SessionBudget) }},
 		TypeSessionClosed: {func() any { return new(SessionClosed) }},
 		TypeSessionRerun:  {func() any { return new(SessionRerun) }},
+		TypeSessionForked: {func() any { return new(SessionForked) }},
 
 		// Sessions imported from other systems.
 		TypeStepImported: {func() any { return new(StepImported) }},

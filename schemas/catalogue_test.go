@@ -72,7 +72,7 @@ func samples(t *testing.T) map[string]any {
 		{Artifact: "outline.json", Pointer: "/sections/1", Message: "got number, want string", Source: "schema"},
 		{Artifact: "outline.json", Pointer: "", Message: "missing property 'title'", Source: "schema"},
 	}
-	return map[string]any{
+	m := map[string]any{
 		TypeSessionStarted: &SessionStarted{
 			Pipeline: Pipeline{
 				Name:   "report",
@@ -234,6 +234,7 @@ func samples(t *testing.T) map[string]any {
 		TypeSessionBudget: &SessionBudget{Budget: Budget{MaxCostUSD: 5, MaxIterations: 40}, Reason: "worth another $3"},
 		TypeSessionClosed: &SessionClosed{Reason: "superseded by sess-2"},
 		TypeSessionRerun:  &SessionRerun{Step: "outline", Reason: "agent fixed"},
+		TypeSessionForked: nil, // below: the pipeline of session.started
 
 		TypeStepImported: &StepImported{Step: "outline", Artifacts: []ArtifactRef{outline}, ContentHash: ContentHash([]ArtifactRef{outline}),
 			SchemaVersion: "outline-1", Source: ImportSourceLooplia, SourceStep: "analyzing", SourceSchemaVersion: "0.5.0", CompletedAt: &created},
@@ -244,6 +245,10 @@ func samples(t *testing.T) map[string]any {
 			Until: ptrTime(t, "2026-11-22T15:00:00Z"), OnTimeout: OnTimeoutReject},
 		TypeApprovalExpired: &ApprovalExpired{Step: "outline", JobID: "sess-1.outline.2", Iteration: 2, OnTimeout: OnTimeoutFail, Reason: "no approval within 24h0m0s"},
 	}
+	st := m[TypeSessionStarted].(*SessionStarted)
+	m[TypeSessionForked] = &SessionForked{Origin: "sess-1", Seq: 42, Event: "9f86d081884c7d659a2feaa0c55ad015", Copied: 12, Pipeline: st.Pipeline, Input: st.Input,
+		SourceHash: st.SourceHash, Budget: &Budget{MaxCostUSD: 2}, DefinitionFiles: st.DefinitionFiles, Changed: []string{"outline"}, Reason: "try another outline"}
+	return m
 }
 
 func TestNewCatalogue(t *testing.T) {
@@ -256,8 +261,8 @@ func TestNewCatalogue(t *testing.T) {
 	if got := c.Types(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Types() = %v, want %v", got, want)
 	}
-	if len(want) != 49 {
-		t.Errorf("catalogue has %d types, want 49", len(want))
+	if len(want) != 50 {
+		t.Errorf("catalogue has %d types, want 50", len(want))
 	}
 	for _, typ := range want {
 		if !c.Known(typ) {

@@ -32,7 +32,7 @@ func Publishers(t string) []Role {
 		return []Role{RoleClient}
 	case TypeApprovalRequested, TypeApprovalExpired:
 		return []Role{RoleOrchestrator}
-	case TypeSessionBudget, TypeSessionClosed, TypeSessionRerun, TypeStepImported:
+	case TypeSessionBudget, TypeSessionClosed, TypeSessionRerun, TypeStepImported, TypeSessionForked:
 		return []Role{RoleClient}
 	case TypeTaskAdded, TypeTaskUpdated:
 		return []Role{RoleClient, RoleOrchestrator}

@@ -54,6 +54,11 @@ type Event struct {
 	// verified when it read the event; empty when the bus trusts no keys
 	// (no --trust file) or for events not read from the stream.
 	Signer string
+	// ForkOf is set on a copy of another session's event in a fork's
+	// history (see SessionForked): the id of the event it copies. A copy
+	// is history, stored on its own subject (HistorySubjectFor), and no
+	// service acts on it.
+	ForkOf string
 }
 
 // Subject returns the CloudEvent subject: the session, or session/step when

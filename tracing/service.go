@@ -195,7 +195,9 @@ func (s *Service) Run(ctx context.Context) error {
 	}()
 	st := newSpans(s.cfg, tp.Tracer(TracerName), start, s.log, s.now)
 	err = s.bus.Read(ctx, bus.ReadOptions{Follow: true, StartTime: start.Add(-s.cfg.Lookback), SkipSchema: true}, func(ev schemas.Event) error {
-		st.handle(ev)
+		if ev.ForkOf == "" { // a copy in a fork's history: the original's span
+			st.handle(ev)
+		}
 		return nil
 	})
 	if err != nil && ctx.Err() == nil {

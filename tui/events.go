@@ -26,6 +26,11 @@ func EventLine(ev schemas.Event, m *projections.Manifest) string {
 // was folded into it and must not be nil for step and session results.
 // Types it does not know show as the type without "loopbus.".
 func Describe(ev schemas.Event, m *projections.Manifest) string {
+	if ev.ForkOf != "" {
+		// A copy in a fork's history: what the original said.
+		ev.ForkOf = ""
+		return "copied: " + Describe(ev, m)
+	}
 	tag := func(job string) string { return jobTag(m, job, ev.Step) }
 	if s, ok := describeLoop(ev, m); ok {
 		return s
@@ -208,6 +213,18 @@ func Describe(ev schemas.Event, m *projections.Manifest) string {
 		return s
 	case *schemas.SessionFailed:
 		return fmt.Sprintf("session %s failed: %s", ev.Session, OneLine(d.Reason, 200))
+	case *schemas.SessionForked:
+		s := fmt.Sprintf("session %s forked from %s at stream seq %d: pipeline %s", ev.Session, d.Origin, d.Seq, d.Pipeline.Name)
+		if m != nil && m.ForkedFrom != nil {
+			again := 0
+			for _, sv := range m.Steps {
+				if sv.Status != projections.StepStatusCompleted {
+					again++
+				}
+			}
+			s += fmt.Sprintf(", %s kept, %d to run", Plural(len(m.Steps)-again, "step"), again)
+		}
+		return s
 	}
 	return strings.TrimPrefix(ev.Type, "loopbus.")
 }

@@ -161,3 +161,27 @@ func TestProgress(t *testing.T) {
 		t.Errorf("progress:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestDescribeFork: a copy in a fork's history says what the original
+// said, marked as copied; session.forked names the origin and the point,
+// and what the fork keeps and runs.
+func TestDescribeFork(t *testing.T) {
+	e := controlled()
+	var started schemas.Event
+	for _, ev := range e.evs {
+		if ev.Type == schemas.TypeSessionStarted {
+			started = ev
+		}
+	}
+	d := started.Data.(*schemas.SessionStarted)
+	forked := e.add(schemas.TypeSessionForked, "", &schemas.SessionForked{Origin: "o1", Seq: 7, Event: "e7", Copied: 7, Pipeline: d.Pipeline, Input: d.Input, SourceHash: d.SourceHash})
+	m := e.manifest(t)
+	copied := started
+	copied.ForkOf = "e1"
+	if got, want := Describe(copied, m), "copied: session s1 started: pipeline p, 4 steps"; !strings.HasPrefix(got, want) {
+		t.Errorf("Describe(copy) = %q, want it to begin with %q", got, want)
+	}
+	if got, want := Describe(forked, m), "session s1 forked from o1 at stream seq 7: pipeline p, 0 steps kept, 4 to run"; got != want {
+		t.Errorf("Describe(session.forked) = %q, want %q", got, want)
+	}
+}

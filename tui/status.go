@@ -27,6 +27,9 @@ func WriteStatus(w io.Writer, m *projections.Manifest, asJSON bool, now time.Tim
 	}
 	fmt.Fprintf(w, "session   %s\npipeline  %s\nstatus    %s\nsource    %s\nupdated   %s (stream seq %d)\n",
 		m.ContentID, m.Pipeline, SessionState(m), m.SourceHash, m.UpdatedAt.UTC().Format(time.RFC3339), m.LastSeq)
+	if f := m.ForkedFrom; f != nil {
+		fmt.Fprintf(w, "forked    from %s at stream seq %d (event %s)\n", f.Session, f.Seq, f.Event)
+	}
 	if m.Kind == schemas.KindBacklog {
 		fmt.Fprintf(w, "backlog   phase %s (the tasks: loopbus tasks %s)\n", OrDash(m.Phase), m.ContentID)
 	}

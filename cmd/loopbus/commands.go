@@ -346,6 +346,9 @@ task list (as 'loopbus tasks' does); --json prints the manifest, or with
 					if err := tui.WriteStatus(g.stdout, m, asJSON, time.Now()); err != nil || asJSON {
 						return err
 					}
+					if err := writeForks(ctx, g.stdout, b, args[0]); err != nil {
+						return err
+					}
 					// A backlog's task list as it was at the same point follows.
 					u = client.Until{Seq: m.LastSeq}
 				}

@@ -168,7 +168,7 @@ server another loopbus command already runs there).`,
 		newServeCmd(g), newNatsCmd(g), newServiceCmd(g, "orchestrator"), newAgentworkerCmd(g),
 		newServiceCmd(g, "validator"), newProjectorCmd(g), newDoctorCmd(g), newDLQCmd(g), newSignalCmd(g), newApproveCmd(g), newRejectCmd(g), newWatchCmd(g),
 		newHooksCmd(g), newTasksCmd(g), newSessionsCmd(g), newPullCmd(g), newKeygenCmd(g), newDashboardCmd(g),
-		newBudgetCmd(g), newCloseCmd(g), newRerunCmd(g), newImportCmd(g), newResumeCmd(g),
+		newBudgetCmd(g), newCloseCmd(g), newRerunCmd(g), newImportCmd(g), newResumeCmd(g), newForkCmd(g),
 	)
 	return root
 }

@@ -57,6 +57,9 @@ func writeStatus(ctx context.Context, w io.Writer, b *bus.Bus, m *projections.Ma
 	if err := tui.WriteStatus(w, m, asJSON, now); err != nil {
 		return err
 	}
+	if asJSON {
+		return nil
+	}
 	for _, wt := range waits {
 		if wt.Job == "" {
 			fmt.Fprintf(w, "workers   %s\n", wt.Message)
@@ -64,7 +67,7 @@ func writeStatus(ctx context.Context, w io.Writer, b *bus.Bus, m *projections.Ma
 		}
 		fmt.Fprintf(w, "waiting   job %s (step %s) requested %s ago: %s\n", wt.Job, wt.Step, now.Sub(wt.Requested).Round(time.Second), wt.Message)
 	}
-	return nil
+	return writeForks(ctx, w, b, m.ContentID)
 }
 
 func waitingJobs(ctx context.Context, b *bus.Bus, m *projections.Manifest) ([]client.LaneWait, error) {

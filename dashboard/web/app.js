@@ -221,6 +221,7 @@ function sessionPage() {
     if (m.hold) parts.push(m.hold.kind + (m.hold.reason ? ": " + m.hold.reason : ""));
     if (m.error) parts.push("error: " + m.error);
     document.getElementById("summary").textContent = parts.join(" · ");
+    lineage(m);
     stepOptions(m);
     if (m.kind === "loops") loopTree(m); else dag(m);
     jobs(m);
@@ -228,6 +229,32 @@ function sessionPage() {
     if (m.kind === "backlog") tasks();
     waiting(m);
     if (document.getElementById("manifest-box").open) document.getElementById("manifest").textContent = JSON.stringify(m, null, 2);
+  }
+
+  // lineage shows the fork tree around the session: where it was forked
+  // from (its manifest's forkedFrom) and the sessions forked from it
+  // (asked again at most every 5 s).
+  let forks = [], forksAsked = 0;
+  function lineage(m) {
+    const p = document.getElementById("lineage");
+    const link = (s) => el("a", { href: "/sessions/" + encodeURIComponent(s), text: s });
+    const parts = [];
+    const f = m.forkedFrom;
+    if (f) parts.push("forked from ", link(f.session), " at stream seq " + f.seq + " (event " + f.event + ")" + (f.reason ? ": " + f.reason : ""));
+    if (forks.length) {
+      if (parts.length) parts.push(" · ");
+      parts.push("forks: ");
+      forks.forEach((k, i) => parts.push(...(i ? [", "] : []), link(k.session), " at seq " + k.seq));
+    }
+    p.replaceChildren(...parts);
+    p.hidden = parts.length === 0;
+    if (Date.now() - forksAsked < 5000) return;
+    forksAsked = Date.now();
+    api("/api/sessions/" + enc + "/forks").then((list) => {
+      const changed = JSON.stringify(list) !== JSON.stringify(forks);
+      forks = list || [];
+      if (changed && manifest) lineage(manifest);
+    }).catch((e) => showError("Could not read the session's forks: " + e.message));
   }
 
   function stepOptions(m) {

@@ -1,0 +1,344 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/projections"
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// ForkBus is what Fork needs from the bus: a fork's history and its
+// session.forked are committed in one atomic batch.
+type ForkBus interface {
+	Bus
+	PublishBatch(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (bus.Published, error)
+}
+
+// ForkRequest says what to fork and how.
+type ForkRequest struct {
+	// Origin is the session forked.
+	Origin string
+	// At is the fork point: a stream sequence (e.g. "42") or an event id
+	// of Origin; the fork's history is Origin's up to it, included.
+	At string
+	// As is the fork's session id; "" gives <origin>-fork-<4 hex>.
+	As string
+	// Pipeline replaces the origin's (nil: the origin's, with its files).
+	Pipeline *schemas.Pipeline
+	// Input is a file replacing the origin's input ("": the origin's).
+	Input  string
+	Reason string
+}
+
+// Forked is a fork written to the stream.
+type Forked struct {
+	// Session is the fork's id; Event its session.forked, stored at Seq.
+	Session string
+	Event   schemas.Event
+	Seq     uint64
+	// Point is the origin's event at the fork point.
+	Point schemas.Event
+	// Kept are the steps that keep the origin's results; Again the steps
+	// that run again (changed, not completed at the point, or requiring
+	// one that runs again).
+	Kept, Again []string
+}
+
+// NewForkID returns "<origin>-fork-<4 hex>", shortened to fit the
+// 64-character limit.
+func NewForkID(origin string) string {
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	suffix := "-fork-" + hex.EncodeToString(b[:])
+	if max := schemas.MaxIDLen - len(suffix); len(origin) > max {
+		origin = origin[:max]
+	}
+	return origin + suffix
+}
+
+// Fork starts a new session whose history is req.Origin's up to the fork
+// point, then goes on live (see schemas.SessionForked): it copies the
+// origin's events up to the point, each with a new id and ForkOf naming
+// the event it copies, and publishes them with session.forked in one
+// atomic batch, so a fork exists whole or not at all. The origin is not
+// written to. Ids derive from the fork's session, the origin's events and
+// what the fork runs, so a publish retried after a lost acknowledgement
+// is not doubled (and a fork command run again finds its session exists).
+//
+// Errors: ErrNoSession for an unknown origin; ErrSessionExists for a
+// fork id in use; ErrBadInput (with what to do) for an unsafe id, a fork
+// point that is no event of the origin (an unknown sequence or id, an
+// event of another session, a point beyond the origin's end, a point in
+// the history the origin copied from its own origin), an origin with
+// more than schemas.MaxForkCopies events up to the point, a backlog or
+// loops session, or an unusable input file.
+func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
+	if err := schemas.ValidateSessionID(req.Origin); err != nil {
+		return Forked{}, fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	if err := checkReason(req.Reason); err != nil {
+		return Forked{}, err
+	}
+	as := req.As
+	if as == "" {
+		as = NewForkID(req.Origin)
+	} else if err := schemas.ValidateSessionID(as); err != nil {
+		return Forked{}, fmt.Errorf("%w: --as: %v", ErrBadInput, err)
+	}
+	if as == req.Origin {
+		return Forked{}, fmt.Errorf("%w: a fork is a new session: give it another id than %s", ErrBadInput, req.Origin)
+	}
+	history, err := readToPoint(ctx, b, req.Origin, req.At)
+	if err != nil {
+		return Forked{}, err
+	}
+	point := history[len(history)-1]
+	start := ownStart(history)
+	switch {
+	case start == nil:
+		origin, err := forkOrigin(ctx, b, req.Origin)
+		if err != nil {
+			return Forked{}, err
+		}
+		return Forked{}, fmt.Errorf("%w: the event at stream sequence %d is in the history %s copied from its origin; fork that session instead (loopbus fork %s --at %s)",
+			ErrBadInput, point.Seq, req.Origin, origin, point.ForkOf)
+	case start.Pipeline.Kind != "" && start.Pipeline.Kind != schemas.KindPipeline:
+		return Forked{}, fmt.Errorf("%w: %s is a %s session: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Origin, start.Pipeline.Kind)
+	case slices.ContainsFunc(history, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSessionClosed && ev.ForkOf == "" }):
+		return Forked{}, fmt.Errorf("%w: %s was closed for good at or before stream sequence %d; fork it at an event before its session.closed", ErrBadInput, req.Origin, point.Seq)
+	case req.Pipeline != nil && req.Pipeline.Kind != "" && req.Pipeline.Kind != schemas.KindPipeline:
+		return Forked{}, fmt.Errorf("%w: --pipeline %s is of kind %s: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Pipeline.Source, req.Pipeline.Kind)
+	}
+	if last, err := b.SessionLastSeq(ctx, as); err != nil {
+		return Forked{}, err
+	} else if last != 0 {
+		return Forked{}, fmt.Errorf("%w: %s (a fork is a new session: pick another --as)", ErrSessionExists, as)
+	}
+
+	data := &schemas.SessionForked{Origin: req.Origin, Seq: point.Seq, Event: point.ID, Copied: len(history), Pipeline: start.Pipeline,
+		Input: start.Input, SourceHash: start.SourceHash, Budget: start.Budget, DefinitionFiles: start.DefinitionFiles, Reason: req.Reason}
+	if req.Pipeline != nil {
+		data.Pipeline = *req.Pipeline
+		if req.Input == "" {
+			for _, st := range data.Pipeline.Steps {
+				if slices.ContainsFunc(st.Outputs, func(o schemas.Output) bool { return o.Name == data.Input.Name }) {
+					return Forked{}, fmt.Errorf("%w: the input %s of %s has the name of step %s's output in %s; give the fork another input (--input)",
+						ErrBadInput, data.Input.Name, req.Origin, st.Name, data.Pipeline.Source)
+				}
+			}
+		}
+		if data.DefinitionFiles, err = storeDefinition(ctx, b, as, data.Pipeline); err != nil {
+			return Forked{}, err
+		}
+	}
+	if req.Input != "" {
+		f, name, err := openInput(data.Pipeline, req.Input)
+		if err != nil {
+			return Forked{}, err
+		}
+		ref, err := b.PutArtifact(ctx, as+"/input/"+name, name, f)
+		_ = f.Close()
+		if err != nil {
+			return Forked{}, err
+		}
+		data.Input, data.SourceHash = ref, schemas.ShortHash(ref.Digest)
+	}
+	data.Changed = schemas.ChangedSteps(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
+
+	batch := copyHistory(history, as)
+	what, _ := json.Marshal(data)
+	forked := schemas.Event{
+		ID:   schemas.DeterministicID(as, schemas.TypeSessionForked, req.Origin, strconv.FormatUint(data.Seq, 10), data.Event, schemas.Digest(what)),
+		Type: schemas.TypeSessionForked, Session: as, Time: time.Now().UTC(), Data: data,
+	}
+	forked.Correlation = forked.ID
+	batch = append(batch, forked)
+	p, err := b.PublishBatch(ctx, as, 0, batch)
+	switch {
+	case errors.Is(err, bus.ErrDuplicate) || errors.Is(err, bus.ErrStale):
+		// A retry after a lost ack is refused although the first attempt
+		// landed: then the stored session.forked is this one.
+		mine := false
+		rerr := b.Read(ctx, bus.ReadOptions{Subjects: []string{lifecycleSubject(as, schemas.TypeSessionForked)}}, func(ev schemas.Event) error {
+			mine, p.Seq = ev.ID == forked.ID, ev.Seq
+			return bus.ErrStop
+		})
+		if rerr != nil || !mine {
+			return Forked{}, fmt.Errorf("%w: %s (a fork is a new session: pick another --as)", ErrSessionExists, as)
+		}
+	case err != nil:
+		return Forked{}, err
+	}
+	forked.Seq = p.Seq
+	out := Forked{Session: as, Event: forked, Seq: p.Seq, Point: point}
+	if m := projections.BuildManifest(as, batch); m != nil {
+		for _, name := range m.StepOrder {
+			if m.Steps[name].Status == projections.StepStatusCompleted {
+				out.Kept = append(out.Kept, name)
+			} else {
+				out.Again = append(out.Again, name)
+			}
+		}
+	}
+	return out, nil
+}
+
+// readToPoint returns the events of origin up to the fork point at (a
+// stream sequence or an event id), the point included, at most
+// schemas.MaxForkCopies of them (more is refused: ErrBadInput).
+func readToPoint(ctx context.Context, b Bus, origin, at string) ([]schemas.Event, error) {
+	if at == "" {
+		return nil, fmt.Errorf("%w: give the fork point: --at SEQ or --at EVENT-ID (see loopbus events %s)", ErrBadInput, origin)
+	}
+	last, err := b.SessionLastSeq(ctx, origin)
+	if err != nil {
+		return nil, err
+	}
+	if last == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrNoSession, origin)
+	}
+	seq, bySeq := uint64(0), false
+	if n, err := strconv.ParseUint(at, 10, 64); err == nil {
+		seq, bySeq = n, true
+	}
+	var evs []schemas.Event
+	var first uint64
+	found, more := false, 0
+	err = b.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(origin)}}, func(ev schemas.Event) error {
+		if first == 0 {
+			first = ev.Seq
+		}
+		if bySeq && ev.Seq > seq {
+			return bus.ErrStop
+		}
+		if len(evs) == schemas.MaxForkCopies {
+			// Read on (without keeping) only to tell a point too far
+			// from one that is not there.
+			more++
+		} else {
+			evs = append(evs, ev)
+		}
+		if found = bySeq && ev.Seq == seq || !bySeq && ev.ID == at; found {
+			return bus.ErrStop
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case found && more > 0:
+		return nil, fmt.Errorf("%w: %s has %d events up to that point; a fork copies at most %d (fork at an earlier point)",
+			ErrBadInput, origin, len(evs)+more, schemas.MaxForkCopies)
+	case found:
+		return evs, nil
+	case !bySeq:
+		return nil, fmt.Errorf("%w: session %s has no event with id %q (--at takes a stream sequence or an event id of the session: see loopbus events %s)", ErrBadInput, origin, at, origin)
+	}
+	var other *schemas.Event
+	if seq > 0 {
+		err = b.Read(ctx, bus.ReadOptions{StartSeq: seq}, func(ev schemas.Event) error {
+			if ev.Seq == seq {
+				other = &ev
+			}
+			return bus.ErrStop
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case other != nil:
+		return nil, fmt.Errorf("%w: stream sequence %d is an event of session %s, not of %s (whose events are at %d…%d)", ErrBadInput, seq, other.Session, origin, first, last)
+	case seq > last:
+		return nil, fmt.Errorf("%w: stream sequence %d is beyond the end of session %s: its last event is at %d", ErrBadInput, seq, origin, last)
+	}
+	return nil, fmt.Errorf("%w: stream sequence %d holds no event of session %s (whose events are at %d…%d)", ErrBadInput, seq, origin, first, last)
+}
+
+// ownStart returns what a session's own start (its session.started, or
+// the session.forked of a fork) in evs says it runs, as session.forked
+// carries it; nil when evs hold only copies.
+func ownStart(evs []schemas.Event) *schemas.SessionForked {
+	for _, ev := range evs {
+		if ev.ForkOf != "" {
+			continue
+		}
+		switch d := ev.Data.(type) {
+		case *schemas.SessionStarted:
+			return &schemas.SessionForked{Pipeline: d.Pipeline, Input: d.Input, SourceHash: d.SourceHash, Budget: d.Budget, DefinitionFiles: d.DefinitionFiles}
+		case *schemas.SessionForked:
+			return d
+		}
+	}
+	return nil
+}
+
+// forkOrigin returns the origin of session, a fork ("" when it is none).
+func forkOrigin(ctx context.Context, b Bus, session string) (string, error) {
+	origin := ""
+	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{lifecycleSubject(session, schemas.TypeSessionForked)}}, func(ev schemas.Event) error {
+		if d, ok := ev.Data.(*schemas.SessionForked); ok {
+			origin = d.Origin
+		}
+		return bus.ErrStop
+	})
+	return origin, err
+}
+
+// copyHistory returns the copies of evs in session as: new ids derived
+// from the originals (causation and correlation follow them), ForkOf the
+// id copied; source and time stay the original's, so the history says who
+// stated what when. Whoever forks signs the copies (see bus: a copy is
+// trusted as the roles that may fork are).
+func copyHistory(evs []schemas.Event, as string) []schemas.Event {
+	ids := make(map[string]string, len(evs))
+	for _, ev := range evs {
+		ids[ev.ID] = schemas.DeterministicID(as, "fork-copy", ev.ID)
+	}
+	remap := func(id string) string {
+		if n, ok := ids[id]; ok {
+			return n
+		}
+		return id
+	}
+	out := make([]schemas.Event, len(evs))
+	for i, ev := range evs {
+		ev.ForkOf, ev.ID, ev.Session = ev.ID, ids[ev.ID], as
+		ev.Causation, ev.Correlation = remap(ev.Causation), remap(ev.Correlation)
+		ev.Seq, ev.Stored, ev.Signer = 0, time.Time{}, ""
+		out[i] = ev
+	}
+	return out
+}
+
+// ForkRef is a fork of a session: its id, and the origin's stream
+// sequence and event it forked at.
+type ForkRef struct {
+	Session string    `json:"session"`
+	Seq     uint64    `json:"seq"`
+	Event   string    `json:"event"`
+	At      time.Time `json:"at"`
+}
+
+// Forks lists the forks of session, in the order they were made, from the
+// session.forked events of the stream (the origin itself records none:
+// it stays untouched).
+func Forks(ctx context.Context, b Bus, session string) ([]ForkRef, error) {
+	var out []ForkRef
+	err := b.Read(ctx, bus.ReadOptions{Subjects: []string{lifecycleSubject("*", schemas.TypeSessionForked)}}, func(ev schemas.Event) error {
+		if d, ok := ev.Data.(*schemas.SessionForked); ok && d.Origin == session && !slices.ContainsFunc(out, func(f ForkRef) bool { return f.Session == ev.Session }) {
+			out = append(out, ForkRef{Session: ev.Session, Seq: d.Seq, Event: d.Event, At: ev.Time})
+		}
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,222 @@
+package orchestrator
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+// The orchestrator's part of loopbus fork (schemas.SessionForked).
+//
+// A fork's history begins with copies of the origin's events, published
+// by whoever forked (the client role), and then session.forked. The
+// copies are history for people and projections: the orchestrator takes
+// no fact from them, since a client could write any history there.
+// Instead, before it checks session.forked, it reads the origin's own
+// history up to the fork point (PrepareFork), events it verified as the
+// origin's when they came, and folds it as it folded it then; the fork
+// starts from that state, renamed, with its pipeline and input, and the
+// steps that do not keep their results pending (in a new round when they
+// had run). Jobs the
+// origin had in flight at the fork point stay the origin's: the fork's
+// jobs have ids of their own (JobID includes the session), so a late
+// result of the origin's job can never be taken for the fork's.
+
+// HistoryReader calls fn with the events of session, in stream order, up
+// to stream sequence until (every event when until is 0), copies included;
+// an error of fn stops the read and is returned.
+type HistoryReader func(session string, until uint64, fn func(schemas.Event) error) error
+
+// errStopRead ends a HistoryReader's read early without an error.
+var errStopRead = errors.New("stop reading")
+
+// forkPrep is what PrepareFork found for a session.forked: the fork's
+// first state, or why the event cannot fork (refusal).
+type forkPrep struct {
+	base    *Session
+	refusal error
+}
+
+// PrepareFork reads, through read, the origin's history up to the fork
+// point of session.forked ev and keeps, for Check and Evolve, the state
+// the fork starts from, or why it cannot start (an unknown origin or
+// fork point, a point inside the origin's own copied history, an origin
+// that is not a pipeline session, a count of copies that does not match).
+// It does nothing when ev's session exists (Check refuses ev). The
+// returned function forgets what it kept, for an ev that is not applied.
+// An error is one of read: nothing is kept.
+func PrepareFork(st *State, ev schemas.Event, read HistoryReader) (forget func(), err error) {
+	return prepareFork(st, ev, read, 0)
+}
+
+func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (forget func(), err error) {
+	forget = func() {}
+	d, ok := ev.Data.(*schemas.SessionForked)
+	if !ok || st.Sessions[ev.Session] != nil {
+		return forget, nil
+	}
+	keep := func(p forkPrep) (func(), error) {
+		if st.forks == nil {
+			st.forks = map[string]forkPrep{}
+		}
+		st.forks[ev.ID] = p
+		return func() { delete(st.forks, ev.ID) }, nil
+	}
+	refuse := func(kind error, format string, a ...any) (func(), error) {
+		return keep(forkPrep{refusal: fmt.Errorf("%w: %s %s", kind, ev.Type, fmt.Sprintf(format, a...))})
+	}
+	switch {
+	case d.Origin == ev.Session:
+		return refuse(ErrInconsistent, "forks session %s into itself", ev.Session)
+	case depth >= schemas.MaxForkDepth:
+		return refuse(ErrInconsistent, "forks session %s, a fork more than %d forks deep", d.Origin, schemas.MaxForkDepth)
+	}
+	tmp := NewState()
+	tmp.Retain = true
+	var point *schemas.Event
+	events := 0
+	err = foldHistory(tmp, d.Origin, d.Seq, read, depth+1, func(o schemas.Event) {
+		events++
+		if o.Seq == d.Seq {
+			point = &o
+		}
+	})
+	if err != nil {
+		return forget, err
+	}
+	origin := tmp.Sessions[d.Origin]
+	switch {
+	case events == 0:
+		return refuse(ErrNoSession, "forks session %s, which has no events (never started, or no longer in the stream)", d.Origin)
+	case point == nil:
+		return refuse(ErrInconsistent, "forks session %s at stream sequence %d, which holds no event of it", d.Origin, d.Seq)
+	case point.ID != d.Event:
+		return refuse(ErrInconsistent, "forks session %s at event %s, but its event at stream sequence %d is %s", d.Origin, d.Event, d.Seq, point.ID)
+	case origin == nil:
+		return refuse(ErrInconsistent, "forks session %s at stream sequence %d, before the session started (in the history it copied from its own origin)", d.Origin, d.Seq)
+	case origin.Status == StatusClosed:
+		// A closed session keeps nothing of its steps (see Evolve).
+		return refuse(ErrInconsistent, "forks session %s after it was closed for good: fork it at an event before its session.closed", d.Origin)
+	case origin.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline:
+		return refuse(ErrInconsistent, "forks %s session %s into a %s session: fork of a backlog or loops session is not supported yet", orElse(origin.Kind, schemas.KindPipeline), d.Origin, d.Pipeline.Kind)
+	case d.Copied != events:
+		return refuse(ErrInconsistent, "says it copied %d events of session %s, but the session has %d up to stream sequence %d", d.Copied, d.Origin, events, d.Seq)
+	case len(d.Pipeline.Steps) == 0:
+		return refuse(ErrInconsistent, "gives the fork a pipeline without steps")
+	}
+	return keep(forkPrep{base: origin.forkAs(ev, d)})
+}
+
+// foldHistory folds session's history up to stream sequence until (all
+// of it when 0) into st as the service folded it: copies are skipped, a
+// session.forked is prepared (reading its own origin), and events Check
+// refuses are skipped. Each event read, copies included, is passed to
+// seen when it is not nil.
+func foldHistory(st *State, session string, until uint64, read HistoryReader, depth int, seen func(schemas.Event)) error {
+	err := read(session, until, func(ev schemas.Event) error {
+		if until != 0 && ev.Seq > until {
+			return errStopRead
+		}
+		if seen != nil {
+			seen(ev)
+		}
+		if ev.ForkOf != "" || ev.Session != session {
+			return nil
+		}
+		forget := func() {}
+		if ev.Type == schemas.TypeSessionForked {
+			var err error
+			if forget, err = prepareFork(st, ev, read, depth); err != nil {
+				return err
+			}
+		}
+		if Check(st, ev) != nil {
+			forget()
+			return nil
+		}
+		_ = safeEvolve(st, ev) // one that crashed the fold was dead-lettered then
+		return nil
+	})
+	if errors.Is(err, errStopRead) {
+		err = nil
+	}
+	return err
+}
+
+// checkForked refuses a session.forked that does not start its session:
+// one whose session exists (a copy of the event that started it is a
+// replay), or whose origin PrepareFork could not fork.
+func checkForked(st *State, ev schemas.Event) error {
+	if s := st.Sessions[ev.Session]; s != nil {
+		if s.StartID == ev.ID {
+			return fmt.Errorf("%w: session %s was already started by this event", ErrReplayed, ev.Session)
+		}
+		return fmt.Errorf("%w: %s forks into session %s, which exists (started by event %s)", ErrReplayed, ev.Type, ev.Session, s.StartID)
+	}
+	p, ok := st.forks[ev.ID]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %s: the origin's history was not read (PrepareFork)", ErrInconsistent, ev.Type)
+	case p.refusal != nil:
+		return p.refusal
+	}
+	return nil
+}
+
+// forkAs turns the origin's state at the fork point into the fork's
+// first state: the session of ev, started by it, running d's pipeline on
+// d's input. A step keeps its results when it completed at the fork
+// point, its definition is not in d.Changed nor differs from the
+// origin's, and it requires no step that runs again; every other step
+// starts over in a new round (so its jobs are new). Usage and agent runs
+// so far are the fork's history, and count against its budget.
+func (o *Session) forkAs(ev schemas.Event, d *schemas.SessionForked) *Session {
+	changed := slices.Concat(d.Changed, schemas.ChangedSteps(o.Pipeline, d.Pipeline, o.DefinitionFiles, d.DefinitionFiles, o.Input.Digest != d.Input.Digest))
+	again := map[string]bool{}
+	for _, def := range d.Pipeline.Steps {
+		old := o.Steps[def.Name]
+		again[def.Name] = old == nil || old.Status != StepCompleted || slices.Contains(changed, def.Name)
+	}
+	for grew := true; grew; {
+		grew = false
+		for _, def := range d.Pipeline.Steps {
+			if !again[def.Name] && slices.ContainsFunc(def.Requires, func(r string) bool { return again[r] }) {
+				again[def.Name], grew = true, true
+			}
+		}
+	}
+	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
+		Usage: o.Usage, Requests: o.Requests, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
+	if s.Usage == nil {
+		s.Usage = map[string]schemas.Usage{}
+	}
+	if d.Pipeline.Budget != nil {
+		s.Budget = *d.Pipeline.Budget
+	}
+	if d.Budget != nil {
+		s.Budget = s.Budget.Tighter(*d.Budget)
+	}
+	for _, def := range d.Pipeline.Steps {
+		old := o.Steps[def.Name]
+		switch {
+		case old == nil:
+			s.Steps[def.Name] = &Step{Def: def, Status: StepPending}
+		case again[def.Name]:
+			// A step that ran starts over in a new round, with the
+			// fork's definition: what it left for its next job
+			// (feedback of failed iterations) was the origin's run's.
+			round := old.Round
+			if old.JobID != "" {
+				round++
+			}
+			s.Steps[def.Name] = &Step{Def: def, Status: StepPending, Round: round}
+		default:
+			kept := *old
+			kept.Def = def
+			s.Steps[def.Name] = &kept
+		}
+	}
+	return s
+}

@@ -1,0 +1,115 @@
+package projections
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/loopbus/loopbus/schemas"
+)
+
+const forkOrigin = "talk-20261120-9f3e"
+
+// forkedSession is a fork (session sessionID) of forkOrigin: the origin
+// completed summary and had ideas' job in flight at the fork point; the
+// fork's pipeline changes ideas' prompt; its copied history is followed by
+// session.forked, and the fork runs ideas and writing-kit to completion.
+// It returns the origin's events too (first), as the stream holds them.
+func forkedSession() (origin, fork []schemas.Event) {
+	var o builder
+	o.start(forkOrigin)
+	job := o.request(forkOrigin, "summary", 1)
+	o.jobStarted(forkOrigin, "summary", job, "worker-a")
+	sum := artifact(forkOrigin, "summary", 1, "summary.json", summaryJSON)
+	o.jobCompleted(forkOrigin, "summary", job, "worker-a", 1, sum)
+	o.passed(forkOrigin, "summary", job, 1, sum)
+	o.stepCompleted(forkOrigin, "summary", job, 1, "summary-v1", sum)
+	ideas := o.request(forkOrigin, "ideas", 1)
+	o.jobStarted(forkOrigin, "ideas", ideas, "worker-b")
+	point := o.evs[len(o.evs)-1]
+
+	b := builder{seq: o.seq + 10} // other sessions' events in between
+	for _, ev := range o.evs {
+		c := ev
+		b.seq++
+		c.Seq, c.Session, c.ForkOf, c.ID = b.seq, sessionID, ev.ID, testID(sessionID, "copy", ev.ID)
+		b.evs = append(b.evs, c)
+	}
+	p := writingKitPipeline()
+	p.Steps = slices.Clone(p.Steps)
+	p.Steps[1].Prompt = "From summary.json, propose five sharper article ideas in ideas.json."
+	in := inputRef(forkOrigin)
+	b.add(sessionID, schemas.TypeSessionForked, "", "", &schemas.SessionForked{Origin: forkOrigin, Seq: point.Seq, Event: point.ID, Copied: len(o.evs),
+		Pipeline: p, Input: in, SourceHash: shortHash(in.Digest), Changed: []string{"ideas"}, Reason: "sharper ideas"})
+	b.runStep(sessionID, "ideas", "worker-b", 1, "ideas.json", ideasJSON, "ideas-v1")
+	kit := b.runStep(sessionID, "writing-kit", "worker-a", 1, "writing-kit.md", kitMD, "")
+	b.sessionCompleted(sessionID, kit...)
+	return o.evs, b.evs
+}
+
+func forkedGolden() []schemas.Event {
+	_, fork := forkedSession()
+	return fork
+}
+
+// TestManifestFork: the fork's manifest is the origin's at the fork point
+// (folded from the copies), then session.forked keeps the completed step,
+// makes the changed one pending from scratch, and shows the origin's job
+// in flight as not the fork's; the origin's manifest is untouched.
+func TestManifestFork(t *testing.T) {
+	origin, fork := forkedSession()
+	forkedAt := slices.IndexFunc(fork, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSessionForked })
+	before := foldAll(fork[:forkedAt])
+	if before.ContentID != sessionID || before.ForkedFrom != nil || before.Steps["ideas"].Status != StepStatusInProgress || before.Steps["summary"].Status != StepStatusCompleted {
+		t.Fatalf("the copied history folds to %+v", before)
+	}
+	m := foldAll(fork[:forkedAt+1])
+	if f := m.ForkedFrom; f == nil || f.Session != forkOrigin || f.Seq != origin[len(origin)-1].Seq || f.Event != origin[len(origin)-1].ID || f.Reason != "sharper ideas" {
+		t.Errorf("forkedFrom %+v", m.ForkedFrom)
+	}
+	if m.Status != StatusRunning || !m.CreatedAt.Equal(fork[forkedAt].Time) {
+		t.Errorf("status %s, created %v", m.Status, m.CreatedAt)
+	}
+	if sv := m.Steps["summary"]; sv.Status != StepStatusCompleted || len(sv.Artifacts) != 1 {
+		t.Errorf("summary %+v, want kept", sv)
+	}
+	if sv := m.Steps["ideas"]; sv.Status != StepStatusPending || sv.JobID != "" || sv.Iterations != 0 {
+		t.Errorf("ideas %+v, want pending from scratch", sv)
+	}
+	originJob := jobID(forkOrigin, "ideas", 1)
+	if j := m.Jobs[originJob]; j == nil || j.Status != JobStatusCancelled {
+		t.Errorf("the origin's ideas job in the fork: %+v, want cancelled", j)
+	}
+	if done := foldAll(fork); done.Status != StatusCompleted || done.Steps["ideas"].Status != StepStatusCompleted {
+		t.Errorf("after the fork's jobs: %s", done.Status)
+	}
+	// The origin is untouched: its own events fold as before, with no
+	// trace of the fork.
+	stream := append(append([]schemas.Event{}, origin...), fork...)
+	o := BuildManifest(forkOrigin, stream)
+	if o.ForkedFrom != nil || o.Steps["ideas"].Status != StepStatusInProgress || o.Status != StatusRunning || o.LastSeq != origin[len(origin)-1].Seq {
+		t.Errorf("origin after the fork: %+v", o)
+	}
+	// A fork with the same pipeline and nothing changed keeps summary and
+	// runs ideas again (it had not completed).
+	same := slices.Clone(fork[:forkedAt+1])
+	d := *same[forkedAt].Data.(*schemas.SessionForked)
+	d.Changed, d.Pipeline = nil, writingKitPipeline()
+	same[forkedAt].Data = &d
+	if m := foldAll(same); m.Steps["summary"].Status != StepStatusCompleted || m.Steps["ideas"].Status != StepStatusPending || m.Steps["writing-kit"].Status != StepStatusPending {
+		t.Errorf("unchanged fork: summary %s, ideas %s, kit %s", m.Steps["summary"].Status, m.Steps["ideas"].Status, m.Steps["writing-kit"].Status)
+	}
+	// A fork after the origin's close changes nothing (the orchestrator
+	// refuses it).
+	closed := slices.Clone(same[:forkedAt])
+	closed = append(closed, schemas.Event{ID: "closed", Type: schemas.TypeSessionClosed, Session: sessionID, Seq: same[forkedAt].Seq, Time: same[forkedAt].Time,
+		Data: &schemas.SessionClosed{Reason: "done"}}, same[forkedAt])
+	closed[len(closed)-1].Seq++
+	if m := foldAll(closed); m.Status != StatusClosed || m.ForkedFrom != nil {
+		t.Errorf("fork after a close: %s, forkedFrom %+v", m.Status, m.ForkedFrom)
+	}
+	// Changing summary runs every step again (the others require it).
+	d.Changed = []string{"summary"}
+	if m := foldAll(same); m.Steps["summary"].Status != StepStatusPending || len(m.Steps["summary"].Artifacts) != 0 {
+		t.Errorf("summary changed: %+v", m.Steps["summary"])
+	}
+}

@@ -1,0 +1,127 @@
+package schemas
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+)
+
+// TypeSessionForked starts a session as a fork of another: its history is
+// the origin's up to the fork point (copied events, see Event.ForkOf),
+// then it goes on live. Stated by people and tools (the client role).
+const TypeSessionForked = "loopbus.session.forked"
+
+// HistoryEntity is the subject token under which a session's copied
+// history lies: the copy of an event of type loopbus.<entity>.<verb> is
+// stored on loopbus.evt.<session>.history.<entity>.<verb>. The services'
+// consumers (workers on job.requested, the validator on job.completed)
+// filter on five-token subjects, so copied history never reaches them;
+// readers of a session's whole history (loopbus.evt.<session>.>) see it.
+const HistoryEntity = "history"
+
+// MaxForkCopies bounds the events a fork copies: they are committed with
+// its session.forked in one atomic batch (JetStream takes at most 1000
+// messages in one), so a fork exists whole or not at all.
+const MaxForkCopies = 999
+
+// MaxForkDepth bounds a chain of forks (a fork of a fork of …) that the
+// orchestrator reads back to build a fork's first state.
+const MaxForkDepth = 16
+
+// SessionForked starts a session from the history of Origin up to the
+// fork point: the event Event, stored at stream sequence Seq. The Copied
+// events before it in the new session are copies of the origin's events
+// up to that point (each with Event.ForkOf set); they are history, which
+// the orchestrator does not take from them: it reads the origin's own
+// history up to Seq (events verified as the origin's) to build the fork's
+// state, and then checks their count against Copied.
+//
+// Pipeline, Input, SourceHash, Budget and DefinitionFiles are what the
+// fork runs with, as session.started carries them: the origin's, or a
+// changed pipeline or input. Steps that completed at the fork point and
+// are not in Changed (see ChangedSteps) keep their results; the others,
+// and every step requiring one of them, directly or not, run again.
+type SessionForked struct {
+	Origin string `json:"origin"`
+	Seq    uint64 `json:"seq"`
+	Event  string `json:"event"`
+	Copied int    `json:"copied"`
+	// Pipeline is the whole normalized pipeline the fork runs.
+	Pipeline        Pipeline         `json:"pipeline"`
+	Input           ArtifactRef      `json:"input"`
+	SourceHash      string           `json:"sourceHash"`
+	Budget          *Budget          `json:"budget,omitempty"`
+	DefinitionFiles []DefinitionFile `json:"definitionFiles,omitempty"`
+	// Changed are the steps whose definition differs from the origin's
+	// (every step when the input changed), in pipeline order.
+	Changed []string `json:"changed,omitempty"`
+	// Reason says why, for people reading the history.
+	Reason string `json:"reason,omitempty"`
+}
+
+// ChangedSteps returns the steps of next, in its order, that a fork of a
+// session that ran old must run again whatever they did: every step when
+// inputChanged (any step may read the input); else the steps old does not
+// have, those whose definition differs, and those whose definition names
+// a file of the pipeline's directory whose content (or presence) changed
+// (scripts travel as DefinitionFiles); every step when the pipeline's
+// directory moved (relative paths in commands name other files).
+func ChangedSteps(old, next Pipeline, oldFiles, nextFiles []DefinitionFile, inputChanged bool) []string {
+	var files []string
+	digest := func(fs []DefinitionFile, path string) string {
+		i := slices.IndexFunc(fs, func(f DefinitionFile) bool { return f.Path == path })
+		if i < 0 {
+			return ""
+		}
+		if fs[i].Executable {
+			return fs[i].Artifact.Digest + " executable"
+		}
+		return fs[i].Artifact.Digest
+	}
+	for _, fs := range [][]DefinitionFile{oldFiles, nextFiles} {
+		for _, f := range fs {
+			if digest(oldFiles, f.Path) != digest(nextFiles, f.Path) && !slices.Contains(files, f.Path) {
+				files = append(files, f.Path)
+			}
+		}
+	}
+	var out []string
+	for _, st := range next.Steps {
+		i := slices.IndexFunc(old.Steps, func(o Step) bool { return o.Name == st.Name })
+		changed := inputChanged || i < 0
+		if !changed {
+			a, _ := json.Marshal(old.Steps[i])
+			b, _ := json.Marshal(st)
+			changed = string(a) != string(b) || old.Dir != next.Dir
+			for _, f := range files {
+				changed = changed || strings.Contains(string(b), f)
+			}
+		}
+		if changed {
+			out = append(out, st.Name)
+		}
+	}
+	return out
+}
+
+// HistorySubjectFor returns the stream subject of the copy, in session's
+// history, of an event of type typ (see HistoryEntity).
+func HistorySubjectFor(session, typ string) (string, error) {
+	if err := ValidateSessionID(session); err != nil {
+		return "", err
+	}
+	ev, err := EntityVerb(typ)
+	if err != nil {
+		return "", err
+	}
+	return SubjectPrefix + "." + session + "." + HistoryEntity + "." + ev, nil
+}
+
+// StreamSubject returns the stream subject of e: SubjectFor its session
+// and type, or HistorySubjectFor them when e is a copy (ForkOf set).
+func (e Event) StreamSubject() (string, error) {
+	if e.ForkOf != "" {
+		return HistorySubjectFor(e.Session, e.Type)
+	}
+	return SubjectFor(e.Session, e.Type)
+}
