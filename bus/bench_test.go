@@ -1,10 +1,12 @@
 package bus_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/schemas"
 )
@@ -40,4 +42,52 @@ func BenchmarkCodec(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkDecision compares the two ways the orchestrator writes a
+// decision of two events (step.completed and the next job.requested):
+// as one atomic batch, as a chain of guarded publishes, and one guarded
+// publish for scale, on the embedded server under both sync settings.
+func BenchmarkDecision(b *testing.B) {
+	for _, relaxed := range []bool{false, true} {
+		name := "fsync=always"
+		if relaxed {
+			name = "fsync=default"
+		}
+		b.Run(name, func(b *testing.B) {
+			srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: b.TempDir(), RelaxedSync: relaxed}, testnats.Logger(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(srv.Shutdown)
+			bs := testnats.Connect(b, srv.URL(), "bench/decision")
+			ctx := context.Background()
+			var last uint64
+			n := 0
+			ev := func() schemas.Event { n++; return benchEvent(n) }
+			for _, w := range []struct {
+				name  string
+				write func([]schemas.Event) (bus.Published, error)
+				size  int
+			}{
+				{"batch", func(evs []schemas.Event) (bus.Published, error) { return bs.PublishBatch(ctx, "bench", last, evs) }, 2},
+				{"chain", func(evs []schemas.Event) (bus.Published, error) { return bs.PublishChain(ctx, "bench", last, evs) }, 2},
+				{"one", func(evs []schemas.Event) (bus.Published, error) { return bs.PublishExpect(ctx, evs[0], last) }, 1},
+			} {
+				b.Run(w.name, func(b *testing.B) {
+					for range b.N {
+						evs := make([]schemas.Event, w.size)
+						for i := range evs {
+							evs[i] = ev()
+						}
+						p, err := w.write(evs)
+						if err != nil {
+							b.Fatal(err)
+						}
+						last = p.Seq
+					}
+				})
+			}
+		})
+	}
 }
