@@ -99,15 +99,106 @@ func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (fo
 	case origin.Status == StatusClosed:
 		// A closed session keeps nothing of its steps (see Evolve).
 		return refuse(ErrInconsistent, "forks session %s after it was closed for good: fork it at an event before its session.closed", d.Origin)
-	case origin.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline:
-		return refuse(ErrInconsistent, "forks %s session %s into a %s session: fork of a backlog or loops session is not supported yet", orElse(origin.Kind, schemas.KindPipeline), d.Origin, d.Pipeline.Kind)
+	case orElse(origin.Kind, schemas.KindPipeline) != orElse(d.Pipeline.Kind, schemas.KindPipeline):
+		return refuse(ErrInconsistent, "forks %s session %s into a %s session: a fork keeps its origin's kind", orElse(origin.Kind, schemas.KindPipeline), d.Origin, orElse(d.Pipeline.Kind, schemas.KindPipeline))
+	case origin.Kind == schemas.KindBacklog:
+		return refuse(ErrInconsistent, "forks backlog session %s: fork of a backlog session is not supported yet", d.Origin)
 	case d.Copied != events:
 		return refuse(ErrInconsistent, "says it copied %d events of session %s, but the session has %d up to stream sequence %d", d.Copied, d.Origin, events, d.Seq)
+	case origin.Kind == schemas.KindLoops:
+		if reason := loopsForkRefusal(origin, d); reason != "" {
+			return refuse(ErrInconsistent, "forks loops session %s: %s", d.Origin, reason)
+		}
+		return keep(forkPrep{base: origin.forkLoopsAs(ev, d)})
 	case len(d.Pipeline.Steps) == 0:
 		return refuse(ErrInconsistent, "gives the fork a pipeline without steps")
 	}
 	return keep(forkPrep{base: origin.forkAs(ev, d)})
 }
+
+// loopsForkRefusal says why a loops session o cannot fork as d says
+// ("" when it can): its state at the point is gone (it had ended: a
+// finished loops session keeps nothing of its loops), the fork's file has
+// no levels, or a level of either works in a git worktree. A worktree
+// session's repository state (the target branch, its merges and bundles)
+// is named after the session and carried by its start: a fork would have
+// to rebuild it, so it is refused rather than half done.
+func loopsForkRefusal(o *Session, d *schemas.SessionForked) string {
+	switch {
+	case o.Loops == nil || o.terminal():
+		return "it had ended at the fork point (" + o.Status + "): fork it at an event before its end"
+	case d.Pipeline.Loops == nil || len(d.Pipeline.Loops.Levels) == 0:
+		return "the fork's file has no levels"
+	case o.Loops.Def.NeedsRepo() || d.Pipeline.Loops.NeedsRepo() || o.Loops.Start.Bundle != nil:
+		return "fork of a loops session whose levels work in git worktrees is not supported yet"
+	}
+	return ""
+}
+
+// forkLoopsAs is forkAs for a loops session: the fork's loop tree is the
+// origin's at the fork point, where a loop keeps its results (and its
+// subtree stands) when it had completed and its level is not in
+// d.Changed nor differs from the origin's (an invalidated loop under it
+// stays so, until it spawns it anew); every other loop runs again
+// in a new round with the fork's level, and the loops under it are
+// dropped: it spawns them anew when it passes. A loop whose level the
+// fork's file no longer has is dropped with its subtree (its parent's
+// level changed with it); when the root goes, the fork spawns the new
+// root. Worktree sessions never get here (loopsForkRefusal).
+func (o *Session) forkLoopsAs(ev schemas.Event, d *schemas.SessionForked) *Session {
+	changed := slices.Concat(d.Changed, schemas.ChangedLevels(o.Pipeline, d.Pipeline, o.DefinitionFiles, d.DefinitionFiles, o.Input.Digest != d.Input.Digest))
+	s := o.forkBase(ev, d)
+	s.Kind = schemas.KindLoops
+	l := &LoopsState{Def: *d.Pipeline.Loops, Start: o.Loops.Start, Loops: map[string]*Loop{}, Head: o.Loops.Head, Bundles: slices.Clone(o.Loops.Bundles)}
+	s.Loops = l
+	fate := map[string]string{} // kept, again or dropped, by loop id
+	for _, id := range sortedLoopIDs(o.Loops) {
+		// Sorted ids put a parent before its children.
+		old := o.Loops.Loops[id]
+		lv := l.Def.Level(old.Level)
+		switch parent := fate[old.Parent]; {
+		case old.Parent != "" && parent != forkKept && parent != forkStale, lv == nil:
+			fate[id] = forkDropped
+			continue
+		case old.Status == LoopCompleted && !slices.Contains(changed, old.Level) && o.Steps[id] != nil,
+			old.Status == LoopInvalidated && o.Steps[id] != nil:
+			// An invalidated loop under a kept one waits to be spawned
+			// anew by it, as in the origin.
+			fate[id] = forkKept
+			if old.Status == LoopInvalidated {
+				fate[id] = forkStale
+			}
+			lp := *old
+			lp.Parts = slices.Clone(old.Parts)
+			l.Loops[id] = &lp
+			st := *o.Steps[id]
+			st.Def = loopStepDef(id, lv)
+			s.Steps[id] = &st
+			continue
+		}
+		fate[id] = forkAgain
+		lp := *old
+		lp.Status, lp.Candidate, lp.Passed, lp.Parts, lp.Base, lp.MergeCommit, lp.Rebases, lp.ChildErrors = LoopRunning, nil, nil, nil, l.Head, "", 0, 0
+		l.Loops[id] = &lp
+		st := &Step{Def: loopStepDef(id, lv), Status: StepPending}
+		if prev := o.Steps[id]; prev != nil {
+			st.Round = prev.Round
+			if prev.JobID != "" {
+				st.Round++
+			}
+		}
+		s.Steps[id] = st
+	}
+	return s
+}
+
+// What a fork does with a loop of its origin.
+const (
+	forkKept    = "kept"
+	forkAgain   = "again"
+	forkDropped = "dropped"
+	forkStale   = "stale"
+)
 
 // foldHistory folds session's history up to stream sequence until (all
 // of it when 0) into st as the service folded it: copies are skipped, a
@@ -187,17 +278,7 @@ func (o *Session) forkAs(ev schemas.Event, d *schemas.SessionForked) *Session {
 			}
 		}
 	}
-	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
-		Usage: o.Usage, Requests: o.Requests, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
-	if s.Usage == nil {
-		s.Usage = map[string]schemas.Usage{}
-	}
-	if d.Pipeline.Budget != nil {
-		s.Budget = *d.Pipeline.Budget
-	}
-	if d.Budget != nil {
-		s.Budget = s.Budget.Tighter(*d.Budget)
-	}
+	s := o.forkBase(ev, d)
 	for _, def := range d.Pipeline.Steps {
 		old := o.Steps[def.Name]
 		switch {
@@ -217,6 +298,25 @@ func (o *Session) forkAs(ev schemas.Event, d *schemas.SessionForked) *Session {
 			kept.Def = def
 			s.Steps[def.Name] = &kept
 		}
+	}
+	return s
+}
+
+// forkBase is the fork's session without steps: the session of ev,
+// started by it, running d's pipeline on d's input with the budget it
+// sets; usage and agent runs so far are the fork's history, and count
+// against its budget.
+func (o *Session) forkBase(ev schemas.Event, d *schemas.SessionForked) *Session {
+	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
+		Usage: o.Usage, Requests: o.Requests, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
+	if s.Usage == nil {
+		s.Usage = map[string]schemas.Usage{}
+	}
+	if d.Pipeline.Budget != nil {
+		s.Budget = *d.Pipeline.Budget
+	}
+	if d.Budget != nil {
+		s.Budget = s.Budget.Tighter(*d.Budget)
 	}
 	return s
 }

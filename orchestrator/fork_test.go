@@ -280,7 +280,7 @@ func TestCheckFork(t *testing.T) {
 		}, ErrReplayed, "exists"},
 		{"a loops pipeline", func(_ *stream, f *schemas.Event) {
 			f.Data.(*schemas.SessionForked).Pipeline.Kind = schemas.KindLoops
-		}, ErrInconsistent, "not supported yet"},
+		}, ErrInconsistent, "a fork keeps its origin's kind"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := (&stream{}).add(done...)
@@ -331,7 +331,7 @@ func TestCheckFork(t *testing.T) {
 	b := (&stream{}).add(started(backlogPipeline(1, "")))
 	bevs := b.fork(t, sess, startID, forkSess, schemas.Pipeline{})
 	b.add(bevs...)
-	if _, refused := foldStream(t, b); !strings.Contains(refused["forked-"+forkSess].Error(), "fork of a backlog or loops session is not supported yet") {
+	if _, refused := foldStream(t, b); !strings.Contains(refused["forked-"+forkSess].Error(), "fork of a backlog session is not supported yet") {
 		t.Errorf("fork of a backlog: %v", refused)
 	}
 }
