@@ -79,8 +79,9 @@ func NewForkID(origin string) string {
 // point that is no event of the origin (an unknown sequence or id, an
 // event of another session, a point beyond the origin's end, a point in
 // the history the origin copied from its own origin), an origin with
-// more than schemas.MaxForkCopies events up to the point, a backlog or
-// loops session, or an unusable input file.
+// more than schemas.MaxForkCopies events up to the point, a backlog
+// session, a loops session with worktree levels or forked at or after its
+// end, a pipeline of another kind, or an unusable input file.
 func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 	if err := schemas.ValidateSessionID(req.Origin); err != nil {
 		return Forked{}, fmt.Errorf("%w: %v", ErrBadInput, err)
@@ -111,12 +112,18 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		}
 		return Forked{}, fmt.Errorf("%w: the event at stream sequence %d is in the history %s copied from its origin; fork that session instead (loopbus fork %s --at %s)",
 			ErrBadInput, point.Seq, req.Origin, origin, point.ForkOf)
-	case start.Pipeline.Kind != "" && start.Pipeline.Kind != schemas.KindPipeline:
-		return Forked{}, fmt.Errorf("%w: %s is a %s session: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Origin, start.Pipeline.Kind)
+	case start.Pipeline.Kind == schemas.KindBacklog:
+		return Forked{}, fmt.Errorf("%w: %s is a backlog session: fork of a backlog session is not supported yet", ErrBadInput, req.Origin)
 	case slices.ContainsFunc(history, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSessionClosed && ev.ForkOf == "" }):
 		return Forked{}, fmt.Errorf("%w: %s was closed for good at or before stream sequence %d; fork it at an event before its session.closed", ErrBadInput, req.Origin, point.Seq)
-	case req.Pipeline != nil && req.Pipeline.Kind != "" && req.Pipeline.Kind != schemas.KindPipeline:
-		return Forked{}, fmt.Errorf("%w: --pipeline %s is of kind %s: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Pipeline.Source, req.Pipeline.Kind)
+	case req.Pipeline != nil && orElse(req.Pipeline.Kind, schemas.KindPipeline) != orElse(start.Pipeline.Kind, schemas.KindPipeline):
+		return Forked{}, fmt.Errorf("%w: --pipeline %s is of kind %s, %s is a %s session: a fork keeps its origin's kind", ErrBadInput, req.Pipeline.Source,
+			orElse(req.Pipeline.Kind, schemas.KindPipeline), req.Origin, orElse(start.Pipeline.Kind, schemas.KindPipeline))
+	}
+	if start.Pipeline.Kind == schemas.KindLoops {
+		if err := forkableLoops(req, start, history, point); err != nil {
+			return Forked{}, err
+		}
 	}
 	if last, err := b.SessionLastSeq(ctx, as); err != nil {
 		return Forked{}, err
@@ -153,6 +160,9 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		data.Input, data.SourceHash = ref, schemas.ShortHash(ref.Digest)
 	}
 	data.Changed = schemas.ChangedSteps(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
+	if data.Pipeline.Kind == schemas.KindLoops {
+		data.Changed = schemas.ChangedLevels(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
+	}
 
 	batch := copyHistory(history, as)
 	what, _ := json.Marshal(data)
@@ -190,6 +200,25 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		}
 	}
 	return out, nil
+}
+
+// forkableLoops refuses (ErrBadInput) the fork of a loops session that
+// is not supported: one whose levels (or the changed file's) work in git
+// worktrees, since its repository state (the target branch, named after
+// the session, its merges and bundles) is not carried into a fork yet;
+// and one forked at or after its end (a finished loops session keeps
+// nothing of its loop tree to fork from).
+func forkableLoops(req ForkRequest, start *schemas.SessionForked, history []schemas.Event, point schemas.Event) error {
+	worktree := func(p *schemas.Pipeline) bool { return p != nil && p.Loops != nil && p.Loops.NeedsRepo() }
+	switch {
+	case worktree(&start.Pipeline) || worktree(req.Pipeline):
+		return fmt.Errorf("%w: %s: fork of a loops session whose levels work in git worktrees is not supported yet", ErrBadInput, req.Origin)
+	case slices.ContainsFunc(history, func(ev schemas.Event) bool {
+		return ev.ForkOf == "" && (ev.Type == schemas.TypeSessionCompleted || ev.Type == schemas.TypeSessionFailed)
+	}):
+		return fmt.Errorf("%w: loops session %s had ended at or before stream sequence %d; fork it at an event before its end", ErrBadInput, req.Origin, point.Seq)
+	}
+	return nil
 }
 
 // readToPoint returns the events of origin up to the fork point at (a
