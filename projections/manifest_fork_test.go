@@ -2,6 +2,7 @@ package projections
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/loopbus/loopbus/schemas"
@@ -111,5 +112,63 @@ func TestManifestFork(t *testing.T) {
 	d.Changed = []string{"summary"}
 	if m := foldAll(same); m.Steps["summary"].Status != StepStatusPending || len(m.Steps["summary"].Artifacts) != 0 {
 		t.Errorf("summary changed: %+v", m.Steps["summary"])
+	}
+}
+
+// TestManifestForkLoops: a loops session's fork keeps the completed loops
+// of unchanged levels with their subtrees; a loop that had not completed,
+// or whose level changed, starts over, and the loops under it go.
+func TestManifestForkLoops(t *testing.T) {
+	all := loopsSession()
+	// The point: plan and plan-001 completed, plan-001's code loops just
+	// spawned, plan-002 not run yet.
+	point := 1 + slices.IndexFunc(all, func(ev schemas.Event) bool {
+		d, ok := ev.Data.(*schemas.LoopSpawned)
+		return ok && d.Loop == "plan-001-002"
+	})
+	for _, tc := range []struct {
+		name    string
+		changed []string
+		loops   string
+		steps   string
+	}{
+		{"nothing changed", nil,
+			"plan:completed plan-001:completed plan-002:running plan-001-001:running plan-001-002:running",
+			"plan:completed plan-001:completed plan-002:pending plan-001-001:pending plan-001-002:pending"},
+		{"the spec level changed", []string{"spec"},
+			"plan:completed plan-001:running plan-002:running",
+			"plan:completed plan-001:pending plan-002:pending"},
+		{"the plan level changed", []string{"plan"},
+			"plan:running",
+			"plan:pending"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			evs := slices.Clone(all[:point])
+			for i := range evs {
+				evs[i].ForkOf = evs[i].ID
+			}
+			last := evs[len(evs)-1]
+			in := inputRef(sessionID)
+			b := builder{seq: last.Seq}
+			b.add(sessionID, schemas.TypeSessionForked, "", "", &schemas.SessionForked{Origin: forkOrigin, Seq: 7, Event: "e", Copied: len(evs),
+				Pipeline: loopsPipeline(), Input: in, SourceHash: shortHash(in.Digest), Changed: tc.changed})
+			m := foldAll(append(evs, b.evs...))
+			var loops, steps []string
+			for _, lp := range m.Loops {
+				loops = append(loops, lp.ID+":"+lp.Status)
+				if sv := m.Steps[lp.ID]; sv != nil {
+					steps = append(steps, lp.ID+":"+sv.Status)
+				}
+			}
+			if got := strings.Join(loops, " "); got != tc.loops {
+				t.Errorf("loops %s, want %s", got, tc.loops)
+			}
+			if got := strings.Join(steps, " "); got != tc.steps || len(m.Steps) != len(m.Loops) || len(m.StepOrder) != len(m.Loops) {
+				t.Errorf("steps %s (%d, order %v), want %s", got, len(m.Steps), m.StepOrder, tc.steps)
+			}
+			if m.Status != StatusRunning || m.ForkedFrom == nil || (m.Steps["plan"].ContentHash == "") != slices.Contains(tc.changed, "plan") {
+				t.Errorf("status %s, forkedFrom %+v, plan %+v", m.Status, m.ForkedFrom, m.Steps["plan"])
+			}
+		})
 	}
 }
