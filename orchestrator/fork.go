@@ -1,9 +1,12 @@
 package orchestrator
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 
 	"github.com/loopbus/loopbus/schemas"
 )
@@ -101,10 +104,13 @@ func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (fo
 		return refuse(ErrInconsistent, "forks session %s after it was closed for good: fork it at an event before its session.closed", d.Origin)
 	case orElse(origin.Kind, schemas.KindPipeline) != orElse(d.Pipeline.Kind, schemas.KindPipeline):
 		return refuse(ErrInconsistent, "forks %s session %s into a %s session: a fork keeps its origin's kind", orElse(origin.Kind, schemas.KindPipeline), d.Origin, orElse(d.Pipeline.Kind, schemas.KindPipeline))
-	case origin.Kind == schemas.KindBacklog:
-		return refuse(ErrInconsistent, "forks backlog session %s: fork of a backlog session is not supported yet", d.Origin)
 	case d.Copied != events:
 		return refuse(ErrInconsistent, "says it copied %d events of session %s, but the session has %d up to stream sequence %d", d.Copied, d.Origin, events, d.Seq)
+	case origin.Kind == schemas.KindBacklog:
+		if reason := backlogForkRefusal(origin, d); reason != "" {
+			return refuse(ErrInconsistent, "forks backlog session %s: %s", d.Origin, reason)
+		}
+		return keep(forkPrep{base: origin.forkBacklogAs(ev, d)})
 	case origin.Kind == schemas.KindLoops:
 		if reason := loopsForkRefusal(origin, d); reason != "" {
 			return refuse(ErrInconsistent, "forks loops session %s: %s", d.Origin, reason)
@@ -319,4 +325,86 @@ func (o *Session) forkBase(ev schemas.Event, d *schemas.SessionForked) *Session 
 		s.Budget = s.Budget.Tighter(*d.Budget)
 	}
 	return s
+}
+
+// backlogForkRefusal says why a backlog session o cannot fork as d says
+// ("" when it can): its state at the point is gone (it had ended), the
+// fork's file is no backlog, either works on a repository (workdir: repo,
+// whose target branch is not carried into a fork, as for loops), or a
+// role whose definition changed had completed runs at the fork point:
+// running those again would take their changes back from the task list,
+// which a fork keeps as it was.
+func backlogForkRefusal(o *Session, d *schemas.SessionForked) string {
+	switch {
+	case o.Backlog == nil || o.terminal():
+		return "it had ended at the fork point (" + o.Status + "): fork it at an event before its end"
+	case d.Pipeline.Backlog == nil:
+		return "the fork's file is no backlog"
+	case o.Loops != nil || o.Backlog.Def.Workdir == schemas.WorkdirRepo || d.Pipeline.Backlog.Workdir == schemas.WorkdirRepo:
+		return "fork of a backlog session with workdir: repo is not supported yet"
+	}
+	changed := slices.Concat(d.Changed, schemas.ChangedRoles(o.Pipeline, d.Pipeline, o.DefinitionFiles, d.DefinitionFiles, o.Input.Digest != d.Input.Digest))
+	for _, role := range changed {
+		var done []string
+		for _, name := range slices.Sorted(maps.Keys(o.Steps)) {
+			if st := o.Steps[name]; st.Status == StepCompleted && roleOf(name) == role {
+				done = append(done, name)
+			}
+		}
+		if len(done) > 0 {
+			return fmt.Sprintf("role %s changed, and runs of it had completed at the fork point (%s): running them again is not supported yet; fork at an event before them, or keep the role",
+				role, strings.Join(done, ", "))
+		}
+	}
+	return ""
+}
+
+// roleOf is the backlog role a step runs: its name for role steps, else
+// iterate (a task run).
+func roleOf(step string) string {
+	if slices.Contains(roleSteps, step) {
+		return step
+	}
+	return schemas.RoleIterate
+}
+
+// forkBacklogAs is forkAs for a backlog session: the fork's task list,
+// phase and run counts are the origin's at the fork point; runs that had
+// completed or failed keep their results (their changes are in the task
+// list); runs not finished (due, running, waiting for approval) run again
+// from their first iteration, in jobs of the fork, with the fork's
+// definition of their role. backlogForkRefusal refused the rest.
+func (o *Session) forkBacklogAs(ev schemas.Event, d *schemas.SessionForked) *Session {
+	s := o.forkBase(ev, d)
+	s.Kind = schemas.KindBacklog
+	b := o.Backlog.clone()
+	b.Def = *d.Pipeline.Backlog
+	s.Backlog = b
+	for name, old := range o.Steps {
+		if !old.active() {
+			kept := *old
+			s.Steps[name] = &kept
+			continue
+		}
+		agent := b.roleAgent(name)
+		if roleOf(name) == schemas.RoleIterate {
+			agent = agentNamed(o.Backlog.Def, old.Def.Agent, b.iterateAgent(1))
+		}
+		// The round stays: the fork's job ids are its own (they hold its
+		// session), and a later selection of the task counts its rounds
+		// from its runs.
+		s.Steps[name] = &Step{Def: b.stepDef(name, agent, s), Status: StepPending, Round: old.Round, Hints: slices.Clone(old.Hints)}
+	}
+	return s
+}
+
+// agentNamed returns the name def gives spec, or otherwise when none.
+func agentNamed(def schemas.Backlog, spec schemas.AgentSpec, otherwise string) string {
+	want, _ := json.Marshal(spec)
+	for _, name := range slices.Sorted(maps.Keys(def.Agents)) {
+		if got, _ := json.Marshal(def.Agents[name]); string(got) == string(want) {
+			return name
+		}
+	}
+	return otherwise
 }

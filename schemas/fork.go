@@ -168,3 +168,57 @@ func (e Event) StreamSubject() (string, error) {
 	}
 	return SubjectFor(e.Session, e.Type)
 }
+
+// ChangedRoles is ChangedSteps for backlog sessions: the roles (iterate,
+// bootstrap, repair, review) of next whose runs a fork of a session that
+// ran old must run with another definition: every role when inputChanged
+// or the pipeline's directory moved; else those whose agents, prompt,
+// approval gate or run bounds differ, or that name a changed file of the
+// pipeline's directory. The schedule, parallelism, source files and
+// workdir are the backlog's, not a role's: they count for every role.
+func ChangedRoles(old, next Pipeline, oldFiles, nextFiles []DefinitionFile, inputChanged bool) []string {
+	if next.Backlog == nil {
+		return nil
+	}
+	files := changedFiles(oldFiles, nextFiles)
+	role := func(b *Backlog, r string) any {
+		if b == nil {
+			return nil
+		}
+		names := b.Roles[r]
+		if len(names) == 0 && r != RoleIterate {
+			names = b.Roles[RoleIterate][:min(1, len(b.Roles[RoleIterate]))]
+		}
+		agents := make([]AgentSpec, 0, len(names))
+		for _, n := range names {
+			agents = append(agents, b.Agents[n])
+		}
+		type shared struct {
+			Schedule, Project, Workdir, Base string
+			MaxParallel, MaxSummaryIterations int
+			TimeoutMs, ValidateTimeoutMs      int64
+			SourceFiles, Validate             []string
+		}
+		return struct {
+			Agents   []AgentSpec
+			Prompt   string
+			Approval *Approval
+			Shared   shared
+		}{agents, b.Prompts[r], approvalOf(b, r), shared{b.Schedule, b.Project, b.Workdir, b.Base, b.MaxParallel, b.MaxSummaryIterations,
+			b.TimeoutMs, b.ValidateTimeoutMs, b.SourceFiles, b.Validate}}
+	}
+	var out []string
+	for _, r := range []string{RoleBootstrap, RoleIterate, RoleRepair, RoleReview} {
+		if inputChanged || old.Backlog == nil || old.Dir != next.Dir || definitionChanged(role(old.Backlog, r), role(next.Backlog, r), files) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func approvalOf(b *Backlog, role string) *Approval {
+	if a, ok := b.Approval[role]; ok {
+		return &a
+	}
+	return nil
+}
