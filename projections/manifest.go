@@ -1069,13 +1069,22 @@ type ForkView struct {
 // not the fork's (it runs jobs of its own): they show as cancelled.
 //
 // A loops session's loop tree forks as the orchestrator forks it (see
-// forkLoops).
+// forkLoops); a backlog session keeps its task list and finished runs,
+// and its runs not finished start over.
 func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
 	switch {
 	case m.Status == StatusClosed || m.Terminal() && m.Kind != "":
 		return // the orchestrator refuses it: closed for good, or a loops session's end
 	case m.Kind == schemas.KindLoops && d.Pipeline.Kind == schemas.KindLoops && d.Pipeline.Loops != nil:
 		m.forkLoops(d)
+	case m.Kind == schemas.KindBacklog && d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil:
+		// The task list and the finished runs stand; the runs not
+		// finished run again from scratch.
+		for _, sv := range m.Steps {
+			if sv.Status != StepStatusCompleted && sv.Status != StepStatusFailed {
+				sv.startOver()
+			}
+		}
 	case m.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline:
 		return // the orchestrator refuses it: not supported (yet)
 	default:

@@ -194,7 +194,7 @@ func ChangedRoles(old, next Pipeline, oldFiles, nextFiles []DefinitionFile, inpu
 			agents = append(agents, b.Agents[n])
 		}
 		type shared struct {
-			Schedule, Project, Workdir, Base string
+			Schedule, Project, Workdir, Base  string
 			MaxParallel, MaxSummaryIterations int
 			TimeoutMs, ValidateTimeoutMs      int64
 			SourceFiles, Validate             []string
