@@ -47,8 +47,15 @@ const MaxForkDepth = 16
 // ChangedLevels) keeps its results and its children; a loop that had not
 // completed, or whose level changed, runs again in a new round, and the
 // loops under it are dropped (it spawns them anew when it passes). Forks
-// of loops sessions whose levels work in git worktrees, and of backlog
-// sessions, are refused (not supported yet).
+// of loops sessions whose levels work in git worktrees are refused (not
+// supported yet).
+//
+// A backlog session forks with its task list, phase and run counts as
+// they were at the fork point: runs that had finished keep their
+// results, runs not finished run again; Changed lists the roles whose
+// definition differs (see ChangedRoles), and a fork whose changed role
+// had completed runs is refused (not supported yet), as is a backlog with
+// workdir: repo.
 type SessionForked struct {
 	Origin string `json:"origin"`
 	Seq    uint64 `json:"seq"`
@@ -60,8 +67,8 @@ type SessionForked struct {
 	SourceHash      string           `json:"sourceHash"`
 	Budget          *Budget          `json:"budget,omitempty"`
 	DefinitionFiles []DefinitionFile `json:"definitionFiles,omitempty"`
-	// Changed are the steps (for a loops session, the levels) whose
-	// definition differs from the origin's (all of them when the input
+	// Changed are the steps (for a loops session, the levels; for a
+	// backlog, the roles) whose definition differs from the origin's (all of them when the input
 	// changed), in pipeline order.
 	Changed []string `json:"changed,omitempty"`
 	// Reason says why, for people reading the history.
