@@ -243,7 +243,8 @@ func TestForkOfAClosedSession(t *testing.T) {
 
 // TestForkOfALoopsSession: a loops session whose levels work in git
 // worktrees is not forked (its repository state is not carried yet), nor
-// one forked with a file whose levels do; a backlog session is not forked.
+// one forked with a file whose levels do, nor a backlog with workdir:
+// repo, nor a session into another kind.
 func TestForkOfALoopsSession(t *testing.T) {
 	ctx, c := rig(t)
 	loops := func(worktree bool) schemas.Pipeline {
@@ -266,6 +267,9 @@ func TestForkOfALoopsSession(t *testing.T) {
 	wt := start("lw-1", loops(true))
 	plain := start("lp-1", loops(false))
 	changed := loops(true)
+	repo := start("br-1", schemas.Pipeline{Name: "bk", Kind: schemas.KindBacklog, Source: "bk.yaml", Backlog: &schemas.Backlog{
+		Agents: map[string]schemas.AgentSpec{"a": {Backend: "exec", Command: []string{"false"}}}, Roles: map[string][]string{schemas.RoleIterate: {"a"}},
+		Schedule: schemas.ScheduleSingle, MaxParallel: 1, MaxSummaryIterations: 1, TimeoutMs: 1000, Workdir: schemas.WorkdirRepo}})
 	for _, tc := range []struct {
 		name string
 		req  client.ForkRequest
@@ -275,6 +279,7 @@ func TestForkOfALoopsSession(t *testing.T) {
 		{"a file with worktree levels", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-2", Pipeline: &changed}, "whose levels work in git worktrees"},
 		{"a file of another kind", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-3", Pipeline: &schemas.Pipeline{Name: "x", Source: "x.yaml", Steps: []schemas.Step{{Name: "a"}}}},
 			"x.yaml is of kind pipeline, lp-1 is a loops session: a fork keeps its origin's kind"},
+		{"a backlog with workdir: repo", client.ForkRequest{Origin: "br-1", At: repo, As: "br-2"}, "br-1: fork of a backlog session with workdir: repo is not supported yet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := c.Fork(ctx, tc.req); !errors.Is(err, client.ErrBadInput) || !strings.Contains(err.Error(), tc.says) {

@@ -151,3 +151,38 @@ func TestCheckForkBacklog(t *testing.T) {
 		})
 	}
 }
+
+// TestChangedRoles: what a fork with another backlog file runs with
+// another definition.
+func TestChangedRoles(t *testing.T) {
+	old := backlogPipeline(1, "")
+	other := func(edit func(b *schemas.Backlog)) schemas.Pipeline {
+		p := backlogPipeline(1, "")
+		b := *p.Backlog
+		b.Agents, b.Roles = maps.Clone(b.Agents), maps.Clone(b.Roles)
+		edit(&b)
+		p.Backlog = &b
+		return p
+	}
+	all := "bootstrap iterate repair review"
+	for _, tc := range []struct {
+		name  string
+		next  schemas.Pipeline
+		input bool
+		want  string
+	}{
+		{"same", old, false, ""},
+		{"the review prompt", withPrompt(schemas.RoleReview), false, "review"},
+		{"the iterate agent's command (every role runs it)", other(func(b *schemas.Backlog) { b.Agents["a"] = agent("a2.sh") }), false, all},
+		{"a review agent of its own", other(func(b *schemas.Backlog) { b.Roles[schemas.RoleReview] = []string{"b"} }), false, "review"},
+		{"an unused agent", other(func(b *schemas.Backlog) { b.Agents["b"] = agent("b2.sh") }), false, ""},
+		{"a bound every role shares", other(func(b *schemas.Backlog) { b.TimeoutMs = 1 }), false, all},
+		{"the input", old, true, all},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := strings.Join(schemas.ChangedRoles(old, tc.next, nil, nil, tc.input), " "); got != tc.want {
+				t.Errorf("ChangedRoles = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

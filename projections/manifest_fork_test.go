@@ -172,3 +172,41 @@ func TestManifestForkLoops(t *testing.T) {
 		})
 	}
 }
+
+// TestManifestForkBacklog: a backlog session's fork keeps its finished
+// runs and its phase; a run not finished starts over.
+func TestManifestForkBacklog(t *testing.T) {
+	var o builder
+	o.startBacklog(forkOrigin, importedTasks())
+	o.phase(forkOrigin, schemas.PhaseIterate, "imported")
+	o.taskSelected(forkOrigin, "T001", 1, "first")
+	o.runStep(forkOrigin, "T001", "w1", 1, "summary.json", `{"task_id": "T001", "status": "done", "summary": "ok"}`, "")
+	o.taskUpdated(forkOrigin, schemas.TaskUpdated{ID: "T001", Status: schemas.TaskDone, By: "orchestrator"})
+	o.taskSelected(forkOrigin, "T002", 1, "next")
+	job := o.request(forkOrigin, "T002", 1)
+	o.jobStarted(forkOrigin, "T002", job, "w1")
+	b := builder{seq: o.seq}
+	for _, ev := range o.evs {
+		c := ev
+		b.seq++
+		c.Seq, c.Session, c.ForkOf, c.ID = b.seq, sessionID, ev.ID, testID(sessionID, "copy", ev.ID)
+		b.evs = append(b.evs, c)
+	}
+	in := inputRef(forkOrigin)
+	last := o.evs[len(o.evs)-1]
+	b.add(sessionID, schemas.TypeSessionForked, "", "", &schemas.SessionForked{Origin: forkOrigin, Seq: last.Seq, Event: last.ID, Copied: len(o.evs),
+		Pipeline: backlogPipeline(), Input: in, SourceHash: shortHash(in.Digest)})
+	m := foldAll(b.evs)
+	if m.Kind != schemas.KindBacklog || m.Phase != schemas.PhaseIterate || m.Status != StatusRunning || m.ForkedFrom == nil {
+		t.Fatalf("fork: kind %s, phase %s, status %s, forkedFrom %+v", m.Kind, m.Phase, m.Status, m.ForkedFrom)
+	}
+	if sv := m.Steps["T001"]; sv == nil || sv.Status != StepStatusCompleted || sv.ContentHash == "" {
+		t.Errorf("T001 %+v, want kept", sv)
+	}
+	if sv := m.Steps["T002"]; sv == nil || sv.Status != StepStatusPending || sv.JobID != "" {
+		t.Errorf("T002 %+v, want pending from scratch", sv)
+	}
+	if j := m.Jobs[job]; j == nil || j.Status != JobStatusCancelled {
+		t.Errorf("the origin's T002 job in the fork: %+v, want cancelled", j)
+	}
+}
