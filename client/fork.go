@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
@@ -79,8 +81,11 @@ func NewForkID(origin string) string {
 // point that is no event of the origin (an unknown sequence or id, an
 // event of another session, a point beyond the origin's end, a point in
 // the history the origin copied from its own origin), an origin with
-// more than schemas.MaxForkCopies events up to the point, a backlog or
-// loops session, or an unusable input file.
+// more than schemas.MaxForkCopies events up to the point, a loops
+// session with worktree levels or a backlog with workdir: repo, a loops
+// or backlog session forked at or after its end, a backlog whose changed
+// roles had completed runs, a pipeline of another kind, or an unusable
+// input file.
 func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 	if err := schemas.ValidateSessionID(req.Origin); err != nil {
 		return Forked{}, fmt.Errorf("%w: %v", ErrBadInput, err)
@@ -111,12 +116,16 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		}
 		return Forked{}, fmt.Errorf("%w: the event at stream sequence %d is in the history %s copied from its origin; fork that session instead (loopbus fork %s --at %s)",
 			ErrBadInput, point.Seq, req.Origin, origin, point.ForkOf)
-	case start.Pipeline.Kind != "" && start.Pipeline.Kind != schemas.KindPipeline:
-		return Forked{}, fmt.Errorf("%w: %s is a %s session: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Origin, start.Pipeline.Kind)
 	case slices.ContainsFunc(history, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSessionClosed && ev.ForkOf == "" }):
 		return Forked{}, fmt.Errorf("%w: %s was closed for good at or before stream sequence %d; fork it at an event before its session.closed", ErrBadInput, req.Origin, point.Seq)
-	case req.Pipeline != nil && req.Pipeline.Kind != "" && req.Pipeline.Kind != schemas.KindPipeline:
-		return Forked{}, fmt.Errorf("%w: --pipeline %s is of kind %s: fork of a backlog/loops session is not supported yet", ErrBadInput, req.Pipeline.Source, req.Pipeline.Kind)
+	case req.Pipeline != nil && orElse(req.Pipeline.Kind, schemas.KindPipeline) != orElse(start.Pipeline.Kind, schemas.KindPipeline):
+		return Forked{}, fmt.Errorf("%w: --pipeline %s is of kind %s, %s is a %s session: a fork keeps its origin's kind", ErrBadInput, req.Pipeline.Source,
+			orElse(req.Pipeline.Kind, schemas.KindPipeline), req.Origin, orElse(start.Pipeline.Kind, schemas.KindPipeline))
+	}
+	if start.Pipeline.Kind == schemas.KindLoops || start.Pipeline.Kind == schemas.KindBacklog {
+		if err := forkableTree(req, start, history, point); err != nil {
+			return Forked{}, err
+		}
 	}
 	if last, err := b.SessionLastSeq(ctx, as); err != nil {
 		return Forked{}, err
@@ -153,6 +162,15 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		data.Input, data.SourceHash = ref, schemas.ShortHash(ref.Digest)
 	}
 	data.Changed = schemas.ChangedSteps(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
+	switch data.Pipeline.Kind {
+	case schemas.KindLoops:
+		data.Changed = schemas.ChangedLevels(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
+	case schemas.KindBacklog:
+		data.Changed = schemas.ChangedRoles(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
+		if err := completedRunsOf(data.Changed, history, req.Origin); err != nil {
+			return Forked{}, err
+		}
+	}
 
 	batch := copyHistory(history, as)
 	what, _ := json.Marshal(data)
@@ -190,6 +208,57 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		}
 	}
 	return out, nil
+}
+
+// forkableTree refuses (ErrBadInput) the fork of a loops or backlog
+// session that is not supported: one whose levels (or the changed
+// file's) work in git worktrees, or a backlog with workdir: repo, since
+// its repository state (the target branch, named after the session, its
+// merges and bundles) is not carried into a fork yet; and one forked at
+// or after its end (a finished loops or backlog session keeps nothing of
+// its loop tree or runs to fork from).
+func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schemas.Event, point schemas.Event) error {
+	repo := func(p *schemas.Pipeline) bool {
+		return p != nil && (p.Loops != nil && p.Loops.NeedsRepo() || p.Backlog != nil && p.Backlog.Workdir == schemas.WorkdirRepo)
+	}
+	switch {
+	case repo(&start.Pipeline) || repo(req.Pipeline):
+		if start.Pipeline.Kind == schemas.KindBacklog {
+			return fmt.Errorf("%w: %s: fork of a backlog session with workdir: repo is not supported yet", ErrBadInput, req.Origin)
+		}
+		return fmt.Errorf("%w: %s: fork of a loops session whose levels work in git worktrees is not supported yet", ErrBadInput, req.Origin)
+	case slices.ContainsFunc(history, func(ev schemas.Event) bool {
+		return ev.ForkOf == "" && (ev.Type == schemas.TypeSessionCompleted || ev.Type == schemas.TypeSessionFailed)
+	}):
+		return fmt.Errorf("%w: %s session %s had ended at or before stream sequence %d; fork it at an event before its end", ErrBadInput, start.Pipeline.Kind, req.Origin, point.Seq)
+	}
+	return nil
+}
+
+// completedRunsOf refuses (ErrBadInput) a backlog fork whose changed
+// roles had completed runs in history (the origin's, up to the fork
+// point): running them again would take their changes back from the task
+// list, which a fork keeps as it was; that is not supported yet. The
+// orchestrator, reading the origin's own history, refuses it too.
+func completedRunsOf(roles []string, history []schemas.Event, origin string) error {
+	for _, role := range roles {
+		var done []string
+		for _, ev := range history {
+			d, ok := ev.Data.(*schemas.StepCompleted)
+			if !ok || slices.Contains(done, d.Step) {
+				continue
+			}
+			if r := d.Step; r == role || role == schemas.RoleIterate && !slices.Contains(backlog.ReservedIDs(), r) {
+				done = append(done, d.Step)
+			}
+		}
+		if len(done) > 0 {
+			slices.Sort(done)
+			return fmt.Errorf("%w: role %s changed, and runs of it had completed in %s at the fork point (%s): running them again is not supported yet; fork at an event before them, or keep the role",
+				ErrBadInput, role, origin, strings.Join(done, ", "))
+		}
+	}
+	return nil
 }
 
 // readToPoint returns the events of origin up to the fork point at (a

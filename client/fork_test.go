@@ -240,3 +240,51 @@ func TestForkOfAClosedSession(t *testing.T) {
 		t.Errorf("fork before the close: %v %+v", err, m)
 	}
 }
+
+// TestForkOfALoopsSession: a loops session whose levels work in git
+// worktrees is not forked (its repository state is not carried yet), nor
+// one forked with a file whose levels do, nor a backlog with workdir:
+// repo, nor a session into another kind.
+func TestForkOfALoopsSession(t *testing.T) {
+	ctx, c := rig(t)
+	loops := func(worktree bool) schemas.Pipeline {
+		return schemas.Pipeline{Name: "tree", Kind: schemas.KindLoops, Source: "tree.yaml", Loops: &schemas.Loops{Levels: []schemas.LoopLevel{
+			{Name: "plan", Agent: schemas.AgentSpec{Backend: "exec", Command: []string{"false"}}, Prompt: "p", MaxIterations: 1, TimeoutMs: 1000,
+				Outputs: []schemas.Output{{Name: "plan.md"}}, Worktree: worktree},
+		}}}
+	}
+	start := func(session string, p schemas.Pipeline) string {
+		in := schemas.ArtifactRef{Name: "task.md", Object: session + "/input/task.md", Digest: schemas.Digest([]byte("t")), Size: 1}
+		d := &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest), Loops: &schemas.LoopsStart{Task: "t"}}
+		ev := schemas.Event{ID: schemas.DeterministicID(session, "start"), Type: schemas.TypeSessionStarted, Session: session, Time: time.Now().UTC(), Data: d}
+		ev.Correlation = ev.ID
+		pub, err := c.Bus().Publish(ctx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strconv.FormatUint(pub.Seq, 10)
+	}
+	wt := start("lw-1", loops(true))
+	plain := start("lp-1", loops(false))
+	changed := loops(true)
+	repo := start("br-1", schemas.Pipeline{Name: "bk", Kind: schemas.KindBacklog, Source: "bk.yaml", Backlog: &schemas.Backlog{
+		Agents: map[string]schemas.AgentSpec{"a": {Backend: "exec", Command: []string{"false"}}}, Roles: map[string][]string{schemas.RoleIterate: {"a"}},
+		Schedule: schemas.ScheduleSingle, MaxParallel: 1, MaxSummaryIterations: 1, TimeoutMs: 1000, Workdir: schemas.WorkdirRepo}})
+	for _, tc := range []struct {
+		name string
+		req  client.ForkRequest
+		says string
+	}{
+		{"worktree levels", client.ForkRequest{Origin: "lw-1", At: wt, As: "lw-2"}, "lw-1: fork of a loops session whose levels work in git worktrees is not supported yet"},
+		{"a file with worktree levels", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-2", Pipeline: &changed}, "whose levels work in git worktrees"},
+		{"a file of another kind", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-3", Pipeline: &schemas.Pipeline{Name: "x", Source: "x.yaml", Steps: []schemas.Step{{Name: "a"}}}},
+			"x.yaml is of kind pipeline, lp-1 is a loops session: a fork keeps its origin's kind"},
+		{"a backlog with workdir: repo", client.ForkRequest{Origin: "br-1", At: repo, As: "br-2"}, "br-1: fork of a backlog session with workdir: repo is not supported yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := c.Fork(ctx, tc.req); !errors.Is(err, client.ErrBadInput) || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("Fork = %v, want %q", err, tc.says)
+			}
+		})
+	}
+}

@@ -60,6 +60,8 @@ type simResult struct {
 	prompts     map[string]string
 	// state is the state the session ends in.
 	state *State
+	// events are every event applied, in order.
+	events []schemas.Event
 }
 
 // simulate runs a session to its end (or 200 events) with script as every
@@ -80,6 +82,7 @@ func simulate(t *testing.T, start schemas.Event, script agentScript, during ...m
 			t.Fatalf("event %s: %v", ev.Type, err)
 		}
 		Evolve(st, ev)
+		res.events = append(res.events, ev)
 		if _, ok := ev.Data.(*schemas.Verdict); ok {
 			inFlight--
 		}

@@ -1,9 +1,12 @@
 package orchestrator
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 
 	"github.com/loopbus/loopbus/schemas"
 )
@@ -99,15 +102,109 @@ func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (fo
 	case origin.Status == StatusClosed:
 		// A closed session keeps nothing of its steps (see Evolve).
 		return refuse(ErrInconsistent, "forks session %s after it was closed for good: fork it at an event before its session.closed", d.Origin)
-	case origin.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline:
-		return refuse(ErrInconsistent, "forks %s session %s into a %s session: fork of a backlog or loops session is not supported yet", orElse(origin.Kind, schemas.KindPipeline), d.Origin, d.Pipeline.Kind)
+	case orElse(origin.Kind, schemas.KindPipeline) != orElse(d.Pipeline.Kind, schemas.KindPipeline):
+		return refuse(ErrInconsistent, "forks %s session %s into a %s session: a fork keeps its origin's kind", orElse(origin.Kind, schemas.KindPipeline), d.Origin, orElse(d.Pipeline.Kind, schemas.KindPipeline))
 	case d.Copied != events:
 		return refuse(ErrInconsistent, "says it copied %d events of session %s, but the session has %d up to stream sequence %d", d.Copied, d.Origin, events, d.Seq)
+	case origin.Kind == schemas.KindBacklog:
+		if reason := backlogForkRefusal(origin, d); reason != "" {
+			return refuse(ErrInconsistent, "forks backlog session %s: %s", d.Origin, reason)
+		}
+		return keep(forkPrep{base: origin.forkBacklogAs(ev, d)})
+	case origin.Kind == schemas.KindLoops:
+		if reason := loopsForkRefusal(origin, d); reason != "" {
+			return refuse(ErrInconsistent, "forks loops session %s: %s", d.Origin, reason)
+		}
+		return keep(forkPrep{base: origin.forkLoopsAs(ev, d)})
 	case len(d.Pipeline.Steps) == 0:
 		return refuse(ErrInconsistent, "gives the fork a pipeline without steps")
 	}
 	return keep(forkPrep{base: origin.forkAs(ev, d)})
 }
+
+// loopsForkRefusal says why a loops session o cannot fork as d says
+// ("" when it can): its state at the point is gone (it had ended: a
+// finished loops session keeps nothing of its loops), the fork's file has
+// no levels, or a level of either works in a git worktree. A worktree
+// session's repository state (the target branch, its merges and bundles)
+// is named after the session and carried by its start: a fork would have
+// to rebuild it, so it is refused rather than half done.
+func loopsForkRefusal(o *Session, d *schemas.SessionForked) string {
+	switch {
+	case o.Loops == nil || o.terminal():
+		return "it had ended at the fork point (" + o.Status + "): fork it at an event before its end"
+	case d.Pipeline.Loops == nil || len(d.Pipeline.Loops.Levels) == 0:
+		return "the fork's file has no levels"
+	case o.Loops.Def.NeedsRepo() || d.Pipeline.Loops.NeedsRepo() || o.Loops.Start.Bundle != nil:
+		return "fork of a loops session whose levels work in git worktrees is not supported yet"
+	}
+	return ""
+}
+
+// forkLoopsAs is forkAs for a loops session: the fork's loop tree is the
+// origin's at the fork point, where a loop keeps its results (and its
+// subtree stands) when it had completed and its level is not in
+// d.Changed nor differs from the origin's (an invalidated loop under it
+// stays so, until it spawns it anew); every other loop runs again
+// in a new round with the fork's level, and the loops under it are
+// dropped: it spawns them anew when it passes. A loop whose level the
+// fork's file no longer has is dropped with its subtree (its parent's
+// level changed with it); when the root goes, the fork spawns the new
+// root. Worktree sessions never get here (loopsForkRefusal).
+func (o *Session) forkLoopsAs(ev schemas.Event, d *schemas.SessionForked) *Session {
+	changed := slices.Concat(d.Changed, schemas.ChangedLevels(o.Pipeline, d.Pipeline, o.DefinitionFiles, d.DefinitionFiles, o.Input.Digest != d.Input.Digest))
+	s := o.forkBase(ev, d)
+	s.Kind = schemas.KindLoops
+	l := &LoopsState{Def: *d.Pipeline.Loops, Start: o.Loops.Start, Loops: map[string]*Loop{}, Head: o.Loops.Head, Bundles: slices.Clone(o.Loops.Bundles)}
+	s.Loops = l
+	fate := map[string]string{} // kept, again or dropped, by loop id
+	for _, id := range sortedLoopIDs(o.Loops) {
+		// Sorted ids put a parent before its children.
+		old := o.Loops.Loops[id]
+		lv := l.Def.Level(old.Level)
+		switch parent := fate[old.Parent]; {
+		case old.Parent != "" && parent != forkKept && parent != forkStale, lv == nil:
+			fate[id] = forkDropped
+			continue
+		case old.Status == LoopCompleted && !slices.Contains(changed, old.Level) && o.Steps[id] != nil,
+			old.Status == LoopInvalidated && o.Steps[id] != nil:
+			// An invalidated loop under a kept one waits to be spawned
+			// anew by it, as in the origin.
+			fate[id] = forkKept
+			if old.Status == LoopInvalidated {
+				fate[id] = forkStale
+			}
+			lp := *old
+			lp.Parts = slices.Clone(old.Parts)
+			l.Loops[id] = &lp
+			st := *o.Steps[id]
+			st.Def = loopStepDef(id, lv)
+			s.Steps[id] = &st
+			continue
+		}
+		fate[id] = forkAgain
+		lp := *old
+		lp.Status, lp.Candidate, lp.Passed, lp.Parts, lp.Base, lp.MergeCommit, lp.Rebases, lp.ChildErrors = LoopRunning, nil, nil, nil, l.Head, "", 0, 0
+		l.Loops[id] = &lp
+		st := &Step{Def: loopStepDef(id, lv), Status: StepPending}
+		if prev := o.Steps[id]; prev != nil {
+			st.Round = prev.Round
+			if prev.JobID != "" {
+				st.Round++
+			}
+		}
+		s.Steps[id] = st
+	}
+	return s
+}
+
+// What a fork does with a loop of its origin.
+const (
+	forkKept    = "kept"
+	forkAgain   = "again"
+	forkDropped = "dropped"
+	forkStale   = "stale"
+)
 
 // foldHistory folds session's history up to stream sequence until (all
 // of it when 0) into st as the service folded it: copies are skipped, a
@@ -187,17 +284,7 @@ func (o *Session) forkAs(ev schemas.Event, d *schemas.SessionForked) *Session {
 			}
 		}
 	}
-	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
-		Usage: o.Usage, Requests: o.Requests, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
-	if s.Usage == nil {
-		s.Usage = map[string]schemas.Usage{}
-	}
-	if d.Pipeline.Budget != nil {
-		s.Budget = *d.Pipeline.Budget
-	}
-	if d.Budget != nil {
-		s.Budget = s.Budget.Tighter(*d.Budget)
-	}
+	s := o.forkBase(ev, d)
 	for _, def := range d.Pipeline.Steps {
 		old := o.Steps[def.Name]
 		switch {
@@ -219,4 +306,105 @@ func (o *Session) forkAs(ev schemas.Event, d *schemas.SessionForked) *Session {
 		}
 	}
 	return s
+}
+
+// forkBase is the fork's session without steps: the session of ev,
+// started by it, running d's pipeline on d's input with the budget it
+// sets; usage and agent runs so far are the fork's history, and count
+// against its budget.
+func (o *Session) forkBase(ev schemas.Event, d *schemas.SessionForked) *Session {
+	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
+		Usage: o.Usage, Requests: o.Requests, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
+	if s.Usage == nil {
+		s.Usage = map[string]schemas.Usage{}
+	}
+	if d.Pipeline.Budget != nil {
+		s.Budget = *d.Pipeline.Budget
+	}
+	if d.Budget != nil {
+		s.Budget = s.Budget.Tighter(*d.Budget)
+	}
+	return s
+}
+
+// backlogForkRefusal says why a backlog session o cannot fork as d says
+// ("" when it can): its state at the point is gone (it had ended), the
+// fork's file is no backlog, either works on a repository (workdir: repo,
+// whose target branch is not carried into a fork, as for loops), or a
+// role whose definition changed had completed runs at the fork point:
+// running those again would take their changes back from the task list,
+// which a fork keeps as it was.
+func backlogForkRefusal(o *Session, d *schemas.SessionForked) string {
+	switch {
+	case o.Backlog == nil || o.terminal():
+		return "it had ended at the fork point (" + o.Status + "): fork it at an event before its end"
+	case d.Pipeline.Backlog == nil:
+		return "the fork's file is no backlog"
+	case o.Loops != nil || o.Backlog.Def.Workdir == schemas.WorkdirRepo || d.Pipeline.Backlog.Workdir == schemas.WorkdirRepo:
+		return "fork of a backlog session with workdir: repo is not supported yet"
+	}
+	changed := slices.Concat(d.Changed, schemas.ChangedRoles(o.Pipeline, d.Pipeline, o.DefinitionFiles, d.DefinitionFiles, o.Input.Digest != d.Input.Digest))
+	for _, role := range changed {
+		var done []string
+		for _, name := range slices.Sorted(maps.Keys(o.Steps)) {
+			if st := o.Steps[name]; st.Status == StepCompleted && roleOf(name) == role {
+				done = append(done, name)
+			}
+		}
+		if len(done) > 0 {
+			return fmt.Sprintf("role %s changed, and runs of it had completed at the fork point (%s): running them again is not supported yet; fork at an event before them, or keep the role",
+				role, strings.Join(done, ", "))
+		}
+	}
+	return ""
+}
+
+// roleOf is the backlog role a step runs: its name for role steps, else
+// iterate (a task run).
+func roleOf(step string) string {
+	if slices.Contains(roleSteps, step) {
+		return step
+	}
+	return schemas.RoleIterate
+}
+
+// forkBacklogAs is forkAs for a backlog session: the fork's task list,
+// phase and run counts are the origin's at the fork point; runs that had
+// completed or failed keep their results (their changes are in the task
+// list); runs not finished (due, running, waiting for approval) run again
+// from their first iteration, in jobs of the fork, with the fork's
+// definition of their role. backlogForkRefusal refused the rest.
+func (o *Session) forkBacklogAs(ev schemas.Event, d *schemas.SessionForked) *Session {
+	s := o.forkBase(ev, d)
+	s.Kind = schemas.KindBacklog
+	b := o.Backlog.clone()
+	b.Def = *d.Pipeline.Backlog
+	s.Backlog = b
+	for name, old := range o.Steps {
+		if !old.active() {
+			kept := *old
+			s.Steps[name] = &kept
+			continue
+		}
+		agent := b.roleAgent(name)
+		if roleOf(name) == schemas.RoleIterate {
+			agent = agentNamed(o.Backlog.Def, old.Def.Agent, b.iterateAgent(1))
+		}
+		// The round stays: the fork's job ids are its own (they hold its
+		// session), and a later selection of the task counts its rounds
+		// from its runs.
+		s.Steps[name] = &Step{Def: b.stepDef(name, agent, s), Status: StepPending, Round: old.Round, Hints: slices.Clone(old.Hints)}
+	}
+	return s
+}
+
+// agentNamed returns the name def gives spec, or otherwise when none.
+func agentNamed(def schemas.Backlog, spec schemas.AgentSpec, otherwise string) string {
+	want, _ := json.Marshal(spec)
+	for _, name := range slices.Sorted(maps.Keys(def.Agents)) {
+		if got, _ := json.Marshal(def.Agents[name]); string(got) == string(want) {
+			return name
+		}
+	}
+	return otherwise
 }

@@ -280,7 +280,7 @@ func TestCheckFork(t *testing.T) {
 		}, ErrReplayed, "exists"},
 		{"a loops pipeline", func(_ *stream, f *schemas.Event) {
 			f.Data.(*schemas.SessionForked).Pipeline.Kind = schemas.KindLoops
-		}, ErrInconsistent, "not supported yet"},
+		}, ErrInconsistent, "a fork keeps its origin's kind"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := (&stream{}).add(done...)
@@ -327,12 +327,13 @@ func TestCheckFork(t *testing.T) {
 	if f2 := st.Sessions["f2"]; f2 == nil || f2.Steps["summary"].Status != StepCompleted {
 		t.Errorf("fork of a closed session before its close: %+v (refused: %v)", f2, refused["forked-f2"])
 	}
-	// A backlog session is not forked yet.
+	// A backlog session forked at its start starts as it did (see
+	// TestDecideForkBacklog).
 	b := (&stream{}).add(started(backlogPipeline(1, "")))
 	bevs := b.fork(t, sess, startID, forkSess, schemas.Pipeline{})
 	b.add(bevs...)
-	if _, refused := foldStream(t, b); !strings.Contains(refused["forked-"+forkSess].Error(), "fork of a backlog or loops session is not supported yet") {
-		t.Errorf("fork of a backlog: %v", refused)
+	if st, refused := foldStream(t, b); len(refused) > 0 || st.Sessions[forkSess] == nil || st.Sessions[forkSess].Backlog == nil {
+		t.Errorf("fork of a backlog at its start: %v", refused)
 	}
 }
 

@@ -44,6 +44,8 @@ type loopWorld struct {
 	merge func(jr *schemas.JobRequested) []string
 	// during injects events (signals) when a job is requested.
 	during map[string][]schemas.Event
+	// record, when set, gets every event applied, in order.
+	record func(schemas.Event)
 }
 
 // twoSections writes two "## " sections for plan and spec loops.
@@ -79,6 +81,9 @@ func runLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []string, r
 			t.Fatalf("event %s: %v", ev.Type, err)
 		}
 		Evolve(st, ev)
+		if w.record != nil {
+			w.record(ev)
+		}
 	}
 	answer := func(jr *schemas.JobRequested) []schemas.Event {
 		mk := func(typ string, data any) schemas.Event {

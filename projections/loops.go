@@ -1,6 +1,7 @@
 package projections
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/loopbus/loopbus/schemas"
@@ -156,4 +157,41 @@ func firstLine(s string) string {
 		}
 	}
 	return ""
+}
+
+// forkLoops forks a loops session's loop tree as the orchestrator does:
+// a loop keeps its results (and its subtree stands) when it had completed
+// and its level is not in d.Changed; an invalidated loop under a kept one
+// stays so; a loop under one that does not stand, or of a level d's file
+// no longer has, goes with its step; every other loop runs again from
+// scratch (its step pending).
+func (m *Manifest) forkLoops(d *schemas.SessionForked) {
+	m.LoopLevels = nil
+	for _, lv := range d.Pipeline.Loops.Levels {
+		if lv.Name != "" && m.loopLevel(lv.Name) == nil {
+			m.LoopLevels = append(m.LoopLevels, LoopLevelView{Name: lv.Name, MaxIterations: max(lv.MaxIterations, 1), Worktree: lv.Worktree})
+		}
+	}
+	stands := map[string]bool{}
+	loops := m.Loops[:0:0]
+	for _, lp := range m.Loops {
+		lv := m.loopLevel(lp.Level)
+		if lp.Parent != "" && !stands[lp.Parent] || lv == nil {
+			delete(m.Steps, lp.ID)
+			m.StepOrder = slices.DeleteFunc(m.StepOrder, func(n string) bool { return n == lp.ID })
+			continue
+		}
+		switch {
+		case lp.Status == LoopStatusCompleted && !slices.Contains(d.Changed, lp.Level), lp.Status == LoopStatusInvalidated:
+			stands[lp.ID] = true
+		default:
+			lp.Status, lp.Commit, lp.MergeCommit, lp.Rebases, lp.Iterations = LoopStatusRunning, "", "", 0, 0
+			if sv := m.Steps[lp.ID]; sv != nil {
+				sv.startOver()
+				sv.MaxIterations = lv.MaxIterations
+			}
+		}
+		loops = append(loops, lp)
+	}
+	m.Loops = loops
 }

@@ -1067,10 +1067,55 @@ type ForkView struct {
 // again; the others are pending from scratch. Steps the pipeline no
 // longer has go. Jobs of the origin not finished at the fork point are
 // not the fork's (it runs jobs of its own): they show as cancelled.
+//
+// A loops session's loop tree forks as the orchestrator forks it (see
+// forkLoops); a backlog session keeps its task list and finished runs,
+// and its runs not finished start over.
 func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
-	if m.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline || m.Status == StatusClosed {
-		return // the orchestrator refuses it: not supported (yet), or closed for good
+	switch {
+	case m.Status == StatusClosed || m.Terminal() && m.Kind != "":
+		return // the orchestrator refuses it: closed for good, or a loops session's end
+	case m.Kind == schemas.KindLoops && d.Pipeline.Kind == schemas.KindLoops && d.Pipeline.Loops != nil:
+		m.forkLoops(d)
+	case m.Kind == schemas.KindBacklog && d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil:
+		// The task list and the finished runs stand; the runs not
+		// finished run again from scratch.
+		for _, sv := range m.Steps {
+			if sv.Status != StepStatusCompleted && sv.Status != StepStatusFailed {
+				sv.startOver()
+			}
+		}
+	case m.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline:
+		return // the orchestrator refuses it: not supported (yet)
+	default:
+		m.forkSteps(d)
 	}
+	for _, j := range m.Jobs {
+		if j.Status == JobStatusRequested || j.Status == JobStatusRunning {
+			j.Status, j.Reason = JobStatusCancelled, "not the fork's: the origin's job at the fork point"
+		}
+	}
+	m.Pipeline, m.SourceHash = d.Pipeline.Name, d.SourceHash
+	in := d.Input
+	m.Input = &in
+	var b schemas.Budget
+	if d.Pipeline.Budget != nil {
+		b = *d.Pipeline.Budget
+	}
+	if d.Budget != nil {
+		b = b.Tighter(*d.Budget)
+	}
+	m.Budget = nil
+	if b != (schemas.Budget{}) {
+		m.Budget = &b
+	}
+	m.Status, m.Hold, m.Error, m.FailedStep, m.Final = StatusRunning, nil, "", "", nil
+	m.CreatedAt = at
+	m.ForkedFrom = &ForkView{Session: d.Origin, Seq: d.Seq, Event: d.Event, Reason: paragraph(d.Reason), At: at}
+}
+
+// forkSteps forks a pipeline session's steps.
+func (m *Manifest) forkSteps(d *schemas.SessionForked) {
 	again := map[string]bool{}
 	for _, st := range d.Pipeline.Steps {
 		sv := m.Steps[st.Name]
@@ -1100,28 +1145,6 @@ func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
 		order = append(order, st.Name)
 	}
 	m.Steps, m.StepOrder = steps, order
-	for _, j := range m.Jobs {
-		if j.Status == JobStatusRequested || j.Status == JobStatusRunning {
-			j.Status, j.Reason = JobStatusCancelled, "not the fork's: the origin's job at the fork point"
-		}
-	}
-	m.Pipeline, m.SourceHash = d.Pipeline.Name, d.SourceHash
-	in := d.Input
-	m.Input = &in
-	var b schemas.Budget
-	if d.Pipeline.Budget != nil {
-		b = *d.Pipeline.Budget
-	}
-	if d.Budget != nil {
-		b = b.Tighter(*d.Budget)
-	}
-	m.Budget = nil
-	if b != (schemas.Budget{}) {
-		m.Budget = &b
-	}
-	m.Status, m.Hold, m.Error, m.FailedStep, m.Final = StatusRunning, nil, "", "", nil
-	m.CreatedAt = at
-	m.ForkedFrom = &ForkView{Session: d.Origin, Seq: d.Seq, Event: d.Event, Reason: paragraph(d.Reason), At: at}
 }
 
 // job returns the view of job id, creating it (requested, of step) if new.

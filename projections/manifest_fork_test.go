@@ -2,6 +2,7 @@ package projections
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/loopbus/loopbus/schemas"
@@ -111,5 +112,101 @@ func TestManifestFork(t *testing.T) {
 	d.Changed = []string{"summary"}
 	if m := foldAll(same); m.Steps["summary"].Status != StepStatusPending || len(m.Steps["summary"].Artifacts) != 0 {
 		t.Errorf("summary changed: %+v", m.Steps["summary"])
+	}
+}
+
+// TestManifestForkLoops: a loops session's fork keeps the completed loops
+// of unchanged levels with their subtrees; a loop that had not completed,
+// or whose level changed, starts over, and the loops under it go.
+func TestManifestForkLoops(t *testing.T) {
+	all := loopsSession()
+	// The point: plan and plan-001 completed, plan-001's code loops just
+	// spawned, plan-002 not run yet.
+	point := 1 + slices.IndexFunc(all, func(ev schemas.Event) bool {
+		d, ok := ev.Data.(*schemas.LoopSpawned)
+		return ok && d.Loop == "plan-001-002"
+	})
+	for _, tc := range []struct {
+		name    string
+		changed []string
+		loops   string
+		steps   string
+	}{
+		{"nothing changed", nil,
+			"plan:completed plan-001:completed plan-002:running plan-001-001:running plan-001-002:running",
+			"plan:completed plan-001:completed plan-002:pending plan-001-001:pending plan-001-002:pending"},
+		{"the spec level changed", []string{"spec"},
+			"plan:completed plan-001:running plan-002:running",
+			"plan:completed plan-001:pending plan-002:pending"},
+		{"the plan level changed", []string{"plan"},
+			"plan:running",
+			"plan:pending"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			evs := slices.Clone(all[:point])
+			for i := range evs {
+				evs[i].ForkOf = evs[i].ID
+			}
+			last := evs[len(evs)-1]
+			in := inputRef(sessionID)
+			b := builder{seq: last.Seq}
+			b.add(sessionID, schemas.TypeSessionForked, "", "", &schemas.SessionForked{Origin: forkOrigin, Seq: 7, Event: "e", Copied: len(evs),
+				Pipeline: loopsPipeline(), Input: in, SourceHash: shortHash(in.Digest), Changed: tc.changed})
+			m := foldAll(append(evs, b.evs...))
+			var loops, steps []string
+			for _, lp := range m.Loops {
+				loops = append(loops, lp.ID+":"+lp.Status)
+				if sv := m.Steps[lp.ID]; sv != nil {
+					steps = append(steps, lp.ID+":"+sv.Status)
+				}
+			}
+			if got := strings.Join(loops, " "); got != tc.loops {
+				t.Errorf("loops %s, want %s", got, tc.loops)
+			}
+			if got := strings.Join(steps, " "); got != tc.steps || len(m.Steps) != len(m.Loops) || len(m.StepOrder) != len(m.Loops) {
+				t.Errorf("steps %s (%d, order %v), want %s", got, len(m.Steps), m.StepOrder, tc.steps)
+			}
+			if m.Status != StatusRunning || m.ForkedFrom == nil || (m.Steps["plan"].ContentHash == "") != slices.Contains(tc.changed, "plan") {
+				t.Errorf("status %s, forkedFrom %+v, plan %+v", m.Status, m.ForkedFrom, m.Steps["plan"])
+			}
+		})
+	}
+}
+
+// TestManifestForkBacklog: a backlog session's fork keeps its finished
+// runs and its phase; a run not finished starts over.
+func TestManifestForkBacklog(t *testing.T) {
+	var o builder
+	o.startBacklog(forkOrigin, importedTasks())
+	o.phase(forkOrigin, schemas.PhaseIterate, "imported")
+	o.taskSelected(forkOrigin, "T001", 1, "first")
+	o.runStep(forkOrigin, "T001", "w1", 1, "summary.json", `{"task_id": "T001", "status": "done", "summary": "ok"}`, "")
+	o.taskUpdated(forkOrigin, schemas.TaskUpdated{ID: "T001", Status: schemas.TaskDone, By: "orchestrator"})
+	o.taskSelected(forkOrigin, "T002", 1, "next")
+	job := o.request(forkOrigin, "T002", 1)
+	o.jobStarted(forkOrigin, "T002", job, "w1")
+	b := builder{seq: o.seq}
+	for _, ev := range o.evs {
+		c := ev
+		b.seq++
+		c.Seq, c.Session, c.ForkOf, c.ID = b.seq, sessionID, ev.ID, testID(sessionID, "copy", ev.ID)
+		b.evs = append(b.evs, c)
+	}
+	in := inputRef(forkOrigin)
+	last := o.evs[len(o.evs)-1]
+	b.add(sessionID, schemas.TypeSessionForked, "", "", &schemas.SessionForked{Origin: forkOrigin, Seq: last.Seq, Event: last.ID, Copied: len(o.evs),
+		Pipeline: backlogPipeline(), Input: in, SourceHash: shortHash(in.Digest)})
+	m := foldAll(b.evs)
+	if m.Kind != schemas.KindBacklog || m.Phase != schemas.PhaseIterate || m.Status != StatusRunning || m.ForkedFrom == nil {
+		t.Fatalf("fork: kind %s, phase %s, status %s, forkedFrom %+v", m.Kind, m.Phase, m.Status, m.ForkedFrom)
+	}
+	if sv := m.Steps["T001"]; sv == nil || sv.Status != StepStatusCompleted || sv.ContentHash == "" {
+		t.Errorf("T001 %+v, want kept", sv)
+	}
+	if sv := m.Steps["T002"]; sv == nil || sv.Status != StepStatusPending || sv.JobID != "" {
+		t.Errorf("T002 %+v, want pending from scratch", sv)
+	}
+	if j := m.Jobs[job]; j == nil || j.Status != JobStatusCancelled {
+		t.Errorf("the origin's T002 job in the fork: %+v, want cancelled", j)
 	}
 }

@@ -41,6 +41,21 @@ const MaxForkDepth = 16
 // changed pipeline or input. Steps that completed at the fork point and
 // are not in Changed (see ChangedSteps) keep their results; the others,
 // and every step requiring one of them, directly or not, run again.
+//
+// A loops session forks its loop tree by the same rule: a loop that
+// completed at the fork point and whose level is not in Changed (see
+// ChangedLevels) keeps its results and its children; a loop that had not
+// completed, or whose level changed, runs again in a new round, and the
+// loops under it are dropped (it spawns them anew when it passes). Forks
+// of loops sessions whose levels work in git worktrees are refused (not
+// supported yet).
+//
+// A backlog session forks with its task list, phase and run counts as
+// they were at the fork point: runs that had finished keep their
+// results, runs not finished run again; Changed lists the roles whose
+// definition differs (see ChangedRoles), and a fork whose changed role
+// had completed runs is refused (not supported yet), as is a backlog with
+// workdir: repo.
 type SessionForked struct {
 	Origin string `json:"origin"`
 	Seq    uint64 `json:"seq"`
@@ -52,8 +67,9 @@ type SessionForked struct {
 	SourceHash      string           `json:"sourceHash"`
 	Budget          *Budget          `json:"budget,omitempty"`
 	DefinitionFiles []DefinitionFile `json:"definitionFiles,omitempty"`
-	// Changed are the steps whose definition differs from the origin's
-	// (every step when the input changed), in pipeline order.
+	// Changed are the steps (for a loops session, the levels; for a
+	// backlog, the roles) whose definition differs from the origin's (all of them when the input
+	// changed), in pipeline order.
 	Changed []string `json:"changed,omitempty"`
 	// Reason says why, for people reading the history.
 	Reason string `json:"reason,omitempty"`
@@ -67,6 +83,45 @@ type SessionForked struct {
 // (scripts travel as DefinitionFiles); every step when the pipeline's
 // directory moved (relative paths in commands name other files).
 func ChangedSteps(old, next Pipeline, oldFiles, nextFiles []DefinitionFile, inputChanged bool) []string {
+	files := changedFiles(oldFiles, nextFiles)
+	var out []string
+	for _, st := range next.Steps {
+		i := slices.IndexFunc(old.Steps, func(o Step) bool { return o.Name == st.Name })
+		if inputChanged || i < 0 || definitionChanged(old.Steps[i], st, files) || old.Dir != next.Dir {
+			out = append(out, st.Name)
+		}
+	}
+	return out
+}
+
+// ChangedLevels is ChangedSteps for loops sessions: the levels of next,
+// in its order, whose loops (and their subtrees) a fork of a session that
+// ran old must run again whatever they did: every level when inputChanged
+// or the pipeline's directory moved; else the levels old does not have,
+// those whose definition differs (its children's spec included), and
+// those naming a file of the pipeline's directory that changed.
+func ChangedLevels(old, next Pipeline, oldFiles, nextFiles []DefinitionFile, inputChanged bool) []string {
+	if next.Loops == nil {
+		return nil
+	}
+	var was []LoopLevel
+	if old.Loops != nil {
+		was = old.Loops.Levels
+	}
+	files := changedFiles(oldFiles, nextFiles)
+	var out []string
+	for _, lv := range next.Loops.Levels {
+		i := slices.IndexFunc(was, func(o LoopLevel) bool { return o.Name == lv.Name })
+		if inputChanged || i < 0 || definitionChanged(was[i], lv, files) || old.Dir != next.Dir {
+			out = append(out, lv.Name)
+		}
+	}
+	return out
+}
+
+// changedFiles returns the paths of the definition files whose content
+// (or presence, or executable bit) differs between old and next.
+func changedFiles(oldFiles, nextFiles []DefinitionFile) []string {
 	var files []string
 	digest := func(fs []DefinitionFile, path string) string {
 		i := slices.IndexFunc(fs, func(f DefinitionFile) bool { return f.Path == path })
@@ -85,23 +140,18 @@ func ChangedSteps(old, next Pipeline, oldFiles, nextFiles []DefinitionFile, inpu
 			}
 		}
 	}
-	var out []string
-	for _, st := range next.Steps {
-		i := slices.IndexFunc(old.Steps, func(o Step) bool { return o.Name == st.Name })
-		changed := inputChanged || i < 0
-		if !changed {
-			a, _ := json.Marshal(old.Steps[i])
-			b, _ := json.Marshal(st)
-			changed = string(a) != string(b) || old.Dir != next.Dir
-			for _, f := range files {
-				changed = changed || strings.Contains(string(b), f)
-			}
-		}
-		if changed {
-			out = append(out, st.Name)
-		}
+	return files
+}
+
+// definitionChanged reports whether a step's or level's definition
+// differs between old and next, or names one of the changed files.
+func definitionChanged(old, next any, files []string) bool {
+	a, _ := json.Marshal(old)
+	b, _ := json.Marshal(next)
+	if string(a) != string(b) {
+		return true
 	}
-	return out
+	return slices.ContainsFunc(files, func(f string) bool { return strings.Contains(string(b), f) })
 }
 
 // HistorySubjectFor returns the stream subject of the copy, in session's
@@ -124,4 +174,58 @@ func (e Event) StreamSubject() (string, error) {
 		return HistorySubjectFor(e.Session, e.Type)
 	}
 	return SubjectFor(e.Session, e.Type)
+}
+
+// ChangedRoles is ChangedSteps for backlog sessions: the roles (iterate,
+// bootstrap, repair, review) of next whose runs a fork of a session that
+// ran old must run with another definition: every role when inputChanged
+// or the pipeline's directory moved; else those whose agents, prompt,
+// approval gate or run bounds differ, or that name a changed file of the
+// pipeline's directory. The schedule, parallelism, source files and
+// workdir are the backlog's, not a role's: they count for every role.
+func ChangedRoles(old, next Pipeline, oldFiles, nextFiles []DefinitionFile, inputChanged bool) []string {
+	if next.Backlog == nil {
+		return nil
+	}
+	files := changedFiles(oldFiles, nextFiles)
+	role := func(b *Backlog, r string) any {
+		if b == nil {
+			return nil
+		}
+		names := b.Roles[r]
+		if len(names) == 0 && r != RoleIterate {
+			names = b.Roles[RoleIterate][:min(1, len(b.Roles[RoleIterate]))]
+		}
+		agents := make([]AgentSpec, 0, len(names))
+		for _, n := range names {
+			agents = append(agents, b.Agents[n])
+		}
+		type shared struct {
+			Schedule, Project, Workdir, Base  string
+			MaxParallel, MaxSummaryIterations int
+			TimeoutMs, ValidateTimeoutMs      int64
+			SourceFiles, Validate             []string
+		}
+		return struct {
+			Agents   []AgentSpec
+			Prompt   string
+			Approval *Approval
+			Shared   shared
+		}{agents, b.Prompts[r], approvalOf(b, r), shared{b.Schedule, b.Project, b.Workdir, b.Base, b.MaxParallel, b.MaxSummaryIterations,
+			b.TimeoutMs, b.ValidateTimeoutMs, b.SourceFiles, b.Validate}}
+	}
+	var out []string
+	for _, r := range []string{RoleBootstrap, RoleIterate, RoleRepair, RoleReview} {
+		if inputChanged || old.Backlog == nil || old.Dir != next.Dir || definitionChanged(role(old.Backlog, r), role(next.Backlog, r), files) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func approvalOf(b *Backlog, role string) *Approval {
+	if a, ok := b.Approval[role]; ok {
+		return &a
+	}
+	return nil
 }

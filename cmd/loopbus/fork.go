@@ -34,7 +34,18 @@ session. --pipeline runs the new session with another pipeline file: a step
 whose definition (or a script it names) changed runs again, with every step
 that requires it; --input gives it another input (then every step runs
 again). The fork's id is --as (default SESSION-fork-XXXX); an id in use is
-refused. Forking a backlog or loops session is not supported yet.
+refused.
+
+A loops session forks its loop tree by the same rule: loops that had
+completed keep their results and their subtrees, unless --pipeline changed
+their level; the others run again, and the loops under them are spawned
+anew when they pass. A backlog session keeps its task list as it was at
+the fork point and the runs that had finished; runs not finished run
+again, and a role changed by --pipeline runs its later runs with its new
+definition. Not supported yet: a loops session whose levels work in git
+worktrees or a backlog with workdir: repo, a loops or backlog session
+forked at or after its end, and a backlog whose changed role had
+completed runs.
 
 Like run, fork follows the new session to its end and exits as run does (0
 completed, 1 failed, 2 usage errors, 3 stopped by its budget, 5 closed, 130
@@ -94,7 +105,7 @@ needs a running server: serve, or --nats); 'loopbus wait NEW' follows it.`,
 	}
 	cmd.Flags().StringVar(&at, "at", "", "the fork point: a stream sequence or an event id of SESSION (see loopbus events SESSION); required")
 	cmd.Flags().StringVar(&as, "as", "", "the new session's id ([A-Za-z0-9_-], at most 64); default SESSION-fork-<random>")
-	cmd.Flags().StringVar(&pipeline, "pipeline", "", "run the fork with this pipeline file: changed steps and their dependents run again")
+	cmd.Flags().StringVar(&pipeline, "pipeline", "", "run the fork with this pipeline (loops, backlog) file: changed steps (levels, roles) and their dependents (subtrees) run again")
 	cmd.Flags().StringVar(&input, "input", "", "run the fork on this input file (every step runs again)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why; kept in the history")
 	cmd.Flags().BoolVar(&detach, "detach", false, "fork and exit without following (needs a running server: serve, or --nats)")
