@@ -93,7 +93,7 @@ func simulate(t *testing.T, start schemas.Event, script agentScript, during ...m
 		trigger := queue[0]
 		queue = queue[1:]
 		apply(trigger)
-		for out := Decide(st, trigger, fixedNow); len(out) > 0; out = Decide(st, trigger, fixedNow) {
+		for out := written(Decide(st, trigger, fixedNow)); len(out) > 0; out = written(Decide(st, trigger, fixedNow)) {
 			for _, o := range out {
 				if l := simLine(o); l != "" {
 					res.lines = append(res.lines, l)

@@ -128,7 +128,7 @@ func runLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []string, r
 		trigger := queue[0]
 		queue = queue[1:]
 		apply(trigger)
-		for out := Decide(st, trigger, fixedNow); len(out) > 0; out = Decide(st, trigger, fixedNow) {
+		for out := written(Decide(st, trigger, fixedNow)); len(out) > 0; out = written(Decide(st, trigger, fixedNow)) {
 			for _, o := range out {
 				// Every decision must be recordable: its data fits the
 				// catalogue's schema.

@@ -355,19 +355,35 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 }
 
 // publish writes one decision, guarded on the session's last event being
-// expect. A decision that answers a signal is one atomic batch: what the
-// answer does is worked out from the signal, which its acknowledgement
-// consumes, so a part of it could not be made whole again (a stop cut
-// after session.stopped would be answered "already stopped"). Any other
-// decision is a chain (bus.PublishChain): Decide is level-triggered, so
-// the next decision writes whatever a cut chain left out, and a chain
-// costs a round trip per event where the server syncs a staging store of
-// its own to disk for every batch.
+// expect: as a chain (bus.PublishChain) when it is chainable, else as one
+// atomic batch. A chain costs a round trip per event, where the server
+// syncs a staging store of its own to disk for every batch.
 func (s *Service) publish(ctx context.Context, id string, expect uint64, evs []schemas.Event) (bus.Published, error) {
-	if slices.ContainsFunc(evs, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSignalAcknowledged }) {
-		return s.bus.PublishBatch(ctx, id, expect, evs)
+	if chainable(evs) {
+		return s.bus.PublishChain(ctx, id, expect, evs)
 	}
-	return s.bus.PublishChain(ctx, id, expect, evs)
+	return s.bus.PublishBatch(ctx, id, expect, evs)
+}
+
+// chainable reports whether every event of a decision is of a kind that
+// Decide, being level-triggered, makes again from any part of the
+// decision written, so that a chain cut short is completed by the next
+// decision: job requests, a step's and the session's completion, a
+// rate-limit wait, a gate opening. Anything else (a signal's answer,
+// failures, cancellations, spawned loops, merges and rebases, task list
+// and backlog phase changes, expired gates) is worked out once from what
+// triggered it, and a part of it would be lost or made differently: it is
+// written all or nothing.
+func chainable(evs []schemas.Event) bool {
+	for _, ev := range evs {
+		switch ev.Type {
+		case schemas.TypeJobRequested, schemas.TypeStepCompleted, schemas.TypeSessionCompleted,
+			schemas.TypeStepWaiting, schemas.TypeApprovalRequested:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // own gives decided events ids only this orchestrator's key can compute
