@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/loopbus/loopbus/schemas"
@@ -155,7 +156,7 @@ func PlanImport(p schemas.Pipeline, dir, input string) (*ImportPlan, error) {
 			return nil, bad("%v", err)
 		}
 	}
-	raw, err := readBounded(plan.Input)
+	raw, err := readBounded(inputFolder(dir, plan.Input), plan.Input)
 	if err != nil {
 		return nil, bad("input: %v", err)
 	}
@@ -167,7 +168,7 @@ func PlanImport(p schemas.Pipeline, dir, input string) (*ImportPlan, error) {
 		if err := insideDir(root, manifestPath); err != nil {
 			return nil, bad("%v", err)
 		}
-		if man, err = readLoopliaManifest(manifestPath); err != nil {
+		if man, err = readLoopliaManifest(dir, manifestPath); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrBadInput, err)
 		}
 		plan.HasManifest, plan.ManifestSourceHash = true, man.SourceHash
@@ -238,7 +239,7 @@ func planStep(is *ImportStep, st schemas.Step, root, dir string, man *loopliaMan
 		if err := insideDir(root, path); err != nil {
 			return "", err
 		}
-		raw, err := readBounded(path)
+		raw, err := readBounded(dir, path)
 		if err != nil {
 			return "", err
 		}
@@ -306,8 +307,8 @@ func orSource(p schemas.Pipeline) string {
 
 // readLoopliaManifest reads and checks a session.json: errors name the file
 // and the field.
-func readLoopliaManifest(path string) (*loopliaManifest, error) {
-	raw, err := readBoundedN(path, maxLoopliaManifestBytes)
+func readLoopliaManifest(dir, path string) (*loopliaManifest, error) {
+	raw, err := readBoundedN(dir, path, maxLoopliaManifestBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -361,6 +362,16 @@ func jsonKind(k string) string {
 	return k
 }
 
+// inputFolder is dir when the input is a file in it (its content.md, or
+// an --input there), read as the folder's files are; "" for an input from
+// elsewhere, which --input named itself.
+func inputFolder(dir, input string) string {
+	if filepath.Dir(input) == filepath.Clean(dir) {
+		return dir
+	}
+	return ""
+}
+
 // insideDir refuses path when it is, or leads through a symbolic link to,
 // a file outside root (the session folder with its own links resolved).
 func insideDir(root, path string) error {
@@ -375,13 +386,36 @@ func insideDir(root, path string) error {
 	return nil
 }
 
-func readBounded(path string) ([]byte, error) { return readBoundedN(path, MaxImportBytes) }
+func readBounded(dir, path string) ([]byte, error) { return readBoundedN(dir, path, MaxImportBytes) }
 
-// readBoundedN reads a regular file of at most limit bytes.
-func readBoundedN(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+// readBoundedN reads a regular file of at most limit bytes. With dir set,
+// path is a file in the folder dir and is opened through an os.Root of
+// dir: a symbolic link cannot lead the open out of the folder, even one
+// swapped in after insideDir looked. The open does not block (a named
+// pipe with no writer would block it forever); what it opened is then
+// refused unless it is a regular file.
+func readBoundedN(dir, path string, limit int64) ([]byte, error) {
+	flag := os.O_RDONLY | syscall.O_NONBLOCK
+	var f *os.File
+	if dir == "" {
+		var err error
+		if f, err = os.OpenFile(path, flag, 0); err != nil {
+			return nil, err
+		}
+	} else {
+		rel, err := filepath.Rel(dir, path)
+		if err != nil || !filepath.IsLocal(rel) {
+			return nil, fmt.Errorf("%s is not in the session folder %s", path, dir)
+		}
+		root, err := os.OpenRoot(dir)
+		if err != nil {
+			return nil, err
+		}
+		f, err = root.OpenFile(rel, flag, 0)
+		root.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
 	}
 	defer f.Close()
 	fi, err := f.Stat()
@@ -441,7 +475,7 @@ func Import(ctx context.Context, b Bus, p schemas.Pipeline, plan *ImportPlan, se
 	} else if last != 0 {
 		return ImportResult{}, fmt.Errorf("%w: %s (import starts a new session: choose another --session)", ErrSessionExists, session)
 	}
-	in, err := storeFile(ctx, b, session+"/input/"+name, name, plan.Input, "")
+	in, err := storeFile(ctx, b, session+"/input/"+name, name, inputFolder(plan.Dir, plan.Input), plan.Input, "")
 	if err != nil {
 		return ImportResult{}, err
 	}
@@ -460,7 +494,7 @@ func Import(ctx context.Context, b Bus, p schemas.Pipeline, plan *ImportPlan, se
 		}
 		var arts []schemas.ArtifactRef
 		for _, f := range is.Files {
-			ref, err := storeFile(ctx, b, session+"/import/"+is.Step+"/"+f.Name, f.Name, f.Path, f.Digest)
+			ref, err := storeFile(ctx, b, session+"/import/"+is.Step+"/"+f.Name, f.Name, plan.Dir, f.Path, f.Digest)
 			if err != nil {
 				return res, err
 			}
@@ -499,8 +533,8 @@ func stepOf(p schemas.Pipeline, name string) schemas.Step {
 // storeFile stores the file at path as artifact name under object; with
 // digest set, a file whose bytes no longer have that digest is refused
 // (it changed since it was checked).
-func storeFile(ctx context.Context, b Bus, object, name, path, digest string) (schemas.ArtifactRef, error) {
-	raw, err := readBounded(path)
+func storeFile(ctx context.Context, b Bus, object, name, dir, path, digest string) (schemas.ArtifactRef, error) {
+	raw, err := readBounded(dir, path)
 	if err != nil {
 		return schemas.ArtifactRef{}, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}

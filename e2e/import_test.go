@@ -1,13 +1,19 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // The pipeline the imported folders belong to: summary → ideas →
@@ -292,5 +298,43 @@ func TestImportRefusals(t *testing.T) {
 	}
 	if r := loopbus(t, append([]string{"resume", "nosuch"}, global...)...); r.code != 2 {
 		t.Errorf("resume of an unknown session: exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+// TestImportRefusesFIFO: a named pipe in the folder (an unpacked archive
+// can hold one) as content.md or as a step's output is refused promptly,
+// naming the file, instead of blocking the import on a read no writer
+// ends.
+func TestImportRefusesFIFO(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pipeline, _ := importPipeline(t, filepath.Join(dir, "pipeline"))
+	global := []string{"--data", filepath.Join(dir, "data")}
+	for _, name := range []string{"content.md", "summary.json"} {
+		folder := filepath.Join(dir, strings.TrimSuffix(name, filepath.Ext(name)))
+		files := map[string]string{"content.md": loopliaContent}
+		delete(files, name)
+		if err := os.MkdirAll(folder, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFiles(t, folder, files)
+		if err := syscall.Mkfifo(filepath.Join(folder, name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, binary, append([]string{"import", folder, "--pipeline", pipeline, "--session", "fifo"}, global...)...)
+		cmd.Env = testEnv(t)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		timedOut := ctx.Err() != nil
+		cancel()
+		if timedOut {
+			t.Fatalf("%s a named pipe: import still ran after 20s (blocked opening it)\n%s", name, stderr.String())
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), name) || !strings.Contains(stderr.String(), "not a regular file") {
+			t.Errorf("%s a named pipe: %v, want exit 2 naming it as not a regular file\n%s", name, err, stderr.String())
+		}
 	}
 }

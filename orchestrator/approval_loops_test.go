@@ -145,11 +145,13 @@ func TestLoopsRejectReasonInPrompt(t *testing.T) {
 
 // A loop's gate times out as its level says: approve spawns the children,
 // reject runs the loop again (counting against max_iterations), fail
-// fails the session.
+// fails the loop as using up its iterations would: its parent iterates
+// again, and a root loop fails the session.
 func TestLoopsApprovalTimeout(t *testing.T) {
 	until := fixedNow.Add(time.Hour)
 	tests := []struct {
 		action     string
+		level      string // "" for plan
 		iterations int
 		want       []string
 	}{
@@ -171,13 +173,22 @@ func TestLoopsApprovalTimeout(t *testing.T) {
 			"step.failed plan: approval timed out: no approval within 1h0m0s (on_timeout: fail)",
 			"session.failed",
 		}},
+		{action: schemas.OnTimeoutFail, level: "spec", iterations: 2, want: []string{
+			"approval.expired plan-001 fail: no approval within 1h0m0s",
+			"step.failed plan-001: approval timed out: no approval within 1h0m0s (on_timeout: fail)",
+			"loop.invalidated plan-001", "step.invalidated plan", "job.requested s1.plan.1.r1 feedback=1",
+		}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.action, func(t *testing.T) {
-			p := gatedLoops(map[string]*schemas.Approval{"plan": {TimeoutMs: time.Hour.Milliseconds(), OnTimeout: tt.action}})
-			p.Loops.Levels[0].MaxIterations = tt.iterations
+		t.Run(tt.action+" "+tt.level, func(t *testing.T) {
+			level, idx, loop := "plan", 0, "plan"
+			if tt.level == "spec" {
+				level, idx, loop = "spec", 1, "plan-001"
+			}
+			p := gatedLoops(map[string]*schemas.Approval{level: {TimeoutMs: time.Hour.Milliseconds(), OnTimeout: tt.action}})
+			p.Loops.Levels[idx].MaxIterations = tt.iterations
 			lines, _, st := runLoops(t, loopsStarted(p), loopWorld{agent: oneEach})
-			want := "approval.requested plan job s1.plan.1, 1 artifacts, until " + until.Format(time.RFC3339) + " then " + tt.action
+			want := "approval.requested " + loop + " job s1." + loop + ".1, 1 artifacts, until " + until.Format(time.RFC3339) + " then " + tt.action
 			if lines[len(lines)-1] != want {
 				t.Fatalf("the simulation ended with %q, want %q", lines[len(lines)-1], want)
 			}
@@ -315,8 +326,9 @@ func TestBacklogApprovalTimeout(t *testing.T) {
 		}},
 		{action: schemas.OnTimeoutFail, want: []string{
 			"approval.expired T1 fail: no approval within 1h0m0s",
+			`task.updated T1 blocked blockers=["approval timed out: no approval within 1h0m0s (on_timeout: fail)"]`,
 			"step.failed T1: approval timed out: no approval within 1h0m0s (on_timeout: fail)",
-			"session.failed",
+			"backlog.phase review", "job.requested s1.review.1",
 		}},
 	}
 	for _, tt := range tests {
@@ -338,6 +350,33 @@ func TestBacklogApprovalTimeout(t *testing.T) {
 				t.Errorf("at the timeout:\n  got  %s\n  want %s", strings.Join(got, "\n       "), strings.Join(tt.want, "\n       "))
 			}
 		})
+	}
+}
+
+// A role run's gate that times out with on_timeout: fail fails the
+// session, as the run using up its iterations does: no task stands for it.
+func TestBacklogRoleApprovalTimeoutFails(t *testing.T) {
+	until := fixedNow.Add(time.Hour)
+	gates := map[string]schemas.Approval{schemas.RoleReview: {TimeoutMs: time.Hour.Milliseconds(), OnTimeout: schemas.OnTimeoutFail}}
+	start := &schemas.BacklogStart{Tasks: []schemas.Task{task("T1", 1, "todo")}}
+	res := simulate(t, backlogStarted(gatedBacklog(gates), start), doneAll())
+	want := "approval.requested review job s1.review.1, 1 artifacts, until " + until.Format(time.RFC3339) + " then fail"
+	if last := res.lines[len(res.lines)-1]; last != want {
+		t.Fatalf("the simulation ended with %q, want %q", last, want)
+	}
+	var got []string
+	for _, ev := range Decide(res.state, schemas.Event{ID: "tick", Session: sess}, until) {
+		if l := simLine(ev); l != "" {
+			got = append(got, l)
+		}
+	}
+	wantAt := []string{
+		"approval.expired review fail: no approval within 1h0m0s",
+		"step.failed review: approval timed out: no approval within 1h0m0s (on_timeout: fail)",
+		"session.failed",
+	}
+	if !slices.Equal(got, wantAt) {
+		t.Errorf("at the timeout:\n  got  %s\n  want %s", strings.Join(got, "\n       "), strings.Join(wantAt, "\n       "))
 	}
 }
 

@@ -287,13 +287,13 @@ func (d *decider) finishRun(st *Step) {
 	}
 }
 
-// blockTask ends a task run whose agent never wrote a usable summary: the
+// blockTask ends a task run that failed for reason (its agent never wrote
+// a usable summary, or its approval timed out with on_timeout: fail): the
 // task is blocked (it is tried again after progress) and the backlog goes
 // on.
-func (d *decider) blockTask(st *Step) {
+func (d *decider) blockTask(st *Step, reason string) {
 	b := d.s.Backlog
 	name := st.Def.Name
-	reason := exhausted(st)
 	blockers := []string{reason}
 	run := strconv.Itoa(b.Runs[name])
 	d.emit(schemas.TypeTaskUpdated, name, &schemas.TaskUpdated{ID: name, Status: schemas.TaskBlocked, Blockers: &blockers, By: "orchestrator", Reason: "run " + run + " failed"},

@@ -275,12 +275,12 @@ func (d *decider) decide() {
 			case st.Status == StepRunning && st.Outcome == outcomeFailed:
 				if st.Iteration-st.Free >= st.Def.MaxIterations {
 					if s.Backlog != nil && !slices.Contains(roleSteps, name) {
-						d.blockTask(st)
+						d.blockTask(st, exhausted(st))
 						changed = true
 						continue
 					}
 					if s.Loops != nil {
-						if d.loopFailed(st); s.terminal() {
+						if d.loopFailed(st, exhausted(st)); s.terminal() {
 							return
 						}
 						changed = true
@@ -560,9 +560,12 @@ func (d *decider) awaitApproval(st *Step) {
 	d.emit(schemas.TypeApprovalRequested, st.Def.Name, data, st.Def.Name, st.JobID)
 }
 
-// approvalExpired applies st's on_timeout: the step fails (and the session
-// with it), is rejected (another iteration runs) or is approved (it
-// completes on the next pass).
+// approvalExpired applies st's on_timeout: the step is rejected (another
+// iteration runs), is approved (it completes on the next pass) or fails
+// as if it had used up its iterations: a pipeline step or a backlog's
+// role run fails the session, a loop fails as a loop does (its parent
+// iterates again, see loopFailed), and a backlog's task run blocks its
+// task while the backlog goes on.
 func (d *decider) approvalExpired(st *Step) {
 	a := st.Def.Approval
 	action := a.Action()
@@ -572,8 +575,18 @@ func (d *decider) approvalExpired(st *Step) {
 	}
 	d.emit(schemas.TypeApprovalExpired, st.Def.Name, &schemas.ApprovalExpired{Step: st.Def.Name, JobID: st.JobID, Iteration: st.Iteration,
 		OnTimeout: action, Reason: reason}, st.Def.Name, st.JobID)
-	if action == schemas.OnTimeoutFail {
-		d.fail(st.Def.Name, st.Iteration, fmt.Sprintf("approval timed out: no approval within %s (on_timeout: fail)", a.Timeout()))
+	if action != schemas.OnTimeoutFail {
+		return
+	}
+	// As the step's iterations running out would (see Decide).
+	why := fmt.Sprintf("approval timed out: no approval within %s (on_timeout: fail)", a.Timeout())
+	switch s := d.s; {
+	case s.Backlog != nil && !slices.Contains(roleSteps, st.Def.Name):
+		d.blockTask(st, why)
+	case s.Loops != nil:
+		d.loopFailed(st, why)
+	default:
+		d.fail(st.Def.Name, st.Iteration, why)
 	}
 }
 

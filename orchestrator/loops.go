@@ -564,13 +564,13 @@ func (d *decider) conflicted() {
 		"conflict", id, l.MergeJob)
 }
 
-// loopFailed handles a loop that used up its iterations: its parent
-// iterates again with the failure as feedback (at most MaxChildErrors
-// times), or the session fails.
-func (d *decider) loopFailed(st *Step) {
+// loopFailed handles a loop that failed for reason (it used up its
+// iterations, or its approval timed out with on_timeout: fail): its
+// parent iterates again with the failure as feedback (at most
+// MaxChildErrors times), or the session fails.
+func (d *decider) loopFailed(st *Step, reason string) {
 	l := d.s.Loops
 	lp := l.Loops[st.Def.Name]
-	reason := exhausted(st)
 	var parent *Loop
 	if lp != nil {
 		parent = l.Loops[lp.Parent]

@@ -204,6 +204,10 @@ type StepView struct {
 	// (Artifacts, with their digests, and ContentHash) were produced
 	// outside loopbus, and no agent of the session ran it.
 	Imported bool `json:"imported,omitempty"`
+	// Outputs are the names of the outputs the pipeline declares for the
+	// step, sorted, in a session loopbus import started (the only ones
+	// that take step.imported): an import must bring exactly these.
+	Outputs []string `json:"outputs,omitempty"`
 }
 
 // Loop statuses (LoopView.Status).
@@ -478,6 +482,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 			return m
 		}
 		sv.Status = StepStatusInProgress
+		sv.Imported = false // the step runs: what it shows is no longer the import's
 		sv.Iterations = max(sv.Iterations, d.Iteration)
 		sv.JobID = id
 		sv.Worker = ""
@@ -905,6 +910,9 @@ func startManifest(ev schemas.Event) *Manifest {
 			Final:         st.Final,
 			MaxIterations: st.MaxIterations,
 		}
+		if m.Import != nil {
+			m.Steps[st.Name].Outputs = outputNames(st)
+		}
 		m.StepOrder = append(m.StepOrder, st.Name)
 	}
 	var b schemas.Budget
@@ -974,7 +982,8 @@ const HoldImport = "import"
 // imported applies step.imported as the orchestrator does: in a pipeline
 // session loopbus import started, before its first job, a pending step
 // whose required steps completed is completed with the imported
-// artifacts. Others are ignored (the orchestrator dead-letters them).
+// artifacts, which must be exactly its declared outputs. Others are
+// ignored (the orchestrator dead-letters them).
 func (m *Manifest) imported(d *schemas.StepImported, at time.Time) {
 	sv := m.Steps[d.Step]
 	switch {
@@ -984,6 +993,14 @@ func (m *Manifest) imported(d *schemas.StepImported, at time.Time) {
 		return
 	case slices.ContainsFunc(sv.Requires, func(r string) bool { return m.Steps[r] == nil || m.Steps[r].Status != StepStatusCompleted }):
 		return
+	}
+	got := make([]string, 0, len(d.Artifacts))
+	for _, a := range d.Artifacts {
+		got = append(got, a.Name)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, sv.Outputs) {
+		return // not exactly the step's declared outputs
 	}
 	sv.Status, sv.Imported = StepStatusCompleted, true
 	sv.ContentHash, sv.SchemaVersion = d.ContentHash, d.SchemaVersion
@@ -995,6 +1012,17 @@ func (m *Manifest) imported(d *schemas.StepImported, at time.Time) {
 	if !when.IsZero() {
 		sv.CompletedAt = &when
 	}
+}
+
+// outputNames are the names of st's declared outputs, sorted; nil for
+// none.
+func outputNames(st schemas.Step) []string {
+	var names []string
+	for _, o := range st.Outputs {
+		names = append(names, o.Name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // RerunView is the newest session.rerun of a session.

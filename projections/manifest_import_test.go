@@ -104,3 +104,48 @@ func TestManifestImport(t *testing.T) {
 		t.Errorf("an import into a session run: %s, summary %s", m.Status, m.Steps["summary"].Status)
 	}
 }
+
+// TestManifestImportChecksOutputs: as the orchestrator, the manifest
+// completes an imported step only with exactly the step's declared
+// outputs; and a step's job.requested after its import (it runs) ends
+// Imported.
+func TestManifestImportChecksOutputs(t *testing.T) {
+	forge := func(names ...string) func(b *builder) {
+		return func(b *builder) {
+			var arts []schemas.ArtifactRef
+			for _, n := range names {
+				a := artifact(sessionID, "summary", 0, n, summaryJSON)
+				a.Object = sessionID + "/import/summary/" + n
+				arts = append(arts, a)
+			}
+			b.add(sessionID, schemas.TypeStepImported, "summary", "", &schemas.StepImported{Step: "summary", Artifacts: arts,
+				ContentHash: schemas.ContentHash(arts), Source: schemas.ImportSourceLooplia})
+		}
+	}
+	for _, tc := range []struct {
+		name         string
+		then         func(b *builder)
+		status       string
+		imported     bool
+		wantArtifact int // -1: not checked
+	}{
+		{"the declared output", forge("summary.json"), StepStatusCompleted, true, 1},
+		{"another name", forge("ideas.json"), StepStatusPending, false, 0},
+		{"an output too many", forge("summary.json", "extra.json"), StepStatusPending, false, 0},
+		{"the output twice", forge("summary.json", "summary.json"), StepStatusPending, false, 0},
+		{"a job after the import", func(b *builder) {
+			b.importStep(sessionID, "summary", "summary.json", summaryJSON, nil)
+			b.request(sessionID, "summary", 1)
+		}, StepStatusInProgress, false, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b builder
+			b.importStart(sessionID)
+			tc.then(&b)
+			sv := foldAll(b.evs).Steps["summary"]
+			if sv.Status != tc.status || sv.Imported != tc.imported || tc.wantArtifact >= 0 && len(sv.Artifacts) != tc.wantArtifact {
+				t.Errorf("summary: status %s, imported %v, %d artifacts; want %s, %v, %d", sv.Status, sv.Imported, len(sv.Artifacts), tc.status, tc.imported, tc.wantArtifact)
+			}
+		})
+	}
+}

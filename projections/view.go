@@ -63,6 +63,7 @@ func (s *StepView) Clone() *StepView {
 		c.CompletedAt = &t
 	}
 	c.Requires = slices.Clone(s.Requires)
+	c.Outputs = slices.Clone(s.Outputs)
 	c.Artifacts = slices.Clone(s.Artifacts)
 	c.Hold = clonePtr(s.Hold)
 	c.Wait = clonePtr(s.Wait)
