@@ -176,7 +176,11 @@ func parseEnvelope(b []byte) (envelope, error) {
 				names[name] = true
 			}
 			start := s.i
-			if err := s.value(0); err != nil {
+			skip := s.value
+			if name == "data" {
+				skip = s.skipData
+			}
+			if err := skip(0); err != nil {
 				return e, fmt.Errorf("member %s: %w", name, err)
 			}
 			if name == "data" {
@@ -382,6 +386,47 @@ func (s *scanner) value(depth int) error {
 		return s.number()
 	}
 	return s.errf("want a JSON value")
+}
+
+// skipData moves past the value of "data", finding its end by its strings
+// and brackets without checking the rest of its grammar: the decoder of
+// its Go type reads all of it next and refuses what is not JSON, so a
+// second full check here would only double the cost of every event.
+func (s *scanner) skipData(int) error {
+	depth := 0
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; c {
+		case '"':
+			if _, err := s.skipString(); err != nil {
+				return err
+			}
+			if depth == 0 {
+				return nil
+			}
+			continue
+		case '{', '[':
+			if depth++; depth > maxJSONDepth {
+				return s.errf("nested more than %d deep", maxJSONDepth)
+			}
+		case '}', ']':
+			if depth == 0 {
+				return nil // the end of a scalar, or of the event
+			}
+			if depth--; depth == 0 {
+				s.i++
+				return nil
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return nil // the end of a scalar
+			}
+		}
+		s.i++
+	}
+	if depth > 0 {
+		return s.errf("unterminated data")
+	}
+	return nil
 }
 
 // items reads the comma-separated items of an object or array, each with
