@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,6 +80,19 @@ echo "$LOOPBUS_JOB" >> `+runs+`
 	}
 	if got := mustRead(t, filepath.Join(clone, names[other]+".txt")); got != names[other]+" by cf-2\n" {
 		t.Errorf("the fork's %s.txt: %q, want the fork's", names[other], got)
+	}
+	var st struct {
+		Target struct {
+			Branch string `json:"branch"`
+			Head   string `json:"head"`
+			Merges int    `json:"merges"`
+		} `json:"target"`
+	}
+	if err := json.Unmarshal([]byte(loopbus(t, append([]string{"status", "cf-2", "--json"}, global...)...).stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if tg := st.Target; tg.Branch != "loopbus/cf-2" || tg.Head != git(t, r.repo, "rev-parse", "loopbus/cf-2") || tg.Merges != 2 {
+		t.Errorf("the fork's status names its target %+v", tg)
 	}
 	// The fork's branch grows from the origin's head at the fork point.
 	if git(t, r.repo, "rev-parse", "loopbus/cf-2~1") != mergedHead {
