@@ -229,7 +229,7 @@ func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schem
 	switch {
 	case start.Pipeline.Kind == schemas.KindBacklog && (backlogRepo(&start.Pipeline) || backlogRepo(req.Pipeline)):
 		return fmt.Errorf("%w: %s: fork of a backlog session with workdir: repo is not supported yet", ErrBadInput, req.Origin)
-	case start.Pipeline.Kind == schemas.KindLoops && (worktrees(&start.Pipeline) || worktrees(req.Pipeline)) && !hasRepo(history):
+	case start.Pipeline.Kind == schemas.KindLoops && (req.Pipeline == nil && worktrees(&start.Pipeline) || worktrees(req.Pipeline)) && !hasRepo(history):
 		return fmt.Errorf("%w: %s: the fork's levels work in git worktrees, and %s works on no repository", ErrBadInput, req.Origin, req.Origin)
 	case slices.ContainsFunc(history, func(ev schemas.Event) bool {
 		return ev.ForkOf == "" && (ev.Type == schemas.TypeSessionCompleted || ev.Type == schemas.TypeSessionFailed)
