@@ -81,8 +81,9 @@ func NewForkID(origin string) string {
 // point that is no event of the origin (an unknown sequence or id, an
 // event of another session, a point beyond the origin's end, a point in
 // the history the origin copied from its own origin), an origin with
-// more than schemas.MaxForkCopies events up to the point, a loops
-// session with worktree levels or a backlog with workdir: repo, a loops
+// more than schemas.MaxForkCopies events up to the point, a loops fork
+// that would run again or drop a loop merged into the origin's target
+// branch at the point, a backlog with workdir: repo, a loops
 // or backlog session forked at or after its end, a backlog whose changed
 // roles had completed runs, a pipeline of another kind, or an unusable
 // input file.
@@ -165,6 +166,9 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 	switch data.Pipeline.Kind {
 	case schemas.KindLoops:
 		data.Changed = schemas.ChangedLevels(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
+		if err := mergedLoopsKept(data, history, req.Origin); err != nil {
+			return Forked{}, err
+		}
 	case schemas.KindBacklog:
 		data.Changed = schemas.ChangedRoles(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
 		if err := completedRunsOf(data.Changed, history, req.Origin); err != nil {
@@ -211,26 +215,69 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 }
 
 // forkableTree refuses (ErrBadInput) the fork of a loops or backlog
-// session that is not supported: one whose levels (or the changed
-// file's) work in git worktrees, or a backlog with workdir: repo, since
-// its repository state (the target branch, named after the session, its
-// merges and bundles) is not carried into a fork yet; and one forked at
-// or after its end (a finished loops or backlog session keeps nothing of
-// its loop tree or runs to fork from).
+// session that is not supported: a backlog with workdir: repo, since its
+// repository state (the target branch, named after the session, its
+// merges and bundles) is not carried into a fork yet; a loops fork whose
+// file works in git worktrees while the origin has no repository; and
+// one forked at or after its end (a finished loops or backlog session
+// keeps nothing of its loop tree or runs to fork from).
 func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schemas.Event, point schemas.Event) error {
-	repo := func(p *schemas.Pipeline) bool {
-		return p != nil && (p.Loops != nil && p.Loops.NeedsRepo() || p.Backlog != nil && p.Backlog.Workdir == schemas.WorkdirRepo)
+	backlogRepo := func(p *schemas.Pipeline) bool {
+		return p != nil && p.Backlog != nil && p.Backlog.Workdir == schemas.WorkdirRepo
 	}
+	worktrees := func(p *schemas.Pipeline) bool { return p != nil && p.Loops != nil && p.Loops.NeedsRepo() }
 	switch {
-	case repo(&start.Pipeline) || repo(req.Pipeline):
-		if start.Pipeline.Kind == schemas.KindBacklog {
-			return fmt.Errorf("%w: %s: fork of a backlog session with workdir: repo is not supported yet", ErrBadInput, req.Origin)
-		}
-		return fmt.Errorf("%w: %s: fork of a loops session whose levels work in git worktrees is not supported yet", ErrBadInput, req.Origin)
+	case start.Pipeline.Kind == schemas.KindBacklog && (backlogRepo(&start.Pipeline) || backlogRepo(req.Pipeline)):
+		return fmt.Errorf("%w: %s: fork of a backlog session with workdir: repo is not supported yet", ErrBadInput, req.Origin)
+	case start.Pipeline.Kind == schemas.KindLoops && (req.Pipeline == nil && worktrees(&start.Pipeline) || worktrees(req.Pipeline)) && !hasRepo(history):
+		return fmt.Errorf("%w: %s: the fork's levels work in git worktrees, and %s works on no repository", ErrBadInput, req.Origin, req.Origin)
 	case slices.ContainsFunc(history, func(ev schemas.Event) bool {
 		return ev.ForkOf == "" && (ev.Type == schemas.TypeSessionCompleted || ev.Type == schemas.TypeSessionFailed)
 	}):
 		return fmt.Errorf("%w: %s session %s had ended at or before stream sequence %d; fork it at an event before its end", ErrBadInput, start.Pipeline.Kind, req.Origin, point.Seq)
+	}
+	return nil
+}
+
+// hasRepo reports whether the session whose history (its own or copied)
+// is evs works on a repository: its first session.started carries one.
+func hasRepo(evs []schemas.Event) bool {
+	for _, ev := range evs {
+		if d, ok := ev.Data.(*schemas.SessionStarted); ok {
+			return d.Loops != nil && d.Loops.Bundle != nil
+		}
+	}
+	return false
+}
+
+// mergedLoopsKept refuses (ErrBadInput) a loops fork that would run again,
+// or drop, a loop merged into the origin's target branch at the fork
+// point (history: the origin's events up to it), because its level or
+// one above it changed in d: the fork's target starts at the origin's
+// head there, which holds its commits, and taking them back out is not
+// supported yet. The loops stand as the orchestrator forks them; it
+// refuses such a fork too.
+func mergedLoopsKept(d *schemas.SessionForked, history []schemas.Event, origin string) error {
+	m := projections.BuildManifest(origin, history)
+	if m == nil || d.Pipeline.Loops == nil {
+		return nil
+	}
+	stands := map[string]bool{}
+	var merged []string
+	for _, lp := range m.Loops {
+		// The manifest lists a parent before its children.
+		goes := lp.Parent != "" && !stands[lp.Parent] || d.Pipeline.Loops.Level(lp.Level) == nil
+		kept := !goes && lp.Status == projections.LoopStatusCompleted && !slices.Contains(d.Changed, lp.Level)
+		stands[lp.ID] = kept || !goes && lp.Status == projections.LoopStatusInvalidated
+		if lp.Status == projections.LoopStatusCompleted && lp.MergeCommit != "" && !kept {
+			merged = append(merged, lp.ID)
+		}
+	}
+	if len(merged) > 0 {
+		slices.Sort(merged)
+		return fmt.Errorf("%w: loops merged into loopbus/%s at the fork point would run again or go (%s: their level, or one above them, changed): "+
+			"their commits stay in the target branch the fork starts from, so that is not supported yet; fork at an event before their merge, or keep their levels",
+			ErrBadInput, origin, strings.Join(merged, ", "))
 	}
 	return nil
 }

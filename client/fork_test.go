@@ -241,10 +241,10 @@ func TestForkOfAClosedSession(t *testing.T) {
 	}
 }
 
-// TestForkOfALoopsSession: a loops session whose levels work in git
-// worktrees is not forked (its repository state is not carried yet), nor
-// one forked with a file whose levels do, nor a backlog with workdir:
-// repo, nor a session into another kind.
+// TestForkOfALoopsSession: a loops fork whose levels work in git
+// worktrees is not made of a session without a repository (a worktree
+// session forks as e2e's tests show), nor a backlog with workdir: repo,
+// nor a session into another kind.
 func TestForkOfALoopsSession(t *testing.T) {
 	ctx, c := rig(t)
 	loops := func(worktree bool) schemas.Pipeline {
@@ -275,8 +275,8 @@ func TestForkOfALoopsSession(t *testing.T) {
 		req  client.ForkRequest
 		says string
 	}{
-		{"worktree levels", client.ForkRequest{Origin: "lw-1", At: wt, As: "lw-2"}, "lw-1: fork of a loops session whose levels work in git worktrees is not supported yet"},
-		{"a file with worktree levels", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-2", Pipeline: &changed}, "whose levels work in git worktrees"},
+		{"worktree levels without a repository", client.ForkRequest{Origin: "lw-1", At: wt, As: "lw-2"}, "lw-1: the fork's levels work in git worktrees, and lw-1 works on no repository"},
+		{"a file with worktree levels", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-2", Pipeline: &changed}, "lp-1: the fork's levels work in git worktrees, and lp-1 works on no repository"},
 		{"a file of another kind", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-3", Pipeline: &schemas.Pipeline{Name: "x", Source: "x.yaml", Steps: []schemas.Step{{Name: "a"}}}},
 			"x.yaml is of kind pipeline, lp-1 is a loops session: a fork keeps its origin's kind"},
 		{"a backlog with workdir: repo", client.ForkRequest{Origin: "br-1", At: repo, As: "br-2"}, "br-1: fork of a backlog session with workdir: repo is not supported yet"},

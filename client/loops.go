@@ -187,7 +187,8 @@ var ErrNoTarget = errors.New("no target branch")
 // and the branch is created or moved forward, never forced; the
 // repository's checked-out branch, index and working tree are not touched.
 // It may run while the session runs: the branch then holds what is merged
-// so far.
+// so far. A fork's branch (loopbus/<fork>) holds its origin's merges up
+// to the fork point, then its own.
 func Pull(ctx context.Context, b Bus, session, repo string) (PullResult, error) {
 	if err := Exists(ctx, b, session); err != nil {
 		return PullResult{}, err
@@ -206,6 +207,12 @@ func Pull(ctx context.Context, b Bus, session, repo string) (PullResult, error) 
 			}
 			res.Branch, res.Head = d.Loops.Target, d.Loops.BaseCommit
 			bundles = append(bundles, *d.Loops.Bundle)
+		case *schemas.SessionForked:
+			// A fork's target is its own, from the head its origin's
+			// merges (copied before) had made at the fork point.
+			if ev.ForkOf == "" && res.Branch != "" {
+				res.Branch = "loopbus/" + session
+			}
 		case *schemas.LoopMerged:
 			if d.Previous == res.Head {
 				res.Head = d.Head

@@ -125,55 +125,92 @@ func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (fo
 // loopsForkRefusal says why a loops session o cannot fork as d says
 // ("" when it can): its state at the point is gone (it had ended: a
 // finished loops session keeps nothing of its loops), the fork's file has
-// no levels, or a level of either works in a git worktree. A worktree
-// session's repository state (the target branch, its merges and bundles)
-// is named after the session and carried by its start: a fork would have
-// to rebuild it, so it is refused rather than half done.
+// no levels, works in git worktrees while the origin has no repository,
+// or would run again (or drop) a loop whose commits were merged into the
+// target branch at the fork point: the fork's target starts at the
+// origin's head there, which holds them, and taking them back out is not
+// supported yet.
 func loopsForkRefusal(o *Session, d *schemas.SessionForked) string {
 	switch {
 	case o.Loops == nil || o.terminal():
 		return "it had ended at the fork point (" + o.Status + "): fork it at an event before its end"
 	case d.Pipeline.Loops == nil || len(d.Pipeline.Loops.Levels) == 0:
 		return "the fork's file has no levels"
-	case o.Loops.Def.NeedsRepo() || d.Pipeline.Loops.NeedsRepo() || o.Loops.Start.Bundle != nil:
-		return "fork of a loops session whose levels work in git worktrees is not supported yet"
+	case d.Pipeline.Loops.NeedsRepo() && o.Loops.Start.Bundle == nil:
+		return "the fork's file has levels that work in git worktrees, and the origin works on no repository"
+	}
+	fate := o.loopFates(d)
+	var merged []string
+	for _, id := range sortedLoopIDs(o.Loops) {
+		if lp := o.Loops.Loops[id]; lp.Status == LoopCompleted && lp.MergeCommit != "" && fate[id] != forkKept {
+			merged = append(merged, id)
+		}
+	}
+	if len(merged) > 0 {
+		return fmt.Sprintf("loops merged into %s at the fork point would run again or go (%s: their level, or one above them, changed): "+
+			"their commits stay in the target branch the fork starts from, so that is not supported yet; fork at an event before their merge, or keep their levels",
+			TargetOf(o.ID), strings.Join(merged, ", "))
 	}
 	return ""
 }
 
-// forkLoopsAs is forkAs for a loops session: the fork's loop tree is the
-// origin's at the fork point, where a loop keeps its results (and its
-// subtree stands) when it had completed and its level is not in
-// d.Changed nor differs from the origin's (an invalidated loop under it
-// stays so, until it spawns it anew); every other loop runs again
-// in a new round with the fork's level, and the loops under it are
-// dropped: it spawns them anew when it passes. A loop whose level the
-// fork's file no longer has is dropped with its subtree (its parent's
-// level changed with it); when the root goes, the fork spawns the new
-// root. Worktree sessions never get here (loopsForkRefusal).
-func (o *Session) forkLoopsAs(ev schemas.Event, d *schemas.SessionForked) *Session {
+// loopFates says what a fork of o as d does with each loop of o at the
+// fork point (by loop id): a loop is kept (forkKept; its subtree stands)
+// when it had completed and its level is not in d.Changed nor differs
+// from the origin's; an invalidated loop under a kept one stays so
+// (forkStale) until it is spawned anew; a loop under one that does not
+// stand, or whose level the fork's file no longer has, is dropped; every
+// other loop runs again (forkAgain).
+func (o *Session) loopFates(d *schemas.SessionForked) map[string]string {
 	changed := slices.Concat(d.Changed, schemas.ChangedLevels(o.Pipeline, d.Pipeline, o.DefinitionFiles, d.DefinitionFiles, o.Input.Digest != d.Input.Digest))
-	s := o.forkBase(ev, d)
-	s.Kind = schemas.KindLoops
-	l := &LoopsState{Def: *d.Pipeline.Loops, Start: o.Loops.Start, Loops: map[string]*Loop{}, Head: o.Loops.Head, Bundles: slices.Clone(o.Loops.Bundles)}
-	s.Loops = l
-	fate := map[string]string{} // kept, again or dropped, by loop id
+	fate := map[string]string{}
 	for _, id := range sortedLoopIDs(o.Loops) {
 		// Sorted ids put a parent before its children.
 		old := o.Loops.Loops[id]
-		lv := l.Def.Level(old.Level)
 		switch parent := fate[old.Parent]; {
-		case old.Parent != "" && parent != forkKept && parent != forkStale, lv == nil:
+		case old.Parent != "" && parent != forkKept && parent != forkStale, d.Pipeline.Loops.Level(old.Level) == nil:
 			fate[id] = forkDropped
-			continue
-		case old.Status == LoopCompleted && !slices.Contains(changed, old.Level) && o.Steps[id] != nil,
-			old.Status == LoopInvalidated && o.Steps[id] != nil:
-			// An invalidated loop under a kept one waits to be spawned
-			// anew by it, as in the origin.
+		case old.Status == LoopCompleted && !slices.Contains(changed, old.Level) && o.Steps[id] != nil:
 			fate[id] = forkKept
-			if old.Status == LoopInvalidated {
-				fate[id] = forkStale
-			}
+		case old.Status == LoopInvalidated && o.Steps[id] != nil:
+			fate[id] = forkStale
+		default:
+			fate[id] = forkAgain
+		}
+	}
+	return fate
+}
+
+// forkLoopsAs is forkAs for a loops session: the fork's loop tree is the
+// origin's at the fork point, each loop as loopFates says: a kept or
+// stale loop keeps its results; a loop that runs again does so in a new
+// round with the fork's level, and the loops under it are dropped: it
+// spawns them anew when it passes. When the root goes, the fork spawns
+// the new root.
+//
+// The fork's target branch is its own (TargetOf its session, as are its
+// loops' branches and its jobs), and starts at the origin's target head
+// at the fork point: the bundles of the origin's start and merges up to
+// there, shared write-once artifacts, bring a worker to it. Loops that
+// had not merged there (running, or passed and queued) run again on that
+// head; the origin's merge in flight stays the origin's.
+func (o *Session) forkLoopsAs(ev schemas.Event, d *schemas.SessionForked) *Session {
+	fate := o.loopFates(d)
+	s := o.forkBase(ev, d)
+	s.Kind = schemas.KindLoops
+	l := &LoopsState{Def: *d.Pipeline.Loops, Start: o.Loops.Start, Loops: map[string]*Loop{}, Head: o.Loops.Head, Bundles: slices.Clone(o.Loops.Bundles),
+		Merges: o.Loops.Merges}
+	if l.Start.Target != "" {
+		l.Start.Target = TargetOf(ev.Session)
+	}
+	s.Loops = l
+	for _, id := range sortedLoopIDs(o.Loops) {
+		old := o.Loops.Loops[id]
+		lv := l.Def.Level(old.Level)
+		switch fate[id] {
+		case forkDropped:
+			continue
+		case forkKept, forkStale:
 			lp := *old
 			lp.Parts = slices.Clone(old.Parts)
 			l.Loops[id] = &lp
@@ -182,7 +219,6 @@ func (o *Session) forkLoopsAs(ev schemas.Event, d *schemas.SessionForked) *Sessi
 			s.Steps[id] = &st
 			continue
 		}
-		fate[id] = forkAgain
 		lp := *old
 		lp.Status, lp.Candidate, lp.Passed, lp.Parts, lp.Base, lp.MergeCommit, lp.Rebases, lp.ChildErrors = LoopRunning, nil, nil, nil, l.Head, "", 0, 0
 		l.Loops[id] = &lp

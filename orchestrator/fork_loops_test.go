@@ -206,7 +206,8 @@ func TestCheckForkLoops(t *testing.T) {
 	}{
 		{"at its end", done[len(done)-1].ID, nil, "it had ended at the fork point (completed): fork it at an event before its end"},
 		{"into a pipeline", planDone, func(d *schemas.SessionForked) { d.Pipeline = chainPipeline() }, "forks loops session s1 into a pipeline session: a fork keeps its origin's kind"},
-		{"with a worktree level", planDone, func(d *schemas.SessionForked) { d.Pipeline = worktree }, "whose levels work in git worktrees is not supported yet"},
+		{"with a worktree level, of an origin without a repository", planDone, func(d *schemas.SessionForked) { d.Pipeline = worktree },
+			"the fork's file has levels that work in git worktrees, and the origin works on no repository"},
 		{"without levels", planDone, func(d *schemas.SessionForked) { d.Pipeline.Loops = &schemas.Loops{} }, "the fork's file has no levels"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -224,12 +225,6 @@ func TestCheckForkLoops(t *testing.T) {
 				t.Errorf("the refused fork started")
 			}
 		})
-	}
-	// A worktree session is not forked, at any point.
-	w := (&stream{}).add(loopsStarted(loopsPipeline(1)))
-	w.add(w.fork(t, sess, startID, forkSess, schemas.Pipeline{})...)
-	if _, refused := foldStream(t, w); refused["forked-"+forkSess] == nil || !strings.Contains(refused["forked-"+forkSess].Error(), "git worktrees") {
-		t.Errorf("fork of a worktree session: %v", refused)
 	}
 }
 

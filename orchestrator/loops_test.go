@@ -67,14 +67,29 @@ func simulateLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []stri
 func runLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []string, reqs map[string]*schemas.JobRequested, st *State) {
 	t.Helper()
 	st = NewState()
-	queue := []schemas.Event{start}
+	lines, reqs = driveLoops(t, st, sess, []schemas.Event{start}, w)
+	return lines, reqs, st
+}
+
+// driveLoops runs session on st from queue (events to apply, each then
+// decided on) as runLoops does; a first event already applied to st (a
+// session.forked, prepared and folded) is marked by its Seq, which is
+// not 0: it is only decided on.
+func driveLoops(t *testing.T, st *State, session string, queue []schemas.Event, w loopWorld) (lines []string, reqs map[string]*schemas.JobRequested) {
+	t.Helper()
 	reqs = map[string]*schemas.JobRequested{}
 	cat, err := schemas.NewCatalogue()
 	if err != nil {
 		t.Fatal(err)
 	}
 	seq := uint64(0)
+	if len(queue) > 0 {
+		seq = queue[0].Seq
+	}
 	apply := func(ev schemas.Event) {
+		if ev.Seq != 0 && ev.Seq == seq {
+			return // applied already
+		}
 		seq++
 		ev.Seq = seq
 		if err := Check(st, ev); err != nil {
@@ -87,7 +102,7 @@ func runLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []string, r
 	}
 	answer := func(jr *schemas.JobRequested) []schemas.Event {
 		mk := func(typ string, data any) schemas.Event {
-			return schemas.Event{ID: typ + "-" + jr.JobID, Type: typ, Session: sess, Step: jr.Step, Job: jr.JobID, Data: data}
+			return schemas.Event{ID: typ + "-" + jr.JobID, Type: typ, Session: session, Step: jr.Step, Job: jr.JobID, Data: data}
 		}
 		if wt := jr.Worktree; wt != nil && wt.Merge {
 			if w.merge != nil {
@@ -151,7 +166,7 @@ func runLoops(t *testing.T, start schemas.Event, w loopWorld) (lines []string, r
 			trigger = out[len(out)-1]
 		}
 	}
-	return lines, reqs, st
+	return lines, reqs
 }
 
 func loopLine(ev schemas.Event) string {

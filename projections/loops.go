@@ -164,7 +164,7 @@ func firstLine(s string) string {
 // and its level is not in d.Changed; an invalidated loop under a kept one
 // stays so; a loop under one that does not stand, or of a level d's file
 // no longer has, goes with its step; every other loop runs again from
-// scratch (its step pending).
+// scratch (its step pending). The fork's target branch is its own.
 func (m *Manifest) forkLoops(d *schemas.SessionForked) {
 	m.LoopLevels = nil
 	for _, lv := range d.Pipeline.Loops.Levels {
@@ -194,4 +194,9 @@ func (m *Manifest) forkLoops(d *schemas.SessionForked) {
 		loops = append(loops, lp)
 	}
 	m.Loops = loops
+	if m.Target != nil && m.Target.Branch != "" {
+		// The fork's target is its own, at the origin's head at the
+		// fork point.
+		m.Target.Branch = "loopbus/" + m.ContentID
+	}
 }

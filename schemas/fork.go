@@ -46,9 +46,12 @@ const MaxForkDepth = 16
 // completed at the fork point and whose level is not in Changed (see
 // ChangedLevels) keeps its results and its children; a loop that had not
 // completed, or whose level changed, runs again in a new round, and the
-// loops under it are dropped (it spawns them anew when it passes). Forks
-// of loops sessions whose levels work in git worktrees are refused (not
-// supported yet).
+// loops under it are dropped (it spawns them anew when it passes). When
+// its levels work in git worktrees, the fork merges into a target branch
+// of its own (loopbus/<fork>) that starts at the origin's target head at
+// the fork point (its start's bundle and those of its loop.merged events
+// up to there bring it); a fork that would run again a loop merged by
+// then is refused (not supported yet: its commits are in that head).
 //
 // A backlog session forks with its task list, phase and run counts as
 // they were at the fork point: runs that had finished keep their
