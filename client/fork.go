@@ -75,13 +75,16 @@ func NewForkID(origin string) string {
 // written to. Ids derive from the fork's session, the origin's events and
 // what the fork runs, so a publish retried after a lost acknowledgement
 // is not doubled (and a fork command run again finds its session exists).
+// The fork runs under the origin's budget at the point (raises by
+// loopbus budget included), tightened by a changed pipeline's budget.
 //
 // Errors: ErrNoSession for an unknown origin; ErrSessionExists for a
 // fork id in use; ErrBadInput (with what to do) for an unsafe id, a fork
 // point that is no event of the origin (an unknown sequence or id, an
 // event of another session, a point beyond the origin's end, a point in
 // the history the origin copied from its own origin), an origin with
-// more than schemas.MaxForkCopies events up to the point, a loops fork
+// more than schemas.MaxForkCopies events up to the point, an origin at
+// the end of a chain of schemas.MaxForkDepth forks, a loops fork
 // that would run again or drop a loop merged into the origin's target
 // branch at the point, a backlog with workdir: repo, a loops
 // or backlog session forked at or after its end, a backlog whose changed
@@ -128,16 +131,31 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 			return Forked{}, err
 		}
 	}
+	if err := checkForkDepth(ctx, b, req.Origin); err != nil {
+		return Forked{}, err
+	}
 	if last, err := b.SessionLastSeq(ctx, as); err != nil {
 		return Forked{}, err
 	} else if last != 0 {
 		return Forked{}, fmt.Errorf("%w: %s (a fork is a new session: pick another --as)", ErrSessionExists, as)
 	}
 
+	// The fork runs under the origin's budget at the point, raises by
+	// loopbus budget included (its usage carries over).
+	var budget *schemas.Budget
+	if m := projections.BuildManifest(req.Origin, history); m != nil {
+		budget = m.Budget
+	}
 	data := &schemas.SessionForked{Origin: req.Origin, Seq: point.Seq, Event: point.ID, Copied: len(history), Pipeline: start.Pipeline,
-		Input: start.Input, SourceHash: start.SourceHash, Budget: start.Budget, DefinitionFiles: start.DefinitionFiles, Reason: req.Reason}
+		Input: start.Input, SourceHash: start.SourceHash, Budget: budget, DefinitionFiles: start.DefinitionFiles, Reason: req.Reason}
 	if req.Pipeline != nil {
 		data.Pipeline = *req.Pipeline
+		if nb := req.Pipeline.Budget; nb != nil && (start.Pipeline.Budget == nil || *nb != *start.Pipeline.Budget) {
+			// A changed pipeline's budget tightens the fork's (the
+			// origin's unchanged one is in it already).
+			tight := nb.Tighter(orElseBudget(budget))
+			data.Budget = &tight
+		}
 		if req.Input == "" {
 			for _, st := range data.Pipeline.Steps {
 				if slices.ContainsFunc(st.Outputs, func(o schemas.Output) bool { return o.Name == data.Input.Name }) {
@@ -396,6 +414,34 @@ func ownStart(evs []schemas.Event) *schemas.SessionForked {
 		}
 	}
 	return nil
+}
+
+// orElseBudget is *b, or no bound when b is nil.
+func orElseBudget(b *schemas.Budget) schemas.Budget {
+	if b == nil {
+		return schemas.Budget{}
+	}
+	return *b
+}
+
+// checkForkDepth refuses (ErrBadInput) to fork origin when it ends a chain
+// of schemas.MaxForkDepth forks (a fork of a fork of …): the orchestrator
+// reads a fork's origins back to build its first state, and refuses a
+// fork deeper than that, so the fork would never run. It reads at most
+// MaxForkDepth origins.
+func checkForkDepth(ctx context.Context, b Bus, origin string) error {
+	cur := origin
+	for forks := 1; ; forks++ {
+		up, err := forkOrigin(ctx, b, cur)
+		if err != nil || up == "" {
+			return err
+		}
+		if forks >= schemas.MaxForkDepth {
+			return fmt.Errorf("%w: %s is the end of a chain of %d forks (a fork of a fork of …); a fork is at most %d deep: fork a session higher up the chain",
+				ErrBadInput, origin, forks, schemas.MaxForkDepth)
+		}
+		cur = up
+	}
 }
 
 // forkOrigin returns the origin of session, a fork ("" when it is none).

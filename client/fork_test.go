@@ -288,3 +288,81 @@ func TestForkOfALoopsSession(t *testing.T) {
 		})
 	}
 }
+
+// TestForkAtMostMaxForkDepth: a chain of schemas.MaxForkDepth forks (a
+// fork of a fork of …) is as deep as the orchestrator forks: forking its
+// last fork is refused, saying why; forking higher up the chain is not.
+func TestForkAtMostMaxForkDepth(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in := schemas.ArtifactRef{Name: "in.txt", Object: "d-0/input/in.txt", Digest: schemas.Digest([]byte("x")), Size: 1}
+	p := schemas.Pipeline{Name: "deep", Kind: schemas.KindPipeline, Steps: []schemas.Step{{Name: "only", Agent: schemas.AgentSpec{Backend: "exec", Command: []string{"true"}},
+		Prompt: "p", Outputs: []schemas.Output{{Name: "o.txt"}}, MaxIterations: 1}}}
+	start := schemas.Event{ID: "start", Type: schemas.TypeSessionStarted, Session: "d-0", Data: &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest)}}
+	if _, err := b.PublishBatch(ctx, "d-0", 0, []schemas.Event{start}); err != nil {
+		t.Fatal(err)
+	}
+	at := "start"
+	for i := 1; i <= schemas.MaxForkDepth; i++ {
+		f, err := client.Fork(ctx, b, client.ForkRequest{Origin: "d-" + strconv.Itoa(i-1), At: at, As: "d-" + strconv.Itoa(i)})
+		if err != nil {
+			t.Fatalf("fork %d: %v", i, err)
+		}
+		at = strconv.FormatUint(f.Seq, 10)
+	}
+	last := "d-" + strconv.Itoa(schemas.MaxForkDepth)
+	if _, err := client.Fork(ctx, b, client.ForkRequest{Origin: last, At: at, As: "too-deep"}); !errors.Is(err, client.ErrBadInput) ||
+		!strings.Contains(err.Error(), "a fork is at most 16 deep") {
+		t.Errorf("fork %d: %v, want refused", schemas.MaxForkDepth+1, err)
+	}
+	if _, err := client.Fork(ctx, b, client.ForkRequest{Origin: "d-1", At: "start", As: "shallow"}); err == nil || strings.Contains(err.Error(), "deep") {
+		// d-1's start is a copy: refused, but not for its depth.
+		t.Errorf("fork of d-1 at a copy: %v", err)
+	}
+}
+
+// TestForkKeepsBudgetRaises: session.forked carries the origin's budget
+// at the fork point, raises by loopbus budget included; a changed
+// pipeline's budget tightens it, the origin's unchanged one does not.
+func TestForkKeepsBudgetRaises(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in := schemas.ArtifactRef{Name: "in.txt", Object: "b-0/input/in.txt", Digest: schemas.Digest([]byte("x")), Size: 1}
+	p := schemas.Pipeline{Name: "budgeted", Kind: schemas.KindPipeline, Budget: &schemas.Budget{MaxCostUSD: 1, MaxIterations: 10},
+		Steps: []schemas.Step{{Name: "only", Agent: schemas.AgentSpec{Backend: "exec", Command: []string{"true"}},
+			Prompt: "p", Outputs: []schemas.Output{{Name: "o.txt"}}, MaxIterations: 1}}}
+	evs := []schemas.Event{
+		{ID: "start", Type: schemas.TypeSessionStarted, Session: "b-0", Data: &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest)}},
+		{ID: "raise", Type: schemas.TypeSessionBudget, Session: "b-0", Data: &schemas.SessionBudget{Budget: schemas.Budget{MaxCostUSD: 5}, Reason: "more"}},
+	}
+	if _, err := b.PublishBatch(ctx, "b-0", 0, evs); err != nil {
+		t.Fatal(err)
+	}
+	f, err := client.Fork(ctx, b, client.ForkRequest{Origin: "b-0", At: "raise", As: "b-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.Event.Data.(*schemas.SessionForked).Budget, (schemas.Budget{MaxCostUSD: 5, MaxIterations: 10}); got == nil || *got != want {
+		t.Errorf("fork's budget %+v, want %+v", got, want)
+	}
+	changed := p
+	changed.Budget = &schemas.Budget{MaxCostUSD: 3, MaxIterations: 20}
+	f, err = client.Fork(ctx, b, client.ForkRequest{Origin: "b-0", At: "raise", As: "b-2", Pipeline: &changed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.Event.Data.(*schemas.SessionForked).Budget, (schemas.Budget{MaxCostUSD: 3, MaxIterations: 10}); got == nil || *got != want {
+		t.Errorf("fork's budget with a changed pipeline %+v, want %+v", got, want)
+	}
+	m, err := client.Status(ctx, b, "b-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Budget == nil || m.Budget.MaxCostUSD != 5 {
+		t.Errorf("b-1's manifest budget %+v", m.Budget)
+	}
+}

@@ -35,6 +35,10 @@ type HistoryReader func(session string, until uint64, fn func(schemas.Event) err
 // errStopRead ends a HistoryReader's read early without an error.
 var errStopRead = errors.New("stop reading")
 
+// errTooMany ends PrepareFork's read of an origin that has more events
+// up to the fork point than a fork copies.
+var errTooMany = errors.New("more events than a fork copies")
+
 // forkPrep is what PrepareFork found for a session.forked: the fork's
 // first state, or why the event cannot fork (refusal).
 type forkPrep struct {
@@ -75,17 +79,26 @@ func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (fo
 		return refuse(ErrInconsistent, "forks session %s into itself", ev.Session)
 	case depth >= schemas.MaxForkDepth:
 		return refuse(ErrInconsistent, "forks session %s, a fork more than %d forks deep", d.Origin, schemas.MaxForkDepth)
+	case d.Copied > schemas.MaxForkCopies:
+		// Refused before reading: the read holds the service up.
+		return refuse(ErrInconsistent, "says it copied %d events of session %s; a fork copies at most %d", d.Copied, d.Origin, schemas.MaxForkCopies)
 	}
 	tmp := NewState()
 	tmp.Retain = true
 	var point *schemas.Event
 	events := 0
-	err = foldHistory(tmp, d.Origin, d.Seq, read, depth+1, func(o schemas.Event) {
-		events++
+	err = foldHistory(tmp, d.Origin, d.Seq, read, depth+1, func(o schemas.Event) error {
+		if events++; events > schemas.MaxForkCopies {
+			return errTooMany
+		}
 		if o.Seq == d.Seq {
 			point = &o
 		}
+		return nil
 	})
+	if errors.Is(err, errTooMany) {
+		return refuse(ErrInconsistent, "forks session %s at stream sequence %d, after more than %d of its events; a fork copies at most %d", d.Origin, d.Seq, schemas.MaxForkCopies, schemas.MaxForkCopies)
+	}
 	if err != nil {
 		return forget, err
 	}
@@ -246,14 +259,17 @@ const (
 // of it when 0) into st as the service folded it: copies are skipped, a
 // session.forked is prepared (reading its own origin), and events Check
 // refuses are skipped. Each event read, copies included, is passed to
-// seen when it is not nil.
-func foldHistory(st *State, session string, until uint64, read HistoryReader, depth int, seen func(schemas.Event)) error {
+// seen when it is not nil; an error of seen stops the read and is
+// returned.
+func foldHistory(st *State, session string, until uint64, read HistoryReader, depth int, seen func(schemas.Event) error) error {
 	err := read(session, until, func(ev schemas.Event) error {
 		if until != 0 && ev.Seq > until {
 			return errStopRead
 		}
 		if seen != nil {
-			seen(ev)
+			if err := seen(ev); err != nil {
+				return err
+			}
 		}
 		if ev.ForkOf != "" || ev.Session != session {
 			return nil
@@ -345,17 +361,16 @@ func (o *Session) forkAs(ev schemas.Event, d *schemas.SessionForked) *Session {
 }
 
 // forkBase is the fork's session without steps: the session of ev,
-// started by it, running d's pipeline on d's input with the budget it
-// sets; usage and agent runs so far are the fork's history, and count
-// against its budget.
+// started by it, running d's pipeline on d's input under the origin's
+// budget at the fork point (raises by session.budget included: usage
+// carries over, so the pipeline's budget alone could stop the fork at
+// once) tightened by d.Budget; usage and agent runs so far are the
+// fork's history, and count against its budget.
 func (o *Session) forkBase(ev schemas.Event, d *schemas.SessionForked) *Session {
 	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
-		Usage: o.Usage, Requests: o.Requests, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
+		Usage: o.Usage, Requests: o.Requests, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles, Budget: o.Budget}
 	if s.Usage == nil {
 		s.Usage = map[string]schemas.Usage{}
-	}
-	if d.Pipeline.Budget != nil {
-		s.Budget = *d.Pipeline.Budget
 	}
 	if d.Budget != nil {
 		s.Budget = s.Budget.Tighter(*d.Budget)

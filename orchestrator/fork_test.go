@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -369,5 +370,95 @@ func TestChangedSteps(t *testing.T) {
 				t.Errorf("ChangedSteps = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestCheckForkForgeries: a copy (Event.ForkOf) into a session that
+// exists is refused as a replay: a fork's history is copied before its
+// session.forked, so a copy after it, or into a live session, is forged.
+func TestCheckForkForgeries(t *testing.T) {
+	done := checkedChain()
+	s := (&stream{}).add(done[:6]...)
+	forged := schemas.Event{ID: "forged-fail", Type: schemas.TypeSessionFailed, Session: sess, ForkOf: "other", Data: &schemas.SessionFailed{Reason: "forged"}}
+	s.add(forged)
+	evs := s.fork(t, sess, done[5].ID, forkSess, schemas.Pipeline{})
+	s.add(evs...)
+	late := forged
+	late.ID, late.Session = "forged-late", forkSess
+	s.add(late)
+	st, refused := foldStream(t, s)
+	for _, id := range []string{forged.ID, late.ID} {
+		if err := refused[id]; !errors.Is(err, ErrReplayed) || !strings.Contains(err.Error(), "which exists") {
+			t.Errorf("copy %s: %v, want refused", id, err)
+		}
+	}
+	if f := st.Sessions[forkSess]; len(refused) != 2 || st.Sessions[sess].Status != StatusRunning || f == nil || f.Status != StatusRunning {
+		t.Errorf("refused %v; origin %s, fork %v", refused, st.Sessions[sess].Status, f != nil)
+	}
+}
+
+// TestForkReadsAtMostMaxForkCopies: a session.forked saying it copied
+// more than schemas.MaxForkCopies events is refused before the origin is
+// read, and the read of an origin with more events than that up to the
+// fork point stops after MaxForkCopies+1 of them, with a refusal.
+func TestForkReadsAtMostMaxForkCopies(t *testing.T) {
+	s := (&stream{}).add(started(chainPipeline()))
+	for i := range schemas.MaxForkCopies + 200 {
+		s.add(budgetEv(strconv.Itoa(i), schemas.Budget{MaxTokens: int64(i + 1)}))
+	}
+	point := s.evs[len(s.evs)-1]
+	read := 0
+	counted := func(session string, until uint64, fn func(schemas.Event) error) error {
+		return s.read(session, until, func(ev schemas.Event) error {
+			read++
+			return fn(ev)
+		})
+	}
+	for _, tc := range []struct {
+		copied   int
+		reason   string
+		maxReads int
+	}{
+		{len(s.evs), "a fork copies at most", 0},
+		{schemas.MaxForkCopies, "after more than 999 of its events", schemas.MaxForkCopies + 1},
+	} {
+		read = 0
+		forked := schemas.Event{ID: "forked-" + forkSess, Type: schemas.TypeSessionForked, Session: forkSess,
+			Data: &schemas.SessionForked{Origin: sess, Seq: point.Seq, Event: point.ID, Copied: tc.copied, Pipeline: chainPipeline(), Input: input()}}
+		st := NewState()
+		forget, err := PrepareFork(st, forked, counted)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Check(st, forked); !errors.Is(err, ErrInconsistent) || !strings.Contains(err.Error(), tc.reason) {
+			t.Errorf("copied %d: Check = %v, want %q", tc.copied, err, tc.reason)
+		}
+		forget()
+		if read > tc.maxReads {
+			t.Errorf("copied %d: read %d events of the origin, want at most %d", tc.copied, read, tc.maxReads)
+		}
+	}
+}
+
+// TestForkKeepsBudgetRaises: a fork runs under its origin's budget at the
+// fork point, raises by session.budget included (its usage carries over),
+// tightened by session.forked's own budget.
+func TestForkKeepsBudgetRaises(t *testing.T) {
+	p := chainPipeline()
+	p.Budget = &schemas.Budget{MaxCostUSD: 1, MaxIterations: 10}
+	s := (&stream{}).add(started(p), budgetEv("1", schemas.Budget{MaxCostUSD: 5}))
+	evs := s.fork(t, sess, "budget-1", forkSess, schemas.Pipeline{})
+	forked := &evs[len(evs)-1]
+	d := *forked.Data.(*schemas.SessionForked)
+	d.Budget = &schemas.Budget{MaxTokens: 100}
+	forked.Data = &d
+	s.add(evs...)
+	st, refused := foldStream(t, s)
+	f := st.Sessions[forkSess]
+	if f == nil {
+		t.Fatalf("fork refused: %v", refused)
+	}
+	if want := (schemas.Budget{MaxCostUSD: 5, MaxTokens: 100, MaxIterations: 10}); f.Budget != want {
+		t.Errorf("fork's budget %+v, want %+v", f.Budget, want)
 	}
 }

@@ -153,6 +153,9 @@ func (s *Service) Run(ctx context.Context) error {
 		switch {
 		case ev.ForkOf != "":
 			// A copy in a fork's history: nothing to decide (PrepareFork).
+			if err := Check(s.state, ev); err != nil {
+				return fmt.Errorf("%w: %w", bus.ErrMalformed, err)
+			}
 			Evolve(s.state, ev)
 			return nil
 		case ev.Type == schemas.TypeSessionRerun:

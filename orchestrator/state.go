@@ -347,8 +347,9 @@ var ErrNoSession = errors.New("no such session")
 var ErrInconsistent = errors.New("inconsistent with the session's history")
 
 // Check reports whether ev may be applied: it returns an error wrapping
-// ErrReplayed for a copy of an event the running session already has, and
-// for a second session.started of a session, and one wrapping ErrNoSession
+// ErrReplayed for a copy of an event the running session already has, for
+// a copy of a fork's history (Event.ForkOf) or a session.forked into a
+// session that exists, and for a second session.started of a session, and one wrapping ErrNoSession
 // for an event of a session that has no session.started before it. Such
 // events are not facts but replays (or forgeries); the service
 // dead-letters them. An event of a running session that states a fact its
@@ -358,6 +359,11 @@ var ErrInconsistent = errors.New("inconsistent with the session's history")
 func Check(st *State, ev schemas.Event) error {
 	s := st.Sessions[ev.Session]
 	switch {
+	case ev.ForkOf != "" && s != nil:
+		// A fork's copies come before its session.forked, in one batch:
+		// a copy into a session that exists is a forgery.
+		return fmt.Errorf("%w: %s copies event %s into session %s, which exists (started by event %s): a fork's history is copied before its session.forked",
+			ErrReplayed, ev.Type, ev.ForkOf, ev.Session, s.StartID)
 	case ev.ForkOf != "":
 		// A copy in a fork's history: no fact for the orchestrator (see
 		// PrepareFork), whatever it says.

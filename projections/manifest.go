@@ -150,6 +150,12 @@ type Manifest struct {
 	// LastSeq is the stream sequence of the last event folded (0 when no
 	// folded event came from the stream).
 	LastSeq uint64 `json:"lastSeq"`
+	// CopiesOnly is set while every event folded was a copy (Event.ForkOf
+	// set): the history of a fork before its session.forked. Only then
+	// are copies and session.forked folded; once the session has an event
+	// of its own, they are ignored (a copy or session.forked into a live
+	// session is a forgery).
+	CopiesOnly bool `json:"copiesOnly,omitempty"`
 }
 
 // StepView is the state of one step in a Manifest.
@@ -409,15 +415,25 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		if ev.Type != schemas.TypeSessionStarted {
 			return nil
 		}
-		return startManifest(ev)
+		m := startManifest(ev)
+		m.CopiesOnly = ev.ForkOf != ""
+		return m
 	}
-	// A fork's history begins with copies of its origin's events, folded
-	// as they were; its session.forked applies as below.
 	if ev.Session != m.ContentID {
 		return m
 	}
 	if ev.Seq != 0 && ev.Seq <= m.LastSeq {
 		return m
+	}
+	// A fork's history begins with copies of its origin's events, folded
+	// as they were; its session.forked applies as below. Copies and
+	// session.forked after an event of the session's own are forgeries
+	// (the orchestrator refuses them): they would end or reset it.
+	if (ev.ForkOf != "" || ev.Type == schemas.TypeSessionForked) && !m.CopiesOnly {
+		return m
+	}
+	if ev.ForkOf == "" {
+		m.CopiesOnly = false
 	}
 	if !ev.Time.IsZero() {
 		m.UpdatedAt = ev.Time
@@ -1126,9 +1142,11 @@ func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
 	m.Pipeline, m.SourceHash = d.Pipeline.Name, d.SourceHash
 	in := d.Input
 	m.Input = &in
+	// The fork runs under the origin's budget at the fork point (raises
+	// by session.budget included), tightened by its own.
 	var b schemas.Budget
-	if d.Pipeline.Budget != nil {
-		b = *d.Pipeline.Budget
+	if m.Budget != nil {
+		b = *m.Budget
 	}
 	if d.Budget != nil {
 		b = b.Tighter(*d.Budget)
@@ -1137,6 +1155,8 @@ func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
 	if b != (schemas.Budget{}) {
 		m.Budget = &b
 	}
+	// A fork of an imported session is no import: it runs its steps.
+	m.Import = nil
 	m.Status, m.Hold, m.Error, m.FailedStep, m.Final = StatusRunning, nil, "", "", nil
 	m.CreatedAt = at
 	m.ForkedFrom = &ForkView{Session: d.Origin, Seq: d.Seq, Event: d.Event, Reason: paragraph(d.Reason), At: at}

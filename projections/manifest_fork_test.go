@@ -210,3 +210,92 @@ func TestManifestForkBacklog(t *testing.T) {
 		t.Errorf("the origin's T002 job in the fork: %+v, want cancelled", j)
 	}
 }
+
+// forkOf returns the copies, into session into, of evs (sequences go on
+// after evs) and the session.forked that follows them with data d.
+func forkOf(evs []schemas.Event, into string, d schemas.SessionForked) []schemas.Event {
+	b := builder{seq: evs[len(evs)-1].Seq}
+	for _, ev := range evs {
+		c := ev
+		b.seq++
+		c.Seq, c.Session, c.ForkOf, c.ID = b.seq, into, ev.ID, testID(into, "copy", ev.ID)
+		b.evs = append(b.evs, c)
+	}
+	point := evs[len(evs)-1]
+	d.Seq, d.Event, d.Copied = point.Seq, point.ID, len(evs)
+	b.add(into, schemas.TypeSessionForked, "", "", &d)
+	return b.evs
+}
+
+// TestManifestForkForgeries: once a session has an event of its own,
+// copies and session.forked into it are ignored: a forged copy of
+// session.failed does not fail a live session, forged copies of
+// step.completed and session.completed do not complete it, a forged
+// session.forked does not reset it; nor do late copies into a fork.
+func TestManifestForkForgeries(t *testing.T) {
+	origin, fork := forkedSession()
+	var f builder
+	f.seq = fork[len(fork)-1].Seq + 100
+	f.stepCompleted(forkOrigin, "ideas", jobID(forkOrigin, "ideas", 1), 1, "ideas-v1", artifact(forkOrigin, "ideas", 1, "ideas.json", ideasJSON))
+	f.sessionCompleted(forkOrigin, artifact(forkOrigin, "evil", 1, "evil.md", "evil"))
+	f.sessionFailed(forkOrigin, "ideas", "forged")
+	for i := range f.evs {
+		f.evs[i].ForkOf = testID("forged", f.evs[i].ID)
+	}
+	in := inputRef(forkOrigin)
+	f.add(forkOrigin, schemas.TypeSessionForked, "", "", &schemas.SessionForked{Origin: "other", Seq: 1, Event: "x", Copied: 1,
+		Pipeline: writingKitPipeline(), Input: in, SourceHash: shortHash(in.Digest)})
+	want := foldAll(origin)
+	for n := 1; n <= len(f.evs); n++ {
+		got := foldAll(append(slices.Clone(origin), f.evs[:n]...))
+		if got.Status != StatusRunning || got.Final != nil || got.ForkedFrom != nil || got.Steps["ideas"].Status != want.Steps["ideas"].Status || got.LastSeq != want.LastSeq {
+			t.Errorf("live session after forged %s: status %s, final %v, forkedFrom %+v, ideas %s",
+				f.evs[n-1].Type, got.Status, got.Final, got.ForkedFrom, got.Steps["ideas"].Status)
+		}
+	}
+	// The same forgeries into the fork, after its session.forked.
+	forkedAt := slices.IndexFunc(fork, func(ev schemas.Event) bool { return ev.Type == schemas.TypeSessionForked })
+	late := slices.Clone(fork[:forkedAt+1])
+	for _, ev := range f.evs {
+		ev.Session = sessionID
+		late = append(late, ev)
+	}
+	for n := forkedAt + 2; n <= len(late); n++ {
+		if m := foldAll(late[:n]); m.Status != StatusRunning || m.Final != nil || m.ForkedFrom == nil || m.ForkedFrom.Session != forkOrigin {
+			t.Errorf("fork after forged %s: status %s, final %v, forkedFrom %+v", late[n-1].Type, m.Status, m.Final, m.ForkedFrom)
+		}
+	}
+}
+
+// TestManifestForkBudget: a fork runs under its origin's budget at the
+// fork point, raises by session.budget included, tightened by its own.
+func TestManifestForkBudget(t *testing.T) {
+	var o builder
+	in := inputRef(forkOrigin)
+	p := writingKitPipeline()
+	p.Budget = &schemas.Budget{MaxCostUSD: 1, MaxIterations: 10}
+	o.add(forkOrigin, schemas.TypeSessionStarted, "", "", &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: shortHash(in.Digest),
+		Budget: &schemas.Budget{MaxTokens: 1000}})
+	o.add(forkOrigin, schemas.TypeSessionBudget, "", "", &schemas.SessionBudget{Budget: schemas.Budget{MaxCostUSD: 5, MaxTokens: 9000}})
+	evs := forkOf(o.evs, sessionID, schemas.SessionForked{Origin: forkOrigin, Pipeline: p, Input: in, SourceHash: shortHash(in.Digest),
+		Budget: &schemas.Budget{MaxIterations: 4}})
+	m := foldAll(evs)
+	if want := (schemas.Budget{MaxCostUSD: 5, MaxTokens: 9000, MaxIterations: 4}); m.Budget == nil || *m.Budget != want {
+		t.Errorf("fork's budget %+v, want %+v", m.Budget, want)
+	}
+}
+
+// TestManifestForkOfAnImport: a fork of an imported session is no
+// import: step.imported does not apply to it.
+func TestManifestForkOfAnImport(t *testing.T) {
+	var o builder
+	o.importStart(forkOrigin)
+	in := inputRef(forkOrigin)
+	evs := forkOf(o.evs, sessionID, schemas.SessionForked{Origin: forkOrigin, Pipeline: writingKitPipeline(), Input: in, SourceHash: shortHash(in.Digest)})
+	b := builder{seq: evs[len(evs)-1].Seq}
+	b.importStep(sessionID, "summary", "summary.json", summaryJSON, nil)
+	m := foldAll(append(evs, b.evs...))
+	if m.Import != nil || m.Steps["summary"].Status != StepStatusPending || m.Status != StatusRunning {
+		t.Errorf("fork of an import: import %+v, summary %s, status %s", m.Import, m.Steps["summary"].Status, m.Status)
+	}
+}

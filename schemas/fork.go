@@ -34,11 +34,17 @@ const MaxForkDepth = 16
 // up to that point (each with Event.ForkOf set); they are history, which
 // the orchestrator does not take from them: it reads the origin's own
 // history up to Seq (events verified as the origin's) to build the fork's
-// state, and then checks their count against Copied.
+// state, and checks that the origin has Copied events up to Seq (at most
+// MaxForkCopies: it reads no further). It does not count the copies in
+// the fork's history; it refuses a copy into a session that exists, so
+// none follow session.forked.
 //
-// Pipeline, Input, SourceHash, Budget and DefinitionFiles are what the
-// fork runs with, as session.started carries them: the origin's, or a
-// changed pipeline or input. Steps that completed at the fork point and
+// Pipeline, Input, SourceHash and DefinitionFiles are what the fork runs
+// with, as session.started carries them: the origin's, or a changed
+// pipeline or input. The fork runs under the origin's budget at the fork
+// point (raises by session.budget included) tightened by Budget, which
+// loopbus fork sets to that budget, tightened by a changed pipeline's
+// budget. Steps that completed at the fork point and
 // are not in Changed (see ChangedSteps) keep their results; the others,
 // and every step requiring one of them, directly or not, run again.
 //

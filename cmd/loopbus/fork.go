@@ -33,8 +33,10 @@ had not (running, failed or never started) run again, in jobs of the new
 session. --pipeline runs the new session with another pipeline file: a step
 whose definition (or a script it names) changed runs again, with every step
 that requires it; --input gives it another input (then every step runs
-again). The fork's id is --as (default SESSION-fork-XXXX); an id in use is
-refused.
+again). The fork runs under SESSION's budget at the fork point, raises by
+loopbus budget included, tightened by a changed pipeline's budget. The
+fork's id is --as (default SESSION-fork-XXXX); an id in use is refused, as
+is a fork of a session that is itself the 16th fork of a chain.
 
 A loops session forks its loop tree by the same rule: loops that had
 completed keep their results and their subtrees, unless --pipeline changed

@@ -257,7 +257,10 @@ func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) 
 	v := p.live[ev.Session]
 	if v == nil {
 		v = &views{}
-		if !rebuilding && ev.Type != schemas.TypeSessionStarted {
+		// A session.started too: one of a session that ended (and is no
+		// longer cached), forged or a fork's copy, folds into its stored
+		// view (which ignores it) rather than starting one over it.
+		if !rebuilding {
 			var err error
 			if v.m, err = getView[projections.Manifest](ctx, p.bus, projections.ManifestKey(ev.Session)); err != nil {
 				return err
@@ -267,6 +270,12 @@ func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) 
 				if v.tasks, err = getView[projections.TaskList](ctx, p.bus, projections.TasksKey(ev.Session)); err != nil {
 					return err
 				}
+			}
+			// Views of another format are computed anew from the start.
+			if start := ev.Type == schemas.TypeSessionStarted; start && v.m != nil && v.m.Version != projections.ManifestVersion {
+				v.m, v.tasks = nil, nil
+			} else if start && v.tasks != nil && v.tasks.Version != projections.TaskListVersion {
+				v.tasks = nil
 			}
 		}
 	}

@@ -781,3 +781,31 @@ func TestTasksViewsOfOlderProjectorAreComputed(t *testing.T) {
 	assertTasksAreFold(t, b, "b1")
 	assertViewIsFold(t, b, "b1")
 }
+
+// TestForgedStartDoesNotReplaceAnEndedView: a session.started (a copy of
+// a fork's history, or a second one) of a session that ended, and is no
+// longer cached, folds into its stored view, which ignores it, rather
+// than starting a new view over it.
+func TestForgedStartDoesNotReplaceAnEndedView(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	p := newPublisher(t, b)
+	history := completeSession("s1")
+	p.publish(history...)
+	startProjector(t, b, projector.Config{})
+	waitView(t, b, "s1", p.last["s1"])
+	start := schemas.Event{ID: "forged-start", Type: schemas.TypeSessionStarted, Session: "s1", ForkOf: "x", Correlation: "s1", Time: epoch,
+		Data: history[0].data(nil)}
+	again := start
+	again.ID, again.ForkOf = "second-start", ""
+	for _, ev := range []schemas.Event{start, again} {
+		if _, err := b.Publish(context.Background(), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.publish(spec{session: "s1", typ: schemas.TypeSignalInfo, data: constant(&schemas.Signal{Target: "s1", Message: "note"})})
+	waitView(t, b, "s1", p.last["s1"])
+	if m, _ := view(t, b, "s1"); m.Status != projections.StatusCompleted || len(m.Final) != 1 {
+		t.Errorf("view after forged starts: %s, final %v", m.Status, m.Final)
+	}
+	assertViewIsFold(t, b, "s1")
+}
