@@ -56,6 +56,10 @@ type TaskList struct {
 	History   map[string][]TaskChange `json:"history,omitempty"`
 	CreatedAt time.Time               `json:"createdAt"`
 	UpdatedAt time.Time               `json:"updatedAt"`
+	// CopiesOnly is set while every event folded was a copy in a fork's
+	// history (Event.ForkOf), as Manifest.CopiesOnly: after the session's
+	// first event of its own, copies are forgeries and are not folded.
+	CopiesOnly bool `json:"copiesOnly,omitempty"`
 	// LastSeq is the stream sequence of the last event of the session
 	// folded (0 when no folded event came from the stream).
 	LastSeq uint64 `json:"lastSeq"`
@@ -131,10 +135,20 @@ func FoldTasks(v *TaskList, ev schemas.Event) *TaskList {
 		if ev.Type != schemas.TypeSessionStarted {
 			return nil
 		}
-		return startTasks(ev)
+		v := startTasks(ev)
+		if v != nil {
+			v.CopiesOnly = ev.ForkOf != ""
+		}
+		return v
 	}
 	if ev.Session != v.Session || ev.Seq != 0 && ev.Seq <= v.LastSeq {
 		return v
+	}
+	if ev.ForkOf != "" && !v.CopiesOnly {
+		return v // a copy into a session of its own events: a forgery
+	}
+	if ev.ForkOf == "" {
+		v.CopiesOnly = false
 	}
 	if !ev.Time.IsZero() {
 		v.UpdatedAt = ev.Time

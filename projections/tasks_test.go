@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -365,5 +366,38 @@ func TestTasksStatus(t *testing.T) {
 				t.Errorf("status %q terminal %v, want %q %v", v.Status, v.Terminal(), tt.want, tt.wantTerminal)
 			}
 		})
+	}
+}
+
+// TestTasksIgnoreForgedCopies: a copy (an event of a fork's history)
+// folded into a session that has events of its own is a forgery: the task
+// list does not take it. Copies before the session's own events (a fork's
+// history) are folded.
+func TestTasksIgnoreForgedCopies(t *testing.T) {
+	var b builder
+	s := backlogSession
+	b.startBacklog(s, importedTasks())
+	for _, tk := range importedTasks() {
+		b.taskAdded(s, tk, "import", "imported from to-do.json")
+	}
+	forged := b.taskAdded(s, schemas.Task{ID: "T099", Title: "Forged", Status: schemas.TaskTodo}, "cli", "forged copy")
+	forged.ForkOf = "some-event"
+	var v *TaskList
+	for _, ev := range b.evs[:len(b.evs)-1] {
+		v = FoldTasks(v, ev)
+	}
+	v = FoldTasks(v, forged)
+	if slices.ContainsFunc(v.Tasks, func(tk schemas.Task) bool { return tk.ID == "T099" }) {
+		t.Errorf("a forged copy was folded into a live task list: %+v", v.Tasks)
+	}
+
+	// A fork's history: copies only, then the task list continues.
+	var f *TaskList
+	for _, ev := range b.evs {
+		ev.ForkOf = "orig-" + ev.ID
+		f = FoldTasks(f, ev)
+	}
+	if !f.CopiesOnly || !slices.ContainsFunc(f.Tasks, func(tk schemas.Task) bool { return tk.ID == "T099" }) {
+		t.Errorf("a fork's copied history was not folded: copiesOnly %v, tasks %+v", f.CopiesOnly, f.Tasks)
 	}
 }
