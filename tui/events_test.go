@@ -168,7 +168,10 @@ func TestProgress(t *testing.T) {
 func TestDescribeFork(t *testing.T) {
 	e := controlled()
 	var started schemas.Event
-	for _, ev := range e.evs {
+	for i, ev := range e.evs {
+		// A fork's history: copies of the origin's events, then
+		// session.forked.
+		e.evs[i].ForkOf = "orig-" + ev.ID
 		if ev.Type == schemas.TypeSessionStarted {
 			started = ev
 		}
