@@ -72,9 +72,15 @@ func (b *Bus) PublishExpect(ctx context.Context, ev schemas.Event, expectLast ui
 	if err != nil {
 		return Published{}, err
 	}
-	m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
-	m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(ev.Session))
+	expectLastOfSession(m, ev.Session, expectLast)
 	return b.request(ctx, m)
+}
+
+// expectLastOfSession makes m's write conditional on the newest event of
+// session being at stream sequence last (0: the session has none).
+func expectLastOfSession(m *nats.Msg, session string, last uint64) {
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(last, 10))
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
 }
 
 // PublishChain writes evs, all of one session, in order, each only if the
@@ -108,8 +114,7 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 	var res Published
 	written := false
 	for _, m := range msgs {
-		m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
-		m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
+		expectLastOfSession(m, session, expectLast)
 		p, err := b.request(ctx, m)
 		if err != nil {
 			return res, err
@@ -145,8 +150,7 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 		msgs[i] = m
 	}
 	if len(msgs) == 1 {
-		msgs[0].Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
-		msgs[0].Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
+		expectLastOfSession(msgs[0], session, expectLast)
 		res, err := b.request(ctx, msgs[0])
 		if err == nil && res.Duplicate {
 			return res, fmt.Errorf("%w (%s)", ErrDuplicate, evs[0].ID)
@@ -160,8 +164,7 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 			m.Header.Set("Nats-Batch-Id", id)
 			m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
 			if i == 0 {
-				m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(expectLast, 10))
-				m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
+				expectLastOfSession(m, session, expectLast)
 			}
 		}
 		last := msgs[len(msgs)-1]
