@@ -66,6 +66,7 @@ func (s *Service) onCancelled(ev schemas.Event) {
 		return
 	}
 	s.mu.Lock()
+	s.cancels.remember(jobKey(ev.Session, jc.JobID), jc.Reason, ev.Seq)
 	rj := s.running[jobKey(ev.Session, jc.JobID)]
 	first := rj != nil && !rj.killed
 	if rj != nil {
@@ -152,10 +153,23 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// followedCancelLimit bounds the cancellations a worker remembers
+// (cancelMemory); beyond it, a job asks the stream.
+const followedCancelLimit = 4096
+
 // cancellation reports whether a job.cancelled for jr was stored after its
-// request, and its reason. It costs one request unless the session has a
-// cancellation newer than the request; only then are they read.
+// request, and its reason. The job is registered (track) before it asks.
+// A request made since this worker follows cancellations is answered from
+// what it followed, with no request to the server; an older one costs
+// one request, unless the session has a cancellation newer than the
+// request: only then are they read.
 func (s *Service) cancellation(ctx context.Context, req schemas.Event, jr *schemas.JobRequested) (reason string, cancelled bool, err error) {
+	s.mu.Lock()
+	reason, cancelled, known := s.cancels.lookup(jobKey(req.Session, jr.JobID), req.Seq)
+	s.mu.Unlock()
+	if known {
+		return reason, cancelled, nil
+	}
 	subject, err := schemas.SubjectFor(req.Session, schemas.TypeJobCancelled)
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %w", bus.ErrPermanent, err)

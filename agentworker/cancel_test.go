@@ -278,6 +278,34 @@ func TestCancelledJobIsNeverRun(t *testing.T) {
 	}
 }
 
+// TestCancelledWhileQueuedIsNeverRun: a job cancelled while it waits for
+// a busy worker is failed as cancelled when that worker takes it, without
+// running its agent or announcing a start: the worker followed the
+// cancellation and remembers it (no request to the server).
+func TestCancelledWhileQueuedIsNeverRun(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	startWorker(t, b, agentworker.Config{ID: "w1", Concurrency: 1})
+	busy, busyPIDs := pidRequest(t, "s1.busy.1", false)
+	publishRequest(t, b, busy)
+	leader, child := waitPIDs(t, busyPIDs)
+	queued, queuedPIDs := pidRequest(t, "s1.queued.1", false)
+	publishRequest(t, b, queued)
+	publishCancel(t, b, queued, "invalidated")
+	// Cancellations are followed in stream order: once the busy job's own
+	// has killed it, the queued job's was followed, before the worker is
+	// free to take that job.
+	cancelAndTime(t, b, busy, "stopped", leader, child)
+	assertCancelledOnce(t, b, busy.JobID, "stopped", 1)
+	jf := assertCancelledOnce(t, b, queued.JobID, "invalidated", 0)
+	if jf.Worker != "w1" {
+		t.Errorf("job.failed by %q, want w1", jf.Worker)
+	}
+	if _, err := os.Stat(filepath.Join(queuedPIDs, "leader")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the agent ran after its job was cancelled (pid file: %v)", err)
+	}
+}
+
 // TestCancelOtherJobLeavesThisOne: a cancellation of another job (here
 // one of another session with the same job id) does not touch a running
 // job.

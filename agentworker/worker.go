@@ -221,6 +221,8 @@ type Service struct {
 	refused map[string]bool
 	// caches are the sessions' repository caches.
 	caches *gitrepo.Caches
+	// cancels are the job.cancelled followed so far.
+	cancels *cancelMemory
 }
 
 // New returns a worker.
@@ -245,7 +247,8 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s := &Service{cfg: cfg, bus: b, log: log, now: now, lanes: table, has: map[string]bool{},
-		running: map[string]*runningJob{}, refused: map[string]bool{}, caches: gitrepo.NewCaches(cfg.RepoCache)}
+		running: map[string]*runningJob{}, refused: map[string]bool{}, caches: gitrepo.NewCaches(cfg.RepoCache),
+		cancels: newCancelMemory(followedCancelLimit)}
 	for _, l := range cfg.Lanes {
 		s.has[l] = true
 	}
@@ -274,6 +277,9 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.cancels.follow(from)
+	s.mu.Unlock()
 	fctx, stopFollowing := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"sync"
 
@@ -241,7 +242,7 @@ func (c *Catalogue) Encode(typ string, data any) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownType, typ)
 	}
-	if want := e.newData(); fmt.Sprintf("%T", want) != fmt.Sprintf("%T", data) {
+	if want := e.newData(); reflect.TypeOf(want) != reflect.TypeOf(data) {
 		return nil, fmt.Errorf("%w: %s wants data of type %T, got %T", ErrInvalidData, typ, want, data)
 	}
 	raw, err := json.Marshal(data)
