@@ -467,7 +467,7 @@ func (o *Session) forkBacklogAs(ev schemas.Event, d *schemas.SessionForked) *Ses
 		for id, old := range o.Loops.Loops {
 			lp := *old
 			lp.Parts = slices.Clone(old.Parts)
-			if st := o.Steps[id]; st == nil || again(id) {
+			if o.Steps[id] == nil || again(id) {
 				lp.startOver(s.Loops.Head)
 			}
 			s.Loops.Loops[id] = &lp
