@@ -86,10 +86,16 @@ func NewForkID(origin string) string {
 // more than schemas.MaxForkCopies events up to the point, an origin at
 // the end of a chain of schemas.MaxForkDepth forks, a loops fork
 // that would run again or drop a loop merged into the origin's target
-// branch at the point, a backlog with workdir: repo, a loops
-// or backlog session forked at or after its end, a backlog whose changed
-// roles had completed runs, a pipeline of another kind, or an unusable
-// input file.
+// branch at the point, a backlog fork that switches between workdir: repo
+// and not, a loops or backlog session forked at or after its end, a
+// backlog whose changed roles had completed runs, a pipeline of another
+// kind, or an unusable input file.
+//
+// A fork of a session that works on a repository (loops in git
+// worktrees, a backlog with workdir: repo) has a target branch of its
+// own, loopbus/<fork>, that starts at the origin's target head at the
+// point: what was merged there stays (those loops and runs are kept);
+// what was not runs again on that head (see loopbus pull).
 func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 	if err := schemas.ValidateSessionID(req.Origin); err != nil {
 		return Forked{}, fmt.Errorf("%w: %v", ErrBadInput, err)
@@ -233,20 +239,27 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 }
 
 // forkableTree refuses (ErrBadInput) the fork of a loops or backlog
-// session that is not supported: a backlog with workdir: repo, since its
-// repository state (the target branch, named after the session, its
-// merges and bundles) is not carried into a fork yet; a loops fork whose
-// file works in git worktrees while the origin has no repository; and
-// one forked at or after its end (a finished loops or backlog session
+// session that is not supported: a loops fork whose file works in git
+// worktrees while the origin has no repository; a backlog fork that
+// would switch between working on a repository (workdir: repo) and not,
+// either way (a fork keeps its origin's workdir: the runs' changes are in
+// the origin's target branch, which the fork's starts from, or in none);
+// and one forked at or after its end (a finished loops or backlog session
 // keeps nothing of its loop tree or runs to fork from).
 func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schemas.Event, point schemas.Event) error {
-	backlogRepo := func(p *schemas.Pipeline) bool {
-		return p != nil && p.Backlog != nil && p.Backlog.Workdir == schemas.WorkdirRepo
+	file := &start.Pipeline
+	if req.Pipeline != nil {
+		file = req.Pipeline
 	}
+	backlogRepo := file.Backlog != nil && file.Backlog.Workdir == schemas.WorkdirRepo
 	worktrees := func(p *schemas.Pipeline) bool { return p != nil && p.Loops != nil && p.Loops.NeedsRepo() }
 	switch {
-	case start.Pipeline.Kind == schemas.KindBacklog && (backlogRepo(&start.Pipeline) || backlogRepo(req.Pipeline)):
-		return fmt.Errorf("%w: %s: fork of a backlog session with workdir: repo is not supported yet", ErrBadInput, req.Origin)
+	case start.Pipeline.Kind == schemas.KindBacklog && backlogRepo && !hasRepo(history):
+		return fmt.Errorf("%w: %s: the fork's file %s has workdir: repo, and %s works on no repository: a fork keeps its origin's workdir",
+			ErrBadInput, req.Origin, orElse(file.Source, file.Name), req.Origin)
+	case start.Pipeline.Kind == schemas.KindBacklog && !backlogRepo && hasRepo(history):
+		return fmt.Errorf("%w: %s: %s works on a repository (workdir: repo, target loopbus/%s), and the fork's file %s has no workdir: repo: a fork keeps its origin's workdir",
+			ErrBadInput, req.Origin, req.Origin, req.Origin, orElse(file.Source, file.Name))
 	case start.Pipeline.Kind == schemas.KindLoops && (req.Pipeline == nil && worktrees(&start.Pipeline) || worktrees(req.Pipeline)) && !hasRepo(history):
 		return fmt.Errorf("%w: %s: the fork's levels work in git worktrees, and %s works on no repository", ErrBadInput, req.Origin, req.Origin)
 	case slices.ContainsFunc(history, func(ev schemas.Event) bool {

@@ -243,8 +243,8 @@ func TestForkOfAClosedSession(t *testing.T) {
 
 // TestForkOfALoopsSession: a loops fork whose levels work in git
 // worktrees is not made of a session without a repository (a worktree
-// session forks as e2e's tests show), nor a backlog with workdir: repo,
-// nor a session into another kind.
+// session forks as e2e's tests show), nor a backlog fork that switches
+// between workdir: repo and not, nor a session into another kind.
 func TestForkOfALoopsSession(t *testing.T) {
 	ctx, c := rig(t)
 	loops := func(worktree bool) schemas.Pipeline {
@@ -267,9 +267,32 @@ func TestForkOfALoopsSession(t *testing.T) {
 	wt := start("lw-1", loops(true))
 	plain := start("lp-1", loops(false))
 	changed := loops(true)
-	repo := start("br-1", schemas.Pipeline{Name: "bk", Kind: schemas.KindBacklog, Source: "bk.yaml", Backlog: &schemas.Backlog{
-		Agents: map[string]schemas.AgentSpec{"a": {Backend: "exec", Command: []string{"false"}}}, Roles: map[string][]string{schemas.RoleIterate: {"a"}},
-		Schedule: schemas.ScheduleSingle, MaxParallel: 1, MaxSummaryIterations: 1, TimeoutMs: 1000, Workdir: schemas.WorkdirRepo}})
+	backlog := func(workdir string) schemas.Pipeline {
+		source := "bk-dir.yaml"
+		if workdir == schemas.WorkdirRepo {
+			source = "bk-repo.yaml"
+		}
+		return schemas.Pipeline{Name: "bk", Kind: schemas.KindBacklog, Source: source, Backlog: &schemas.Backlog{
+			Agents: map[string]schemas.AgentSpec{"a": {Backend: "exec", Command: []string{"false"}}}, Roles: map[string][]string{schemas.RoleIterate: {"a"}},
+			Schedule: schemas.ScheduleSingle, MaxParallel: 1, MaxSummaryIterations: 1, TimeoutMs: 1000, Workdir: workdir}}
+	}
+	repo := start("br-1", backlog(schemas.WorkdirRepo))
+	plainBacklog := start("bp-1", backlog(""))
+	inRepo := func() string {
+		// A backlog with workdir: repo, on a repository.
+		in := schemas.ArtifactRef{Name: "task.md", Object: "bg-1/input/task.md", Digest: schemas.Digest([]byte("t")), Size: 1}
+		bundle := schemas.ArtifactRef{Name: "base.bundle", Object: "bg-1/base.bundle", Digest: schemas.Digest([]byte("b")), Size: 1}
+		d := &schemas.SessionStarted{Pipeline: backlog(schemas.WorkdirRepo), Input: in, SourceHash: schemas.ShortHash(in.Digest),
+			Loops: &schemas.LoopsStart{Repo: "demo", Base: "main", BaseCommit: strings.Repeat("b", 40), Bundle: &bundle, Target: "loopbus/bg-1"}}
+		ev := schemas.Event{ID: schemas.DeterministicID("bg-1", "start"), Type: schemas.TypeSessionStarted, Session: "bg-1", Time: time.Now().UTC(), Data: d}
+		ev.Correlation = ev.ID
+		pub, err := c.Bus().Publish(ctx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strconv.FormatUint(pub.Seq, 10)
+	}()
+	plainFile, repoFile := backlog(""), backlog(schemas.WorkdirRepo)
 	for _, tc := range []struct {
 		name string
 		req  client.ForkRequest
@@ -279,7 +302,12 @@ func TestForkOfALoopsSession(t *testing.T) {
 		{"a file with worktree levels", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-2", Pipeline: &changed}, "lp-1: the fork's levels work in git worktrees, and lp-1 works on no repository"},
 		{"a file of another kind", client.ForkRequest{Origin: "lp-1", At: plain, As: "lp-3", Pipeline: &schemas.Pipeline{Name: "x", Source: "x.yaml", Steps: []schemas.Step{{Name: "a"}}}},
 			"x.yaml is of kind pipeline, lp-1 is a loops session: a fork keeps its origin's kind"},
-		{"a backlog with workdir: repo", client.ForkRequest{Origin: "br-1", At: repo, As: "br-2"}, "br-1: fork of a backlog session with workdir: repo is not supported yet"},
+		{"a backlog with workdir: repo on no repository", client.ForkRequest{Origin: "br-1", At: repo, As: "br-2"},
+			"br-1: the fork's file bk-repo.yaml has workdir: repo, and br-1 works on no repository: a fork keeps its origin's workdir"},
+		{"a backlog on no repository, with a file with workdir: repo", client.ForkRequest{Origin: "bp-1", At: plainBacklog, As: "bp-2", Pipeline: &repoFile},
+			"bp-1: the fork's file bk-repo.yaml has workdir: repo, and bp-1 works on no repository: a fork keeps its origin's workdir"},
+		{"a backlog on a repository, with a file without workdir: repo", client.ForkRequest{Origin: "bg-1", At: inRepo, As: "bg-2", Pipeline: &plainFile},
+			"bg-1: bg-1 works on a repository (workdir: repo, target loopbus/bg-1), and the fork's file bk-dir.yaml has no workdir: repo: a fork keeps its origin's workdir"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := c.Fork(ctx, tc.req); !errors.Is(err, client.ErrBadInput) || !strings.Contains(err.Error(), tc.says) {

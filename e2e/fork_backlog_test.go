@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -102,5 +103,148 @@ printf '{"task_id": "%s", "status": "done", "summary": "%s done"}\n' "$LOOPBUS_S
 	}
 	if n := len(events(t, global, "bf-1")); n != len(evs) {
 		t.Errorf("the original has %d events, had %d", n, len(evs))
+	}
+}
+
+// TestForkRepoBacklogAfterTheFirstTask: a finished backlog with workdir:
+// repo, of two tasks, is forked at T001's loop.merged, where T002 had not
+// merged: the fork keeps T001 (done, not run again), runs T002 again on
+// the origin's head at that point in a job of its own, merges it into its
+// own branch, and 'loopbus pull FORK --repo DIR' brings a branch holding
+// T001's commit (the origin's) and the fork's T002; the origin's branch,
+// pull and manifest are unchanged. A fork file without workdir: repo is
+// refused.
+func TestForkRepoBacklogAfterTheFirstTask(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	runs := filepath.Join(dir, "runs.log")
+	writeFiles(t, repo, map[string]string{"test.sh": "ls *.txt >/dev/null 2>&1 || [ \"$LOOPBUS_STEP\" = review ]\n"})
+	commitAll(t, repo)
+	userRepo := repoState(t, repo)
+	backlog := func(workdir string) string {
+		return `kind: backlog
+name: rb
+agents:
+  a: {backend: exec, command: [sh, agent.sh]}
+roles: {iterate: a}
+max_parallel: 1
+validate: [sh, test.sh]
+` + workdir
+	}
+	writeFiles(t, dir, map[string]string{
+		// Each task run writes <task>.txt naming its session, and logs
+		// its job.
+		"agent.sh": `set -eu
+case $LOOPBUS_STEP in
+review) printf '{"task_id": "review", "status": "done", "summary": "all done"}\n' > "$LOOPBUS_OUTPUT_DIR/summary.json" ;;
+*)
+	echo "$LOOPBUS_STEP by $LOOPBUS_SESSION" > "$LOOPBUS_STEP.txt"
+	echo "$LOOPBUS_JOB" >> ` + runs + `
+	printf '{"task_id": "%s", "status": "done", "summary": "wrote %s.txt"}\n' "$LOOPBUS_STEP" "$LOOPBUS_STEP" > "$LOOPBUS_OUTPUT_DIR/summary.json"
+	;;
+esac
+`,
+		"rb.yaml":    backlog("workdir: repo\ntarget: {base: main}\n"),
+		"plain.yaml": backlog(""),
+		"to-do.json": `{"schema_version": 1, "tasks": [{"id": "T001", "title": "First", "status": "todo", "priority": 1}, {"id": "T002", "title": "Second", "status": "todo", "priority": 2, "depends_on": ["T001"]}]}`,
+	})
+	global := []string{"--data", filepath.Join(dir, "data")}
+	r := loopbus(t, append([]string{"run", filepath.Join(dir, "rb.yaml"), "--tasks", filepath.Join(dir, "to-do.json"), "--repo", repo, "--session", "rb-1"}, global...)...)
+	if r.code != 0 {
+		t.Fatalf("run: exit %d\n%s", r.code, r.stderr)
+	}
+	originHead := git(t, repo, "rev-parse", "loopbus/rb-1")
+	before := loopbus(t, append([]string{"status", "rb-1", "--json"}, global...)...)
+	evs := events(t, global, "rb-1")
+	first := slices.IndexFunc(evs, func(e cloudEvent) bool { return e.Type == "loopbus.loop.merged" })
+	if first < 0 || evs[first].Step != "T001" || count(evs, "loopbus.loop.merged", "") != 2 {
+		t.Fatalf("the origin merged %d runs, T001 not first", count(evs, "loopbus.loop.merged", ""))
+	}
+	at := strconv.Itoa(first + 1) // the stream holds only this session
+	mergedHead := git(t, repo, "rev-parse", "loopbus/rb-1~1")
+	if !strings.Contains(string(evs[first].Data), mergedHead) {
+		t.Fatalf("T001's merge made %s, not the target's first parent %s", evs[first].Data, mergedHead)
+	}
+
+	// A fork that would leave the repository is refused.
+	refused := loopbus(t, append([]string{"fork", "rb-1", "--at", at, "--as", "rb-3", "--pipeline", filepath.Join(dir, "plain.yaml")}, global...)...)
+	if want := "rb-1 works on a repository (workdir: repo, target loopbus/rb-1), and the fork's file " + filepath.Join(dir, "plain.yaml") + " has no workdir: repo"; refused.code != 2 || !strings.Contains(refused.stderr, want) {
+		t.Errorf("fork without workdir: repo: exit %d, want 2 with %q\n%s", refused.code, want, refused.stderr)
+	}
+
+	r = loopbus(t, append([]string{"fork", "rb-1", "--at", at, "--as", "rb-2"}, global...)...)
+	if r.code != 0 {
+		t.Fatalf("fork: exit %d, want 0 (completed)\n%s", r.code, r.stderr)
+	}
+	if want := "kept: T001; to run: T002"; !strings.Contains(r.stderr, want) {
+		t.Errorf("fork stderr does not say %q:\n%s", want, r.stderr)
+	}
+	log := strings.Fields(mustRead(t, runs))
+	if want := []string{"rb-1.T001.1", "rb-1.T002.1", "rb-2.T002.1"}; !slices.Equal(slices.Sorted(slices.Values(log)), want) {
+		t.Errorf("task runs %q, want %q (the fork runs only T002)", log, want)
+	}
+
+	pull := loopbus(t, append([]string{"pull", "rb-2", "--repo", repo}, global...)...)
+	if pull.code != 0 || !strings.Contains(pull.stdout+pull.stderr, "branch loopbus/rb-2 now points at") {
+		t.Fatalf("pull rb-2: exit %d\n%s%s", pull.code, pull.stdout, pull.stderr)
+	}
+	clone := checkTarget(t, repo, "loopbus/rb-2")
+	if got := mustRead(t, filepath.Join(clone, "T001.txt")); got != "T001 by rb-1\n" {
+		t.Errorf("the fork's T001.txt: %q, want the origin's", got)
+	}
+	if got := mustRead(t, filepath.Join(clone, "T002.txt")); got != "T002 by rb-2\n" {
+		t.Errorf("the fork's T002.txt: %q, want the fork's", got)
+	}
+	// The fork's branch grows from the origin's head at the fork point.
+	if git(t, repo, "rev-parse", "loopbus/rb-2~1") != mergedHead {
+		t.Errorf("loopbus/rb-2 does not build on the origin's head at the fork point %s:\n%s", mergedHead, git(t, repo, "log", "--oneline", "loopbus/rb-2"))
+	}
+	var st struct {
+		Status string `json:"status"`
+		Steps  map[string]struct {
+			Status      string `json:"status"`
+			ContentHash string `json:"contentHash"`
+		} `json:"steps"`
+		Target struct {
+			Branch string `json:"branch"`
+			Head   string `json:"head"`
+			Merges int    `json:"merges"`
+		} `json:"target"`
+	}
+	if err := json.Unmarshal([]byte(loopbus(t, append([]string{"status", "rb-2", "--json"}, global...)...).stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if tg := st.Target; st.Status != "completed" || tg.Branch != "loopbus/rb-2" || tg.Head != git(t, repo, "rev-parse", "loopbus/rb-2") || tg.Merges != 2 {
+		t.Errorf("the fork's status %s, target %+v", st.Status, tg)
+	}
+	if st.Steps["T001"].ContentHash != parseManifest(t, before.stdout).Steps["T001"].ContentHash {
+		t.Errorf("the fork's T001 %+v, want the origin's result", st.Steps["T001"])
+	}
+	if tasks := loopbus(t, append([]string{"tasks", "rb-2", "--json"}, global...)...); tasks.code != 0 || strings.Count(tasks.stdout, `"done"`) < 2 {
+		t.Errorf("tasks rb-2: exit %d\n%s%s", tasks.code, tasks.stdout, tasks.stderr)
+	}
+	for _, e := range events(t, global, "rb-2")[first+2:] {
+		if e.Type == "loopbus.job.requested" && strings.Contains(string(e.Data), `"loopbus/rb-1`) {
+			t.Errorf("the fork's job works on the origin's branch: %s", e.Data)
+		}
+	}
+
+	// The origin is untouched: its branch, its pull, its manifest, and
+	// the user's branch, index and working tree.
+	if h := git(t, repo, "rev-parse", "loopbus/rb-1"); h != originHead {
+		t.Errorf("loopbus/rb-1 moved: %s, was %s", h, originHead)
+	}
+	if p := loopbus(t, append([]string{"pull", "rb-1", "--repo", repo}, global...)...); p.code != 0 || !strings.Contains(p.stdout+p.stderr, "branch loopbus/rb-1 was already at") {
+		t.Errorf("pull rb-1: exit %d\n%s%s", p.code, p.stdout, p.stderr)
+	}
+	if after := loopbus(t, append([]string{"status", "rb-1", "--json"}, global...)...); after.stdout != before.stdout {
+		t.Errorf("the original's manifest changed:\n--- before\n%s\n--- after\n%s", before.stdout, after.stdout)
+	}
+	if n := len(events(t, global, "rb-1")); n != len(evs) {
+		t.Errorf("the original has %d events, had %d", n, len(evs))
+	}
+	if after := repoState(t, repo); after != userRepo {
+		t.Errorf("the user's branch, index or working tree changed:\nbefore %s\nafter  %s", userRepo, after)
 	}
 }

@@ -211,11 +211,7 @@ func (o *Session) forkLoopsAs(ev schemas.Event, d *schemas.SessionForked) *Sessi
 	fate := o.loopFates(d)
 	s := o.forkBase(ev, d)
 	s.Kind = schemas.KindLoops
-	l := &LoopsState{Def: *d.Pipeline.Loops, Start: o.Loops.Start, Loops: map[string]*Loop{}, Head: o.Loops.Head, Bundles: slices.Clone(o.Loops.Bundles),
-		Merges: o.Loops.Merges}
-	if l.Start.Target != "" {
-		l.Start.Target = TargetOf(ev.Session)
-	}
+	l := o.Loops.forkTarget(ev.Session, *d.Pipeline.Loops)
 	s.Loops = l
 	for _, id := range sortedLoopIDs(o.Loops) {
 		old := o.Loops.Loops[id]
@@ -233,7 +229,7 @@ func (o *Session) forkLoopsAs(ev schemas.Event, d *schemas.SessionForked) *Sessi
 			continue
 		}
 		lp := *old
-		lp.Status, lp.Candidate, lp.Passed, lp.Parts, lp.Base, lp.MergeCommit, lp.Rebases, lp.ChildErrors = LoopRunning, nil, nil, nil, l.Head, "", 0, 0
+		lp.startOver(l.Head)
 		l.Loops[id] = &lp
 		st := &Step{Def: loopStepDef(id, lv), Status: StepPending}
 		if prev := o.Steps[id]; prev != nil {
@@ -245,6 +241,27 @@ func (o *Session) forkLoopsAs(ev schemas.Event, d *schemas.SessionForked) *Sessi
 		s.Steps[id] = st
 	}
 	return s
+}
+
+// forkTarget is the repository part of a fork (session) of l's session,
+// whose loops run def: its target branch is its own (TargetOf session,
+// when l's session has one) and starts at l's head, which l's bundles (the
+// origin's start and merges, shared write-once artifacts) bring a worker
+// to; the merge count goes on. It has no loops yet, and no merge queue:
+// the origin's merge in flight stays the origin's.
+func (l *LoopsState) forkTarget(session string, def schemas.Loops) *LoopsState {
+	f := &LoopsState{Def: def, Start: l.Start, Loops: map[string]*Loop{}, Head: l.Head, Bundles: slices.Clone(l.Bundles), Merges: l.Merges}
+	if f.Start.Target != "" {
+		f.Start.Target = TargetOf(session)
+	}
+	return f
+}
+
+// startOver makes a loop of an origin one that runs again in a fork, on
+// the fork's target head: what it had done, passed or merged is the
+// origin's.
+func (lp *Loop) startOver(head string) {
+	lp.Status, lp.Candidate, lp.Passed, lp.Parts, lp.Base, lp.MergeCommit, lp.Rebases, lp.ChildErrors = LoopRunning, nil, nil, nil, head, "", 0, 0
 }
 
 // What a fork does with a loop of its origin.
@@ -380,19 +397,23 @@ func (o *Session) forkBase(ev schemas.Event, d *schemas.SessionForked) *Session 
 
 // backlogForkRefusal says why a backlog session o cannot fork as d says
 // ("" when it can): its state at the point is gone (it had ended), the
-// fork's file is no backlog, either works on a repository (workdir: repo,
-// whose target branch is not carried into a fork, as for loops), or a
+// fork's file is no backlog, one of the two works on a repository
+// (workdir: repo) and the other does not (a fork keeps its origin's
+// workdir: its runs' changes are in the target branch, or in none), or a
 // role whose definition changed had completed runs at the fork point:
 // running those again would take their changes back from the task list,
 // which a fork keeps as it was.
 func backlogForkRefusal(o *Session, d *schemas.SessionForked) string {
+	repo := d.Pipeline.Backlog != nil && d.Pipeline.Backlog.Workdir == schemas.WorkdirRepo
 	switch {
 	case o.Backlog == nil || o.terminal():
 		return "it had ended at the fork point (" + o.Status + "): fork it at an event before its end"
 	case d.Pipeline.Backlog == nil:
 		return "the fork's file is no backlog"
-	case o.Loops != nil || o.Backlog.Def.Workdir == schemas.WorkdirRepo || d.Pipeline.Backlog.Workdir == schemas.WorkdirRepo:
-		return "fork of a backlog session with workdir: repo is not supported yet"
+	case repo && o.Loops == nil:
+		return "the fork's file has workdir: repo, and the origin works on no repository: a fork keeps its origin's workdir"
+	case !repo && o.Loops != nil:
+		return "the origin works on a repository (workdir: repo, target " + TargetOf(o.ID) + "), and the fork's file has no workdir: repo: a fork keeps its origin's workdir"
 	}
 	changed := slices.Concat(d.Changed, schemas.ChangedRoles(o.Pipeline, d.Pipeline, o.DefinitionFiles, d.DefinitionFiles, o.Input.Digest != d.Input.Digest))
 	for _, role := range changed {
@@ -425,14 +446,35 @@ func roleOf(step string) string {
 // list); runs not finished (due, running, waiting for approval) run again
 // from their first iteration, in jobs of the fork, with the fork's
 // definition of their role. backlogForkRefusal refused the rest.
+//
+// With workdir: repo, the fork's target branch is its own and starts at
+// the origin's target head at the fork point (see forkTarget): runs merged
+// there are kept, their commits in it. A run whose work had passed but
+// was not merged there (queued, or its merge in flight) is not finished
+// either: it runs again on that head, and its task's entry stays as its
+// summary left it until its run in the fork passes (as after a
+// conflicting merge); the origin's merge in flight stays the origin's.
 func (o *Session) forkBacklogAs(ev schemas.Event, d *schemas.SessionForked) *Session {
 	s := o.forkBase(ev, d)
 	s.Kind = schemas.KindBacklog
 	b := o.Backlog.clone()
 	b.Def = *d.Pipeline.Backlog
 	s.Backlog = b
+	again := func(name string) bool { return o.Steps[name].active() }
+	if o.Loops != nil {
+		s.Loops = o.Loops.forkTarget(ev.Session, o.Loops.Def)
+		again = func(name string) bool { return o.Steps[name].active() || o.busyTask(name) }
+		for id, old := range o.Loops.Loops {
+			lp := *old
+			lp.Parts = slices.Clone(old.Parts)
+			if o.Steps[id] == nil || again(id) {
+				lp.startOver(s.Loops.Head)
+			}
+			s.Loops.Loops[id] = &lp
+		}
+	}
 	for name, old := range o.Steps {
-		if !old.active() {
+		if !again(name) {
 			kept := *old
 			s.Steps[name] = &kept
 			continue

@@ -135,7 +135,7 @@ func TestCheckForkBacklog(t *testing.T) {
 		{"at its end", done[len(done)-1].ID, nil, "it had ended at the fork point (completed): fork it at an event before its end"},
 		{"the iterate role changed after a task run completed", t1Done, ptr(withPrompt(schemas.RoleIterate)),
 			"role iterate changed, and runs of it had completed at the fork point (T1): running them again is not supported yet"},
-		{"with workdir: repo", t1Done, ptr(repo), "fork of a backlog session with workdir: repo is not supported yet"},
+		{"a file with workdir: repo, of an origin on no repository", t1Done, ptr(repo), "the fork's file has workdir: repo, and the origin works on no repository: a fork keeps its origin's workdir"},
 		{"into loops", t1Done, ptr(treePipeline()), "forks backlog session s1 into a loops session: a fork keeps its origin's kind"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -70,6 +70,7 @@ func (m *Manifest) loopMerged(d *schemas.LoopMerged) {
 	if lp := m.loop(d.Loop); lp != nil {
 		lp.Status, lp.MergeCommit = LoopStatusCompleted, d.Head
 	}
+	m.dropUnmerged(d.Loop)
 	if t := m.Target; t != nil {
 		t.Head = orElse(d.Head, t.Head)
 		t.Merges++
@@ -82,6 +83,9 @@ func (m *Manifest) loopMerged(d *schemas.LoopMerged) {
 // loopRebase records a rebase; one after a conflicting merge runs the
 // loop again: its step is unfinished, with the conflict as feedback.
 func (m *Manifest) loopRebase(d *schemas.LoopRebase) {
+	if len(d.Conflict) > 0 {
+		m.dropUnmerged(d.Loop) // its next job leaves changes anew
+	}
 	lp := m.loop(d.Loop)
 	if lp == nil || len(d.Conflict) == 0 {
 		return
@@ -116,6 +120,32 @@ func (m *Manifest) loopCommit(jobID string, g *schemas.GitResult) {
 	lp.Commit = ""
 	if g.Changed {
 		lp.Commit = g.Commit
+	}
+}
+
+// runCommit records, for a backlog with workdir: repo, whether the
+// current job of a run left changes (to merge once the run passes), as
+// the orchestrator keeps its candidate.
+func (m *Manifest) runCommit(jobID string, g *schemas.GitResult) {
+	j := m.Jobs[jobID]
+	if m.Kind != schemas.KindBacklog || m.Target == nil || j == nil || j.Merge || j.Status == JobStatusCancelled {
+		return
+	}
+	if sv := m.Steps[j.Step]; sv == nil || sv.JobID != jobID || sv.Status == StepStatusCompleted || sv.Status == StepStatusFailed {
+		return
+	}
+	m.dropUnmerged(j.Step)
+	if g.Changed {
+		m.Target.Unmerged = append(m.Target.Unmerged, j.Step)
+	}
+}
+
+// dropUnmerged takes run name out of the target's unmerged runs.
+func (m *Manifest) dropUnmerged(name string) {
+	if t := m.Target; t != nil && slices.Contains(t.Unmerged, name) {
+		if t.Unmerged = slices.DeleteFunc(t.Unmerged, func(n string) bool { return n == name }); len(t.Unmerged) == 0 {
+			t.Unmerged = nil
+		}
 	}
 }
 
@@ -194,9 +224,16 @@ func (m *Manifest) forkLoops(d *schemas.SessionForked) {
 		loops = append(loops, lp)
 	}
 	m.Loops = loops
+	m.forkTarget()
+}
+
+// forkTarget makes the target branch of a fork its own: it starts at the
+// origin's head at the fork point; the runs not merged there run again.
+func (m *Manifest) forkTarget() {
 	if m.Target != nil && m.Target.Branch != "" {
-		// The fork's target is its own, at the origin's head at the
-		// fork point.
 		m.Target.Branch = "loopbus/" + m.ContentID
+	}
+	if m.Target != nil {
+		m.Target.Unmerged = nil
 	}
 }

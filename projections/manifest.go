@@ -287,6 +287,11 @@ type TargetView struct {
 	Repo string `json:"repo,omitempty"`
 	// Task is the first line of the session's task.
 	Task string `json:"task,omitempty"`
+	// Unmerged are the runs of a backlog with workdir: repo whose current
+	// job left changes not merged into Branch yet (the run goes on,
+	// passed and waits to merge, or merges), in the order they came: a
+	// fork runs them again (its target starts at Head).
+	Unmerged []string `json:"unmerged,omitempty"`
 }
 
 // Hold says why a session or step is held.
@@ -546,6 +551,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		m.jobEnded(id, orElse(d.Step, ev.Step), d.Iteration, JobStatusCompleted, d.Worker, d.Usage)
 		if d.Git != nil {
 			m.loopCommit(id, d.Git)
+			m.runCommit(id, d.Git)
 		}
 
 	case schemas.TypeValidationFailed:
@@ -736,6 +742,7 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		if lp := m.loop(orElse(d.Step, ev.Step)); lp != nil {
 			lp.Status = LoopStatusFailed
 		}
+		m.dropUnmerged(orElse(d.Step, ev.Step))
 		m.syncLoop(orElse(d.Step, ev.Step))
 
 	case schemas.TypeSessionPaused:
@@ -1114,7 +1121,8 @@ type ForkView struct {
 //
 // A loops session's loop tree forks as the orchestrator forks it (see
 // forkLoops); a backlog session keeps its task list and finished runs,
-// and its runs not finished start over.
+// and its runs not finished (with workdir: repo: not merged) start over.
+// A fork's target branch is its own (see forkTarget).
 func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
 	switch {
 	case m.Status == StatusClosed || m.Terminal() && m.Kind != "":
@@ -1123,12 +1131,14 @@ func (m *Manifest) fork(d *schemas.SessionForked, at time.Time) {
 		m.forkLoops(d)
 	case m.Kind == schemas.KindBacklog && d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil:
 		// The task list and the finished runs stand; the runs not
-		// finished run again from scratch.
-		for _, sv := range m.Steps {
-			if sv.Status != StepStatusCompleted && sv.Status != StepStatusFailed {
+		// finished (with workdir: repo, not merged) run again from
+		// scratch.
+		for name, sv := range m.Steps {
+			if sv.Status != StepStatusCompleted && sv.Status != StepStatusFailed || m.Target != nil && slices.Contains(m.Target.Unmerged, name) {
 				sv.startOver()
 			}
 		}
+		m.forkTarget()
 	case m.Kind != "" || d.Pipeline.Kind != "" && d.Pipeline.Kind != schemas.KindPipeline:
 		return // the orchestrator refuses it: not supported (yet)
 	default:
@@ -1342,6 +1352,7 @@ func (m *Manifest) runStep(name string, maxIterations int) *StepView {
 	}
 	sv.Status, sv.JobID, sv.Worker, sv.Wait = StepStatusPending, "", "", nil
 	sv.Iterations, sv.ErrorMessage = 0, ""
+	m.dropUnmerged(name)
 	return sv
 }
 

@@ -299,3 +299,63 @@ func TestManifestForkOfAnImport(t *testing.T) {
 		t.Errorf("fork of an import: import %+v, summary %s, status %s", m.Import, m.Steps["summary"].Status, m.Status)
 	}
 }
+
+// TestManifestForkRepoBacklog: a backlog with workdir: repo forked after
+// T001 merged and T002 passed (its merge still to come): T001 is kept,
+// T002, whose changes were not merged, starts over; the fork's target is
+// its own branch, at the origin's head at the point.
+func TestManifestForkRepoBacklog(t *testing.T) {
+	var o builder
+	in := inputRef(forkOrigin)
+	base := bundleRef("base.bundle")
+	p := backlogPipeline()
+	bk := *p.Backlog
+	bk.Workdir = schemas.WorkdirRepo
+	p.Backlog = &bk
+	o.add(forkOrigin, schemas.TypeSessionStarted, "", "", &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: shortHash(in.Digest),
+		Backlog: &schemas.BacklogStart{Tasks: importedTasks()},
+		Loops:   &schemas.LoopsStart{Repo: "docs", Base: "main", BaseCommit: baseCommit, Bundle: &base, Target: "loopbus/" + forkOrigin}})
+	o.phase(forkOrigin, schemas.PhaseIterate, "imported")
+	run := func(id string, git *schemas.GitResult) {
+		job := o.request(forkOrigin, id, 1)
+		o.jobStarted(forkOrigin, id, job, "w1")
+		a := artifact(forkOrigin, id, 1, "summary.json", `{"task_id": "`+id+`", "status": "done", "summary": "ok"}`)
+		o.add(forkOrigin, schemas.TypeArtifactStored, id, job, &schemas.ArtifactStored{JobID: job, Artifact: a})
+		o.add(forkOrigin, schemas.TypeJobCompleted, id, job, &schemas.JobCompleted{JobID: job, Step: id, Iteration: 1, Worker: "w1", Artifacts: []schemas.ArtifactRef{a}, Git: git})
+		o.passed(forkOrigin, id, job, 1, a)
+		o.taskUpdated(forkOrigin, schemas.TaskUpdated{ID: id, Status: schemas.TaskDone, By: job})
+		o.stepCompleted(forkOrigin, id, job, 1, "task-summary/1", a)
+	}
+	o.taskSelected(forkOrigin, "T001", 1, "first")
+	c1 := &schemas.GitResult{Commit: commit("c1"), Base: baseCommit, Bundle: ptr(bundleRef("c1.bundle")), Changed: true}
+	run("T001", c1)
+	o.taskSelected(forkOrigin, "T002", 1, "next")
+	mj := forkOrigin + ".T001.merge1"
+	o.add(forkOrigin, schemas.TypeJobRequested, "T001", mj, &schemas.JobRequested{JobID: mj, Step: "T001", Iteration: 1, Attempt: 1, Agent: agentSpec("x"),
+		Prompt: "merge", Inputs: []schemas.ArtifactRef{}, Worktree: &schemas.WorktreeSpec{Base: baseCommit, From: c1.Commit, Branch: "loopbus/" + forkOrigin, Merge: true}})
+	h1 := commit("h1")
+	o.add(forkOrigin, schemas.TypeJobCompleted, "T001", mj, &schemas.JobCompleted{JobID: mj, Step: "T001", Iteration: 1, Worker: "w2",
+		Git: &schemas.GitResult{Commit: h1, Base: baseCommit, Bundle: ptr(bundleRef("merge1.bundle")), Changed: true}})
+	o.add(forkOrigin, schemas.TypeLoopMerged, "T001", "", &schemas.LoopMerged{Loop: "T001", JobID: mj, Head: h1, Previous: baseCommit, Bundle: bundleRef("merge1.bundle"), Position: 1})
+	run("T002", &schemas.GitResult{Commit: commit("c2"), Base: h1, Bundle: ptr(bundleRef("c2.bundle")), Changed: true})
+
+	if tg := foldAll(o.evs).Target; tg == nil || !slices.Equal(tg.Unmerged, []string{"T002"}) || tg.Head != h1 {
+		t.Fatalf("the origin's target at the point: %+v, want T002 unmerged at %s", tg, h1)
+	}
+	m := foldAll(forkOf(o.evs, sessionID, schemas.SessionForked{Origin: forkOrigin, Pipeline: p, Input: in, SourceHash: shortHash(in.Digest)}))
+	if sv := m.Steps["T001"]; sv == nil || sv.Status != StepStatusCompleted || sv.ContentHash == "" {
+		t.Errorf("T001 %+v, want kept (merged)", sv)
+	}
+	if sv := m.Steps["T002"]; sv == nil || sv.Status != StepStatusPending || sv.JobID != "" || sv.ContentHash != "" {
+		t.Errorf("T002 %+v, want pending from scratch (not merged)", sv)
+	}
+	if tg := m.Target; tg == nil || tg.Branch != "loopbus/"+sessionID || tg.Head != h1 || tg.Merges != 1 || len(tg.Bundles) != 2 || tg.Unmerged != nil {
+		t.Errorf("the fork's target %+v, want loopbus/%s at %s", m.Target, sessionID, h1)
+	}
+	// The origin's merge of T002 empties its unmerged runs.
+	mj = forkOrigin + ".T002.merge2"
+	o.add(forkOrigin, schemas.TypeLoopMerged, "T002", "", &schemas.LoopMerged{Loop: "T002", JobID: mj, Head: commit("h2"), Previous: h1, Bundle: bundleRef("merge2.bundle"), Position: 2})
+	if tg := foldAll(o.evs).Target; tg.Unmerged != nil || tg.Merges != 2 {
+		t.Errorf("the origin's target after T002's merge: %+v", tg)
+	}
+}

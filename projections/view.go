@@ -30,6 +30,7 @@ func (m *Manifest) Clone() *Manifest {
 	if m.Target != nil {
 		t := *m.Target
 		t.Bundles = slices.Clone(m.Target.Bundles)
+		t.Unmerged = slices.Clone(m.Target.Unmerged)
 		c.Target = &t
 	}
 	if m.Jobs != nil {

@@ -44,14 +44,16 @@ their level; the others run again, and the loops under them are spawned
 anew when they pass. A backlog session keeps its task list as it was at
 the fork point and the runs that had finished; runs not finished run
 again, and a role changed by --pipeline runs its later runs with its new
-definition. A loops session whose levels work in git worktrees forks its
-target branch too: the fork's is its own (loopbus/NEW), starting where
-SESSION's was at the fork point, with the loops merged by then; the loops
-not merged by then run again on it and merge into it ('loopbus pull NEW
---repo DIR' brings it). Not supported yet: a loops fork that would run
-again a loop merged at the fork point (its level, or one above it,
-changed), a backlog with workdir: repo, a loops or backlog session forked
-at or after its end, and a backlog whose changed role had completed runs.
+definition. A loops session whose levels work in git worktrees, and a
+backlog with workdir: repo, fork their target branch too: the fork's is
+its own (loopbus/NEW), starting where SESSION's was at the fork point,
+with the loops or task runs merged by then; those not merged by then run
+again on it and merge into it ('loopbus pull NEW --repo DIR' brings it).
+Refused: a backlog file that switches between workdir: repo and not.
+Not supported yet: a loops fork that would run again a loop merged at the
+fork point (its level, or one above it, changed), a loops or backlog
+session forked at or after its end, and a backlog whose changed role had
+completed runs.
 
 Like run, fork follows the new session to its end and exits as run does (0
 completed, 1 failed, 2 usage errors, 3 stopped by its budget, 5 closed, 130
