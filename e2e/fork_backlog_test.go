@@ -157,8 +157,8 @@ printf '{"task_id": "%s", "status": "done", "summary": "%s done by %s"}\n' "$LOO
 	// the point moves back to before the decision that completed it; the
 	// stream holds only this session, so sequences are positions.
 	at, point := done+2, beforeDecision(evs, done)+1
-	if point >= done+1 || point < 1 || evs[point-1].Type != "loopbus.validation.passed" && evs[point-1].Type != "loopbus.job.completed" {
-		t.Fatalf("the event before T001's completion decision is at %d (%+v), its completion at %d", point, evs[max(point-1, 0)], done+1)
+	if point >= done+1 || point < 1 {
+		t.Fatalf("the event before T001's completion decision is at %d, its completion at %d", point, done+1)
 	}
 
 	r := loopbus(t, append([]string{"fork", "br-1", "--at", strconv.Itoa(at), "--as", "br-2", "--pipeline", filepath.Join(dir, "iterate.yaml")}, global...)...)
