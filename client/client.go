@@ -19,6 +19,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
@@ -45,6 +47,8 @@ var (
 	ErrSessionExists = errors.New("session already exists")
 	ErrNoSession     = errors.New("no such session")
 	ErrBadInput      = errors.New("invalid input")
+	// ErrDeadLettered: an event was refused (see Watch).
+	ErrDeadLettered = errors.New("dead-lettered")
 )
 
 // NewSessionID returns "<pipeline>-<yyyymmdd>-<4 hex>", shortened to fit
@@ -170,10 +174,20 @@ func CheckBudget(b schemas.Budget) error {
 	return nil
 }
 
+// DeadLetterAwaiter is what Watch needs to notice that the orchestrator
+// refused the event that starts a session (see bus.Bus.AwaitDeadLetter).
+type DeadLetterAwaiter interface {
+	AwaitDeadLetter(ctx context.Context, seq uint64) (bus.DeadLetter, error)
+}
+
 // Watch folds a session's events into its manifest from the start, calling
 // onEvent after each (with the manifest so far), until the session ends or
 // ctx does. It returns the last manifest; ErrNoSession if, once caught up,
-// the session has no session.started.
+// the session has no session.started. When b is a DeadLetterAwaiter, an
+// error wrapping ErrDeadLettered, with the reason, if the event that last
+// started the session (its session.started or session.forked, or a
+// session.rerun) was dead-lettered: the orchestrator refused it, so
+// nothing will run, and the watch would wait forever.
 func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Event, *projections.Manifest)) (*projections.Manifest, error) {
 	var m *projections.Manifest
 	// A stop by the budget ends the watch only at the head: a later
@@ -181,6 +195,32 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 	// later session.rerun may have reopened an ended session).
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
+	letters, _ := b.(DeadLetterAwaiter)
+	var start schemas.Event // the event that last started the session
+	var refused error
+	var awaiting sync.WaitGroup
+	stopAwait := func() {}
+	// await watches for a dead letter of start from the head on (one
+	// reader at a time: the catch-up only notes the latest start).
+	await := func() {
+		stopAwait()
+		if letters == nil || start.Seq == 0 {
+			return
+		}
+		actx, cancel := context.WithCancel(rctx)
+		stopAwait = cancel
+		awaiting.Add(1)
+		go func(ev schemas.Event) {
+			defer awaiting.Done()
+			dl, err := letters.AwaitDeadLetter(actx, ev.Seq)
+			if err != nil {
+				return
+			}
+			refused = fmt.Errorf("session %s will not run: its %s at stream sequence %d was %w by %s: %s",
+				session, strings.TrimPrefix(ev.Type, "loopbus."), ev.Seq, ErrDeadLettered, dl.Consumer, dl.Reason)
+			stop()
+		}(start)
+	}
 	caughtUp := false
 	err := b.Read(rctx, bus.ReadOptions{
 		Subjects:   []string{schemas.SessionSubjects(session)},
@@ -190,7 +230,9 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 			caughtUp = true
 			if m.Terminal() || m.StoppedByBudget() {
 				stop()
+				return
 			}
+			await()
 		},
 	}, func(ev schemas.Event) error {
 		m = projections.FoldManifest(m, ev)
@@ -202,12 +244,24 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 		if caughtUp && (m.Terminal() || m.StoppedByBudget()) {
 			return bus.ErrStop
 		}
+		switch ev.Type {
+		case schemas.TypeSessionStarted, schemas.TypeSessionForked, schemas.TypeSessionRerun:
+			if ev.ForkOf == "" {
+				if start = ev; caughtUp {
+					await()
+				}
+			}
+		}
 		return nil
 	})
-	if err != nil {
+	stopAwait()
+	awaiting.Wait()
+	switch {
+	case refused != nil:
+		return m, refused
+	case err != nil:
 		return m, err
-	}
-	if m == nil {
+	case m == nil:
 		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
 	}
 	return m, ctx.Err()

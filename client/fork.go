@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -47,12 +48,37 @@ type Forked struct {
 	Session string
 	Event   schemas.Event
 	Seq     uint64
-	// Point is the origin's event at the fork point.
-	Point schemas.Event
+	// Point is the origin's event at the fork point; Requested the one
+	// asked for. They differ when the fork's pipeline runs again work
+	// done before Requested that later work was built on: Point is then
+	// the last event before the decision that did the first of it, and
+	// Redo the work each step back moved before, the first of it last
+	// (see Fork); nil when Point is Requested.
+	Point, Requested schemas.Event
+	Redo             []ForkRedo
 	// Kept are the steps that keep the origin's results; Again the steps
 	// that run again (changed, not completed at the point, or requiring
 	// one that runs again).
 	Kept, Again []string
+}
+
+// MovedBack says in one line why the fork point moved back from the one
+// asked for, e.g. "fork point moved back from stream sequence 57 to 41:
+// loop plan-002 (level code, changed) merged at 44, and later work was
+// built on it"; "" when it did not.
+func (f Forked) MovedBack() string {
+	if len(f.Redo) == 0 {
+		return ""
+	}
+	var why []string
+	for _, r := range slices.Backward(f.Redo) {
+		why = append(why, r.String())
+	}
+	on := "it"
+	if len(why) > 1 {
+		on = "them"
+	}
+	return fmt.Sprintf("fork point moved back from stream sequence %d to %d: %s, and later work was built on %s", f.Requested.Seq, f.Point.Seq, strings.Join(why, ", "), on)
 }
 
 // NewForkID returns "<origin>-fork-<4 hex>", shortened to fit the
@@ -78,18 +104,28 @@ func NewForkID(origin string) string {
 // The fork runs under the origin's budget at the point (raises by
 // loopbus budget included), tightened by a changed pipeline's budget.
 //
+// Changed work runs again with its dependents, and so does work built on
+// it: when req.Pipeline runs again (or drops) a loop merged into the
+// origin's target branch before the requested point (its level, or one
+// above it, changed), or a backlog run of a changed role that had
+// completed there, every later merge or run of the origin was built on
+// it (on a target holding its commits, on the task list it left). Then
+// the fork point moves back to the last event before the orchestrator's
+// decision that merged the first such loop or completed the first such
+// run, where it was not done yet, and again until no such work is left
+// (see forkPoint): the fork is an ordinary fork at that point, and
+// Forked says where it moved and why.
+//
 // Errors: ErrNoSession for an unknown origin; ErrSessionExists for a
 // fork id in use; ErrBadInput (with what to do) for an unsafe id, a fork
 // point that is no event of the origin (an unknown sequence or id, an
 // event of another session, a point beyond the origin's end, a point in
-// the history the origin copied from its own origin), an origin with
-// more than schemas.MaxForkCopies events up to the point, an origin at
-// the end of a chain of schemas.MaxForkDepth forks, a loops fork
-// that would run again or drop a loop merged into the origin's target
-// branch at the point, a backlog fork that switches between workdir: repo
-// and not, a loops or backlog session forked at or after its end, a
-// backlog whose changed roles had completed runs, a pipeline of another
-// kind, or an unusable input file.
+// the history the origin copied from its own origin, or one moved back
+// there or before the origin's start), an origin with more than
+// schemas.MaxForkCopies events up to the point, an origin at the end of
+// a chain of schemas.MaxForkDepth forks, a backlog fork that switches
+// between workdir: repo and not, a loops or backlog session forked at or
+// after its end, a pipeline of another kind, or an unusable input file.
 //
 // A fork of a session that works on a repository (loops in git
 // worktrees, a backlog with workdir: repo) has a target branch of its
@@ -146,22 +182,10 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		return Forked{}, fmt.Errorf("%w: %s (a fork is a new session: pick another --as)", ErrSessionExists, as)
 	}
 
-	// The fork runs under the origin's budget at the point, raises by
-	// loopbus budget included (its usage carries over).
-	var budget *schemas.Budget
-	if m := projections.BuildManifest(req.Origin, history); m != nil {
-		budget = m.Budget
-	}
-	data := &schemas.SessionForked{Origin: req.Origin, Seq: point.Seq, Event: point.ID, Copied: len(history), Pipeline: start.Pipeline,
-		Input: start.Input, SourceHash: start.SourceHash, Budget: budget, DefinitionFiles: start.DefinitionFiles, Reason: req.Reason}
+	data := &schemas.SessionForked{Origin: req.Origin, Pipeline: start.Pipeline, Input: start.Input, SourceHash: start.SourceHash,
+		DefinitionFiles: start.DefinitionFiles, Reason: req.Reason}
 	if req.Pipeline != nil {
 		data.Pipeline = *req.Pipeline
-		if nb := req.Pipeline.Budget; nb != nil && (start.Pipeline.Budget == nil || *nb != *start.Pipeline.Budget) {
-			// A changed pipeline's budget tightens the fork's (the
-			// origin's unchanged one is in it already).
-			tight := nb.Tighter(orElseBudget(budget))
-			data.Budget = &tight
-		}
 		if req.Input == "" {
 			for _, st := range data.Pipeline.Steps {
 				if slices.ContainsFunc(st.Outputs, func(o schemas.Output) bool { return o.Name == data.Input.Name }) {
@@ -186,19 +210,36 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		}
 		data.Input, data.SourceHash = ref, schemas.ShortHash(ref.Digest)
 	}
-	data.Changed = schemas.ChangedSteps(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
+	inputChanged := data.Input.Digest != start.Input.Digest
 	switch data.Pipeline.Kind {
 	case schemas.KindLoops:
-		data.Changed = schemas.ChangedLevels(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
-		if err := mergedLoopsKept(data, history, req.Origin); err != nil {
-			return Forked{}, err
-		}
+		data.Changed = schemas.ChangedLevels(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, inputChanged)
 	case schemas.KindBacklog:
-		data.Changed = schemas.ChangedRoles(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, data.Input.Digest != start.Input.Digest)
-		if err := completedRunsOf(data.Changed, history, req.Origin); err != nil {
-			return Forked{}, err
+		data.Changed = schemas.ChangedRoles(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, inputChanged)
+	default:
+		data.Changed = schemas.ChangedSteps(start.Pipeline, data.Pipeline, start.DefinitionFiles, data.DefinitionFiles, inputChanged)
+	}
+	requested := point
+	n, redo, err := forkPoint(history, req.Origin, data)
+	if err != nil {
+		return Forked{}, err
+	}
+	history, point = history[:n], history[n-1]
+
+	// The fork runs under the origin's budget at the point, raises by
+	// loopbus budget included (its usage carries over).
+	if m := projections.BuildManifest(req.Origin, history); m != nil {
+		data.Budget = m.Budget
+	}
+	if req.Pipeline != nil {
+		if nb := req.Pipeline.Budget; nb != nil && (start.Pipeline.Budget == nil || *nb != *start.Pipeline.Budget) {
+			// A changed pipeline's budget tightens the fork's (the
+			// origin's unchanged one is in it already).
+			tight := nb.Tighter(orElseBudget(data.Budget))
+			data.Budget = &tight
 		}
 	}
+	data.Seq, data.Event, data.Copied = point.Seq, point.ID, len(history)
 
 	batch := copyHistory(history, as)
 	what, _ := json.Marshal(data)
@@ -225,7 +266,7 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 		return Forked{}, err
 	}
 	forked.Seq = p.Seq
-	out := Forked{Session: as, Event: forked, Seq: p.Seq, Point: point}
+	out := Forked{Session: as, Event: forked, Seq: p.Seq, Point: point, Requested: requested, Redo: redo}
 	if m := projections.BuildManifest(as, batch); m != nil {
 		for _, name := range m.StepOrder {
 			if m.Steps[name].Status == projections.StepStatusCompleted {
@@ -281,62 +322,160 @@ func hasRepo(evs []schemas.Event) bool {
 	return false
 }
 
-// mergedLoopsKept refuses (ErrBadInput) a loops fork that would run again,
-// or drop, a loop merged into the origin's target branch at the fork
-// point (history: the origin's events up to it), because its level or
-// one above it changed in d: the fork's target starts at the origin's
-// head there, which holds its commits, and taking them back out is not
-// supported yet. The loops stand as the orchestrator forks them; it
-// refuses such a fork too.
-func mergedLoopsKept(d *schemas.SessionForked, history []schemas.Event, origin string) error {
+// ForkRedo is work done before the requested fork point that the fork's
+// pipeline runs again (or drops) while later work of the origin was built
+// on it: a loop merged into the target branch (later merges were rebased
+// on a target holding its commits), or a completed backlog run (later
+// runs worked on the task list it left). The fork point moves back before
+// it (see Fork).
+type ForkRedo struct {
+	// Kind is "loop" (a loops session's loop) or "run" (a backlog's task
+	// run or role step); ID names it.
+	Kind, ID string
+	// Def is its level or role. Changed says Def's definition changed;
+	// otherwise the loop goes or runs again because the loop above it
+	// does, or the fork's file has no level Def.
+	Def     string
+	Changed bool
+	// Gone says the fork's file has no level Def.
+	Gone bool
+	// Event is its loop.merged or step.completed (the first, when there
+	// were more), at stream sequence Event.Seq of the origin.
+	Event schemas.Event
+}
+
+// String says what r is and where it was done, e.g. "loop plan-001
+// (level code, changed) merged at 44".
+func (r ForkRedo) String() string {
+	kind, did := "level", "merged"
+	if r.Kind == forkRedoRun {
+		kind, did = "role", "completed"
+	}
+	why := "changed"
+	switch {
+	case r.Gone:
+		why = "not in the fork's file"
+	case !r.Changed:
+		why = "under a loop that runs again"
+	}
+	return fmt.Sprintf("%s %s (%s %s, %s) %s at %d", r.Kind, r.ID, kind, r.Def, why, did, r.Event.Seq)
+}
+
+// What a ForkRedo is.
+const (
+	forkRedoLoop = "loop"
+	forkRedoRun  = "run"
+)
+
+// forkPoint returns how many events of history (the origin's, up to the
+// requested fork point) a fork as d keeps, and the work that made it keep
+// fewer (in the order the point moved back before it; none when the
+// point stays). Work the fork runs again while later work was built on
+// it (mergedLoopsRedone, completedRunsRedone) is not taken out of what
+// came after: instead the point moves back to the last event before the
+// decision that holds the first of it, where that work was not done yet
+// (so the fork runs it again, and what came after, as at any point), and
+// the check repeats there until nothing is redone. It moves back only,
+// so it ends. Errors (ErrBadInput): the point would fall before the
+// session's own start (in the history it copied from its origin).
+func forkPoint(history []schemas.Event, origin string, d *schemas.SessionForked) (int, []ForkRedo, error) {
+	n := len(history)
+	var moved []ForkRedo
+	for {
+		var redo []ForkRedo
+		switch d.Pipeline.Kind {
+		case schemas.KindLoops:
+			redo = mergedLoopsRedone(d, history[:n], origin)
+		case schemas.KindBacklog:
+			redo = completedRunsRedone(d.Changed, history[:n])
+		}
+		if len(redo) == 0 {
+			return n, moved, nil
+		}
+		first := slices.MinFunc(redo, func(a, b ForkRedo) int { return cmp.Compare(a.Event.Seq, b.Event.Seq) })
+		moved = append(moved, first)
+		i := slices.IndexFunc(history[:n], func(ev schemas.Event) bool { return ev.ID == first.Event.ID })
+		n = decisionStart(history, i)
+		if n == 0 || ownStart(history[:n]) == nil {
+			if up := ownStart(history); n > 0 && up != nil && up.Origin != "" {
+				return 0, nil, fmt.Errorf("%w: the fork runs again %s, and later work was built on it; the fork point would move back before it, into the history %s copied from its origin: fork %s instead (loopbus fork %s --at %s)",
+					ErrBadInput, first, origin, up.Origin, up.Origin, history[n-1].ForkOf)
+			}
+			return 0, nil, fmt.Errorf("%w: the fork runs again %s, and later work was built on it; the fork point would move back before %s started", ErrBadInput, first, origin)
+		}
+	}
+}
+
+// decisionStart returns the index in evs of the first event of the
+// decision evs[i] is part of. The orchestrator writes a decision's events
+// in a row (one atomic batch, or a chain guarded on the session's last
+// event), all with its source, the decision's trigger as causation and
+// the session's start as correlation: the state before that row is one
+// the orchestrator had, the state inside it is not.
+func decisionStart(evs []schemas.Event, i int) int {
+	ev := evs[i]
+	for i > 0 && ev.Causation != "" && evs[i-1].Source == ev.Source && evs[i-1].Causation == ev.Causation && evs[i-1].Correlation == ev.Correlation {
+		i--
+	}
+	return i
+}
+
+// mergedLoopsRedone returns the loops merged into the origin's target
+// branch at the fork point (history: the origin's events up to it) that a
+// loops fork as d would run again or drop, because their level or one
+// above it changed (or the fork's file has no such level), each with its
+// first loop.merged: their commits are in the head the fork would start
+// from, and later merges were rebased on them. The loops stand as the
+// orchestrator forks them; it refuses a fork at a point with such loops.
+func mergedLoopsRedone(d *schemas.SessionForked, history []schemas.Event, origin string) []ForkRedo {
 	m := projections.BuildManifest(origin, history)
 	if m == nil || d.Pipeline.Loops == nil {
 		return nil
 	}
 	stands := map[string]bool{}
-	var merged []string
+	var out []ForkRedo
 	for _, lp := range m.Loops {
 		// The manifest lists a parent before its children.
-		goes := lp.Parent != "" && !stands[lp.Parent] || d.Pipeline.Loops.Level(lp.Level) == nil
-		kept := !goes && lp.Status == projections.LoopStatusCompleted && !slices.Contains(d.Changed, lp.Level)
+		gone := d.Pipeline.Loops.Level(lp.Level) == nil
+		goes := lp.Parent != "" && !stands[lp.Parent] || gone
+		changed := slices.Contains(d.Changed, lp.Level)
+		kept := !goes && lp.Status == projections.LoopStatusCompleted && !changed
 		stands[lp.ID] = kept || !goes && lp.Status == projections.LoopStatusInvalidated
-		if lp.Status == projections.LoopStatusCompleted && lp.MergeCommit != "" && !kept {
-			merged = append(merged, lp.ID)
+		if lp.Status != projections.LoopStatusCompleted || lp.MergeCommit == "" || kept {
+			continue
+		}
+		i := slices.IndexFunc(history, func(ev schemas.Event) bool {
+			md, ok := ev.Data.(*schemas.LoopMerged)
+			return ok && md.Loop == lp.ID
+		})
+		if i >= 0 {
+			out = append(out, ForkRedo{Kind: forkRedoLoop, ID: lp.ID, Def: lp.Level, Changed: changed && !gone, Gone: gone, Event: history[i]})
 		}
 	}
-	if len(merged) > 0 {
-		slices.Sort(merged)
-		return fmt.Errorf("%w: loops merged into loopbus/%s at the fork point would run again or go (%s: their level, or one above them, changed): "+
-			"their commits stay in the target branch the fork starts from, so that is not supported yet; fork at an event before their merge, or keep their levels",
-			ErrBadInput, origin, strings.Join(merged, ", "))
-	}
-	return nil
+	return out
 }
 
-// completedRunsOf refuses (ErrBadInput) a backlog fork whose changed
-// roles had completed runs in history (the origin's, up to the fork
-// point): running them again would take their changes back from the task
-// list, which a fork keeps as it was; that is not supported yet. The
-// orchestrator, reading the origin's own history, refuses it too.
-func completedRunsOf(roles []string, history []schemas.Event, origin string) error {
-	for _, role := range roles {
-		var done []string
-		for _, ev := range history {
-			d, ok := ev.Data.(*schemas.StepCompleted)
-			if !ok || slices.Contains(done, d.Step) {
-				continue
-			}
-			if r := d.Step; r == role || role == schemas.RoleIterate && !slices.Contains(backlog.ReservedIDs(), r) {
-				done = append(done, d.Step)
-			}
+// completedRunsRedone returns the runs of the changed roles that had
+// completed in history (the origin's, up to the fork point), each with its
+// first step.completed: the fork would run them again with their role's
+// new definition, while their changes are in the task list it keeps and
+// later runs worked on that list. The orchestrator, reading the origin's
+// own history, refuses a fork at a point with such runs.
+func completedRunsRedone(roles []string, history []schemas.Event) []ForkRedo {
+	var out []ForkRedo
+	for _, ev := range history {
+		d, ok := ev.Data.(*schemas.StepCompleted)
+		if !ok || slices.ContainsFunc(out, func(r ForkRedo) bool { return r.ID == d.Step }) {
+			continue
 		}
-		if len(done) > 0 {
-			slices.Sort(done)
-			return fmt.Errorf("%w: role %s changed, and runs of it had completed in %s at the fork point (%s): running them again is not supported yet; fork at an event before them, or keep the role",
-				ErrBadInput, role, origin, strings.Join(done, ", "))
+		for _, role := range roles {
+			if r := d.Step; r == role || role == schemas.RoleIterate && !slices.Contains(backlog.ReservedIDs(), r) {
+				out = append(out, ForkRedo{Kind: forkRedoRun, ID: d.Step, Def: role, Changed: true, Event: ev})
+				break
+			}
 		}
 	}
-	return nil
+	return out
 }
 
 // readToPoint returns the events of origin up to the fork point at (a

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,8 +16,7 @@ import (
 // task run completed, with a file whose review prompt changed: in the fork
 // the first task is not run again, the second and the review are (the
 // review with its new prompt), the task list goes on from the fork point,
-// and the original is unchanged. A changed iterate role, whose run had
-// completed, is refused.
+// and the original is unchanged. At its end, it is refused.
 func TestForkBacklogAfterTheFirstTask(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -36,11 +36,10 @@ source_files: [spec.md]
 		"agent.sh": `echo "$LOOPBUS_STEP: $(head -n 1 "$LOOPBUS_PROMPT_FILE")" >> ` + runs + `
 printf '{"task_id": "%s", "status": "done", "summary": "%s done"}\n' "$LOOPBUS_STEP" "$LOOPBUS_STEP" > "$LOOPBUS_OUTPUT_DIR/summary.json"
 `,
-		"spec.md":      "# Spec\n",
-		"to-do.json":   `{"schema_version": 1, "tasks": [{"id": "T001", "title": "First", "status": "todo", "priority": 1}, {"id": "T002", "title": "Second", "status": "todo", "priority": 2, "depends_on": ["T001"]}]}`,
-		"bk.yaml":      backlog(""),
-		"review.yaml":  backlog("prompts: {review: \"Review it again, harder.\"}\n"),
-		"iterate.yaml": backlog("prompts: {iterate: \"Do {{.Task.ID}} better.\"}\n"),
+		"spec.md":     "# Spec\n",
+		"to-do.json":  `{"schema_version": 1, "tasks": [{"id": "T001", "title": "First", "status": "todo", "priority": 1}, {"id": "T002", "title": "Second", "status": "todo", "priority": 2, "depends_on": ["T001"]}]}`,
+		"bk.yaml":     backlog(""),
+		"review.yaml": backlog("prompts: {review: \"Review it again, harder.\"}\n"),
 	})
 	global := []string{"--data", filepath.Join(dir, "data")}
 	r := loopbus(t, append([]string{"run", filepath.Join(dir, "bk.yaml"), "--tasks", filepath.Join(dir, "to-do.json"), "--session", "bf-1"}, global...)...)
@@ -59,8 +58,6 @@ printf '{"task_id": "%s", "status": "done", "summary": "%s done"}\n' "$LOOPBUS_S
 		args []string
 		want string
 	}{
-		{[]string{"fork", "bf-1", "--at", at, "--pipeline", filepath.Join(dir, "iterate.yaml")},
-			"role iterate changed, and runs of it had completed in bf-1 at the fork point (T001): running them again is not supported yet"},
 		{[]string{"fork", "bf-1", "--at", strconv.Itoa(len(evs))}, "backlog session bf-1 had ended at or before stream sequence"},
 	} {
 		if r := loopbus(t, append(tc.args, global...)...); r.code != 2 || !strings.Contains(r.stderr, tc.want) {
@@ -246,5 +243,100 @@ esac
 	}
 	if after := repoState(t, repo); after != userRepo {
 		t.Errorf("the user's branch, index or working tree changed:\nbefore %s\nafter  %s", userRepo, after)
+	}
+}
+
+// TestForkBacklogWithAChangedRole (fork: dependents run again): a
+// finished backlog of two tasks is forked after its first task run
+// completed, with a file whose iterate role changed: T001's run would run
+// again while T002's run worked on the task list it left, so the fork
+// point moves back to the last event before the decision that completed
+// it (fork says so); in the fork T001 runs again with the new role, then
+// T002 and the review, and the fork's task list holds the fork's work.
+// The origin's task list and manifest are untouched.
+func TestForkBacklogWithAChangedRole(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	runs := filepath.Join(dir, "runs.log")
+	backlog := func(prompts string) string {
+		return `kind: backlog
+name: bk
+agents:
+  a: {backend: exec, command: [sh, agent.sh]}
+roles:
+  iterate: a
+source_files: [spec.md]
+` + prompts
+	}
+	writeFiles(t, dir, map[string]string{
+		// Each run logs its session, step and its prompt's first line.
+		"agent.sh": `echo "$LOOPBUS_SESSION $LOOPBUS_STEP: $(head -n 1 "$LOOPBUS_PROMPT_FILE")" >> ` + runs + `
+printf '{"task_id": "%s", "status": "done", "summary": "%s done by %s"}\n' "$LOOPBUS_STEP" "$LOOPBUS_STEP" "$LOOPBUS_SESSION" > "$LOOPBUS_OUTPUT_DIR/summary.json"
+`,
+		"spec.md":      "# Spec\n",
+		"to-do.json":   `{"schema_version": 1, "tasks": [{"id": "T001", "title": "First", "status": "todo", "priority": 1}, {"id": "T002", "title": "Second", "status": "todo", "priority": 2, "depends_on": ["T001"]}]}`,
+		"bk.yaml":      backlog(""),
+		"iterate.yaml": backlog("prompts: {iterate: \"Do {{.Task.ID}} better.\"}\n"),
+	})
+	global := []string{"--data", filepath.Join(dir, "data")}
+	if r := loopbus(t, append([]string{"run", filepath.Join(dir, "bk.yaml"), "--tasks", filepath.Join(dir, "to-do.json"), "--session", "br-1"}, global...)...); r.code != 0 {
+		t.Fatalf("run: exit %d\n%s", r.code, r.stderr)
+	}
+	before := loopbus(t, append([]string{"status", "br-1", "--json"}, global...)...)
+	exportTasks := func(session string) string {
+		t.Helper()
+		out := filepath.Join(t.TempDir(), "tasks.json")
+		if r := loopbus(t, append([]string{"tasks", "export", session, "-o", out}, global...)...); r.code != 0 {
+			t.Fatalf("tasks export %s: exit %d\n%s", session, r.code, r.stderr)
+		}
+		return mustRead(t, out)
+	}
+	tasksBefore := exportTasks("br-1")
+	evs := events(t, global, "br-1")
+	done := slices.IndexFunc(evs, func(e cloudEvent) bool { return e.Type == "loopbus.step.completed" && e.Step == "T001" })
+	if done < 0 {
+		t.Fatal("no step.completed of T001")
+	}
+	// Forked after T001 completed (at the event after its completion),
+	// the point moves back to before the decision that completed it; the
+	// stream holds only this session, so sequences are positions.
+	at, point := done+2, beforeDecision(evs, done)+1
+	if point >= done+1 || point < 1 {
+		t.Fatalf("the event before T001's completion decision is at %d, its completion at %d", point, done+1)
+	}
+
+	r := loopbus(t, append([]string{"fork", "br-1", "--at", strconv.Itoa(at), "--as", "br-2", "--pipeline", filepath.Join(dir, "iterate.yaml")}, global...)...)
+	if r.code != 0 {
+		t.Fatalf("fork: exit %d, want 0 (completed)\n%s", r.code, r.stderr)
+	}
+	want := fmt.Sprintf("fork point moved back from stream sequence %d to %d: run T001 (role iterate, changed) completed at %d, and later work was built on it", at, point, done+1)
+	if !strings.Contains(r.stderr, want) {
+		t.Errorf("fork stderr does not say %q:\n%s", want, r.stderr)
+	}
+	var forkRuns []string
+	for _, l := range strings.Split(strings.TrimSpace(mustRead(t, runs)), "\n") {
+		if rest, ok := strings.CutPrefix(l, "br-2 "); ok {
+			forkRuns = append(forkRuns, rest)
+		}
+	}
+	if wantRuns := []string{"T001: Do T001 better.", "T002: Do T002 better."}; len(forkRuns) != 3 || !slices.Equal(forkRuns[:2], wantRuns) || !strings.HasPrefix(forkRuns[2], "review: ") {
+		t.Errorf("the fork's runs: %q, want %q and the review", forkRuns, wantRuns)
+	}
+	if st := parseManifest(t, loopbus(t, append([]string{"status", "br-2", "--json"}, global...)...).stdout); st.Status != "completed" {
+		t.Errorf("fork status: %+v", st)
+	}
+	if list := exportTasks("br-2"); !strings.Contains(list, "T001 done by br-2") || strings.Contains(list, "T001 done by br-1") || !strings.Contains(list, "T002 done by br-2") {
+		t.Errorf("the fork's task list does not hold the fork's work:\n%s", list)
+	}
+
+	// The original is untouched.
+	if after := loopbus(t, append([]string{"status", "br-1", "--json"}, global...)...); after.stdout != before.stdout {
+		t.Errorf("the original's manifest changed:\n--- before\n%s\n--- after\n%s", before.stdout, after.stdout)
+	}
+	if after := exportTasks("br-1"); after != tasksBefore || !strings.Contains(after, "T001 done by br-1") {
+		t.Errorf("the original's task list changed:\n--- before\n%s\n--- after\n%s", tasksBefore, after)
+	}
+	if n := len(events(t, global, "br-1")); n != len(evs) {
+		t.Errorf("the original has %d events, had %d", n, len(evs))
 	}
 }

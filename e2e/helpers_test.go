@@ -117,6 +117,8 @@ type cloudEvent struct {
 	Subject     string `json:"subject"`
 	Time        string `json:"time"`
 	Step        string `json:"step"`
+	Causation   string `json:"causation"`
+	Correlation string `json:"correlation"`
 	// ForkOf is set on a copy in a fork's history.
 	ForkOf string          `json:"forkof"`
 	Data   json.RawMessage `json:"data"`

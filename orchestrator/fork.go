@@ -141,8 +141,9 @@ func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (fo
 // no levels, works in git worktrees while the origin has no repository,
 // or would run again (or drop) a loop whose commits were merged into the
 // target branch at the fork point: the fork's target starts at the
-// origin's head there, which holds them, and taking them back out is not
-// supported yet.
+// origin's head there, which holds them, and later merges were built on
+// them (loopbus fork moves such a point back before the decision that
+// merged the first of them, where this accepts it).
 func loopsForkRefusal(o *Session, d *schemas.SessionForked) string {
 	switch {
 	case o.Loops == nil || o.terminal():
@@ -161,7 +162,7 @@ func loopsForkRefusal(o *Session, d *schemas.SessionForked) string {
 	}
 	if len(merged) > 0 {
 		return fmt.Sprintf("loops merged into %s at the fork point would run again or go (%s: their level, or one above them, changed): "+
-			"their commits stay in the target branch the fork starts from, so that is not supported yet; fork at an event before their merge, or keep their levels",
+			"their commits are in the target branch the fork starts from, and later work was built on them; fork at an event before their merge, or keep their levels",
 			TargetOf(o.ID), strings.Join(merged, ", "))
 	}
 	return ""
@@ -401,8 +402,9 @@ func (o *Session) forkBase(ev schemas.Event, d *schemas.SessionForked) *Session 
 // (workdir: repo) and the other does not (a fork keeps its origin's
 // workdir: its runs' changes are in the target branch, or in none), or a
 // role whose definition changed had completed runs at the fork point:
-// running those again would take their changes back from the task list,
-// which a fork keeps as it was.
+// their changes are in the task list, which a fork keeps as it was, and
+// later runs worked on it (loopbus fork moves such a point back before
+// the decision that completed the first of them, where this accepts it).
 func backlogForkRefusal(o *Session, d *schemas.SessionForked) string {
 	repo := d.Pipeline.Backlog != nil && d.Pipeline.Backlog.Workdir == schemas.WorkdirRepo
 	switch {
@@ -424,7 +426,7 @@ func backlogForkRefusal(o *Session, d *schemas.SessionForked) string {
 			}
 		}
 		if len(done) > 0 {
-			return fmt.Sprintf("role %s changed, and runs of it had completed at the fork point (%s): running them again is not supported yet; fork at an event before them, or keep the role",
+			return fmt.Sprintf("role %s changed, and runs of it had completed at the fork point (%s): their changes are in the task list the fork keeps, and later runs worked on it; fork at an event before them, or keep the role",
 				role, strings.Join(done, ", "))
 		}
 	}

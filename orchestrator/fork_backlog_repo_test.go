@@ -222,7 +222,7 @@ func TestForkRepoBacklogRefused(t *testing.T) {
 			p := repoBacklog()
 			p.Backlog.Prompts = map[string]string{schemas.RoleIterate: "Do it well: {{.Role}}"}
 			return p
-		}()), "role iterate changed, and runs of it had completed at the fork point (T1, T2): running them again is not supported yet"},
+		}()), "role iterate changed, and runs of it had completed at the fork point (T1, T2): their changes are in the task list the fork keeps"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			point := after(t, tc.origin, schemas.TypeStepCompleted, "T2", false)

@@ -54,6 +54,7 @@ func TestDecideForkBacklog(t *testing.T) {
 	t1Done := after(t, done, schemas.TypeStepCompleted, "T1", false)
 	t2Asked := after(t, done, schemas.TypeJobRequested, "T2", false)
 	reviewAsked := after(t, done, schemas.TypeJobRequested, schemas.PhaseReview, false)
+	beforeT1Done := beforeDecision(t, done, t1Done)
 	for _, tc := range []struct {
 		name     string
 		point    string
@@ -72,6 +73,9 @@ func TestDecideForkBacklog(t *testing.T) {
 		{"while T2's job was in flight, the review role changed: the same, and the review will run with it", t2Asked, ptr(withPrompt(schemas.RoleReview)),
 			[]string{"job.requested f1.T2.1"},
 			"T1:done T2:doing T3:todo", "T1:completed T2:pending"},
+		{"before the decision that completed T1 (where loopbus fork moves a point after it), the iterate role changed: T1 runs again with it", beforeT1Done, ptr(withPrompt(schemas.RoleIterate)),
+			[]string{"job.requested f1.T1.1"},
+			"T1:doing T2:todo T3:todo", "T1:pending"},
 		{"while the review ran, its role changed: it runs again with the new prompt; the tasks are kept", reviewAsked, ptr(withPrompt(schemas.RoleReview)),
 			[]string{"job.requested f1.review.1"},
 			"T1:done T2:done T3:done", "T1:completed T2:completed T3:completed review:pending"},
@@ -108,8 +112,8 @@ func TestDecideForkBacklog(t *testing.T) {
 				if l := simLine(ev); l != "" {
 					lines = append(lines, l)
 				}
-				if jr, ok := ev.Data.(*schemas.JobRequested); ok && tc.pipeline != nil && jr.Step == schemas.PhaseReview && !strings.HasPrefix(jr.Prompt, "Do it well: review") {
-					t.Errorf("the review runs %q, want the fork's prompt", jr.Prompt)
+				if jr, ok := ev.Data.(*schemas.JobRequested); ok && tc.pipeline != nil && tc.pipeline.Backlog.Prompts[roleOf(jr.Step)] != "" && !strings.HasPrefix(jr.Prompt, "Do it well: "+roleOf(jr.Step)) {
+					t.Errorf("%s runs %q, want the fork's prompt", jr.Step, jr.Prompt)
 				}
 			}
 			if strings.Join(lines, "\n") != strings.Join(tc.want, "\n") {
@@ -134,7 +138,7 @@ func TestCheckForkBacklog(t *testing.T) {
 	}{
 		{"at its end", done[len(done)-1].ID, nil, "it had ended at the fork point (completed): fork it at an event before its end"},
 		{"the iterate role changed after a task run completed", t1Done, ptr(withPrompt(schemas.RoleIterate)),
-			"role iterate changed, and runs of it had completed at the fork point (T1): running them again is not supported yet"},
+			"role iterate changed, and runs of it had completed at the fork point (T1): their changes are in the task list the fork keeps"},
 		{"a file with workdir: repo, of an origin on no repository", t1Done, ptr(repo), "the fork's file has workdir: repo, and the origin works on no repository: a fork keeps its origin's workdir"},
 		{"into loops", t1Done, ptr(treePipeline()), "forks backlog session s1 into a loops session: a fork keeps its origin's kind"},
 	} {

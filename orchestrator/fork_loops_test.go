@@ -83,6 +83,24 @@ func after(t *testing.T, evs []schemas.Event, typ, step string, last bool) strin
 	return id
 }
 
+// beforeDecision is the id of the last event before the decision that
+// holds the event with id (its events are in a row, caused by its
+// trigger): where loopbus fork moves a point back to.
+func beforeDecision(t *testing.T, evs []schemas.Event, id string) string {
+	t.Helper()
+	i := slices.IndexFunc(evs, func(ev schemas.Event) bool { return ev.ID == id })
+	if i < 0 {
+		t.Fatalf("no event %s", id)
+	}
+	for ev := evs[i]; i > 0 && evs[i-1].Causation == ev.Causation && evs[i-1].Correlation == ev.Correlation; {
+		i--
+	}
+	if i == 0 {
+		t.Fatalf("no event before the decision of %s", id)
+	}
+	return evs[i-1].ID
+}
+
 func TestDecideForkLoops(t *testing.T) {
 	done := treeRun(t, treePipeline())
 	planDone := after(t, done, schemas.TypeStepCompleted, "plan", false)

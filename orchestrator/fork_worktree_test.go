@@ -138,6 +138,37 @@ func TestForkWorktreeLoopsRefused(t *testing.T) {
 			}
 		})
 	}
+	// Before the decision that merged the first loop (where loopbus fork
+	// moves the point), a changed code level is fine: the loop had
+	// passed and its merge job had reported, but it was not merged; it
+	// runs again, with the others, on the origin's head before its merge.
+	t.Run("before the first merge's decision", func(t *testing.T) {
+		s := (&stream{}).add(done...)
+		s.add(s.forkLoops(t, beforeDecision(t, done, first.ID), changed("code"))...)
+		st, refused := foldStream(t, s)
+		f := st.Sessions[forkSess]
+		if len(refused) > 0 || f == nil {
+			t.Fatalf("refused: %v", refused)
+		}
+		m := first.Data.(*schemas.LoopMerged)
+		if lp := f.Loops.Loops[m.Loop]; lp == nil || lp.Status != LoopRunning || lp.MergeCommit != "" || lp.Base != m.Previous || f.Loops.Head != m.Previous {
+			t.Errorf("the loop merged next in the origin: %+v; the fork's head %s, want %s", lp, f.Loops.Head, m.Previous)
+		}
+		if f.Loops.Merging != "" || len(f.Loops.Queue) > 0 || f.Loops.Merges != m.Position-1 {
+			t.Errorf("the fork merges %q (queue %v, %d merges), want nothing of the origin's", f.Loops.Merging, f.Loops.Queue, f.Loops.Merges)
+		}
+		var lines []string
+		for _, ev := range Decide(st, s.evs[len(s.evs)-1], fixedNow) {
+			if jr, ok := ev.Data.(*schemas.JobRequested); ok && jr.Step == m.Loop && !strings.HasPrefix(jr.Prompt, "better code") {
+				t.Errorf("%s runs %q, want the fork's level", m.Loop, jr.Prompt)
+			}
+			lines = append(lines, simLine(ev))
+		}
+		if !slices.Contains(lines, "job.requested f1."+m.Loop+".1.r1") {
+			t.Errorf("the fork does not run %s again:\n  %s", m.Loop, strings.Join(lines, "\n  "))
+		}
+	})
+
 	// Before any merge, a changed code level is fine: every code loop
 	// runs again on the origin's base.
 	i := slices.IndexFunc(done, func(ev schemas.Event) bool {

@@ -56,15 +56,18 @@ const MaxForkDepth = 16
 // its levels work in git worktrees, the fork merges into a target branch
 // of its own (loopbus/<fork>) that starts at the origin's target head at
 // the fork point (its start's bundle and those of its loop.merged events
-// up to there bring it); a fork that would run again a loop merged by
-// then is refused (not supported yet: its commits are in that head).
+// up to there bring it). A fork that would run again (or drop) a loop
+// merged by then is refused: its commits are in that head, and later
+// merges were built on them; loopbus fork moves its point back before
+// the decision that merged it instead.
 //
 // A backlog session forks with its task list, phase and run counts as
 // they were at the fork point: runs that had finished keep their
 // results, runs not finished run again; Changed lists the roles whose
-// definition differs (see ChangedRoles), and a fork whose changed role
-// had completed runs is refused (not supported yet), as is a backlog with
-// workdir: repo.
+// definition differs (see ChangedRoles). A fork whose changed role had
+// completed runs is refused (their changes are in the task list it
+// keeps, and later runs worked on it; loopbus fork moves its point back
+// before the first of them instead), as is a backlog with workdir: repo.
 type SessionForked struct {
 	Origin string `json:"origin"`
 	Seq    uint64 `json:"seq"`

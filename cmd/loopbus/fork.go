@@ -49,11 +49,13 @@ backlog with workdir: repo, fork their target branch too: the fork's is
 its own (loopbus/NEW), starting where SESSION's was at the fork point,
 with the loops or task runs merged by then; those not merged by then run
 again on it and merge into it ('loopbus pull NEW --repo DIR' brings it).
-Refused: a backlog file that switches between workdir: repo and not.
-Not supported yet: a loops fork that would run again a loop merged at the
-fork point (its level, or one above it, changed), a loops or backlog
-session forked at or after its end, and a backlog whose changed role had
-completed runs.
+When --pipeline runs again a loop merged before the fork point (its
+level, or one above it, changed), or a backlog run of a changed role
+that had completed before it, the work after it was built on it: the
+fork point moves back to the event before that merge or completion (fork
+says so), and the fork runs it again, and what came after. Refused: a
+backlog file that switches between workdir: repo and not, and a loops or
+backlog session forked at or after its end.
 
 Like run, fork follows the new session to its end and exits as run does (0
 completed, 1 failed, 2 usage errors, 3 stopped by its budget, 5 closed, 130
@@ -97,6 +99,9 @@ needs a running server: serve, or --nats); 'loopbus wait NEW' follows it.`,
 				}
 				if err != nil {
 					return "", err
+				}
+				if moved := f.MovedBack(); moved != "" {
+					fmt.Fprintln(g.stderr, moved)
 				}
 				what := fmt.Sprintf("session %s forked from %s at stream sequence %d (%s); %d events copied", f.Session, req.Origin, f.Point.Seq,
 					strings.TrimPrefix(f.Point.Type, "loopbus."), f.Event.Data.(*schemas.SessionForked).Copied)
