@@ -119,11 +119,13 @@ func (s *Service) followStart(ctx context.Context) (uint64, error) {
 func (s *Service) followCancellations(ctx context.Context, from uint64) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		seen := false
-		err := s.bus.Read(ctx, bus.ReadOptions{Subjects: cancelledSubjects(), StartSeq: from, Follow: true}, func(ev schemas.Event) error {
+		err := s.bus.Read(ctx, bus.ReadOptions{Subjects: cancelledSubjects(), StartSeq: from, Follow: true,
+			OnCaughtUp: func() { s.caughtUp(true) }}, func(ev schemas.Event) error {
 			from, seen = ev.Seq+1, true
 			s.onCancelled(ev)
 			return nil
 		})
+		s.caughtUp(false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -133,6 +135,13 @@ func (s *Service) followCancellations(ctx context.Context, from uint64) {
 		s.log.Warn().Err(err).Uint64("from_seq", from).Msg("following job.cancelled stopped; resuming")
 		sleep(ctx, followBackoff(attempt))
 	}
+}
+
+// caughtUp records whether the follower of job.cancelled is live.
+func (s *Service) caughtUp(live bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cancels.caughtUp(live)
 }
 
 // followBackoff is the pause before retry attempt (from 0): 100ms doubling

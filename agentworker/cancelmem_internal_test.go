@@ -13,6 +13,10 @@ func TestCancelMemory(t *testing.T) {
 	m.follow(10) // the stream's newest event was 9
 	m.remember("s/a", "first", 12)
 	m.remember("s/b", "second", 14)
+	if _, _, known := m.lookup("s/a", 11); known {
+		t.Fatal("known before the follower caught up")
+	}
+	m.caughtUp(true)
 	tests := []struct {
 		key              string
 		req              uint64
@@ -43,5 +47,10 @@ func TestCancelMemory(t *testing.T) {
 	}
 	if len(m.byJob) != 2 || len(m.order) != 2 {
 		t.Errorf("keeps %d cancellations (%d in order), want 2", len(m.byJob), len(m.order))
+	}
+	// A follower that stopped (until it reads again) knows nothing.
+	m.caughtUp(false)
+	if _, _, known := m.lookup("s/c", 12); known {
+		t.Error("known while the follower is not live")
 	}
 }

@@ -280,6 +280,11 @@ func (s *Service) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.cancels.follow(from)
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.cancels.follow(0)
+	}()
 	fctx, stopFollowing := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -185,8 +185,9 @@ type DeadLetterAwaiter interface {
 // ctx does. It returns the last manifest; ErrNoSession if, once caught up,
 // the session has no session.started. When b is a DeadLetterAwaiter, an
 // error wrapping ErrDeadLettered, with the reason, if the event that last
-// started the session (its session.started or session.forked, or a
-// session.rerun) was dead-lettered: the orchestrator refused it, so
+// started the session while it was not running (its session.started or
+// session.forked, or a session.rerun of it ended) was dead-lettered
+// before the orchestrator decided anything on it: it was refused, so
 // nothing will run, and the watch would wait forever.
 func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Event, *projections.Manifest)) (*projections.Manifest, error) {
 	var m *projections.Manifest
@@ -213,7 +214,9 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 		go func(ev schemas.Event) {
 			defer awaiting.Done()
 			dl, err := letters.AwaitDeadLetter(actx, ev.Seq)
-			if err != nil {
+			if subject, _ := ev.StreamSubject(); err != nil || dl.Subject != subject {
+				// A letter of another event at that sequence (of a stream
+				// made anew) is none of this session's.
 				return
 			}
 			refused = fmt.Errorf("session %s will not run: its %s at stream sequence %d was %w by %s: %s",
@@ -235,6 +238,10 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 			await()
 		},
 	}, func(ev schemas.Event) error {
+		// A start while the session runs (a refused rerun, say) leaves it
+		// running: only a start of a session not running yet, or ended,
+		// decides whether it runs.
+		live := m != nil && !m.CopiesOnly && !m.Terminal() && !m.StoppedByBudget()
 		m = projections.FoldManifest(m, ev)
 		if onEvent != nil && m != nil {
 			onEvent(ev, m)
@@ -244,13 +251,17 @@ func Watch(ctx context.Context, b Bus, session string, onEvent func(schemas.Even
 		if caughtUp && (m.Terminal() || m.StoppedByBudget()) {
 			return bus.ErrStop
 		}
-		switch ev.Type {
-		case schemas.TypeSessionStarted, schemas.TypeSessionForked, schemas.TypeSessionRerun:
-			if ev.ForkOf == "" {
+		switch {
+		case ev.ForkOf != "":
+		case ev.Type == schemas.TypeSessionStarted || ev.Type == schemas.TypeSessionForked || ev.Type == schemas.TypeSessionRerun:
+			if !live {
 				if start = ev; caughtUp {
 					await()
 				}
 			}
+		case start.ID != "" && ev.Causation == start.ID:
+			// The orchestrator decided on the start: it took it.
+			stopAwait()
 		}
 		return nil
 	})

@@ -293,12 +293,15 @@ func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schem
 		file = req.Pipeline
 	}
 	backlogRepo := file.Backlog != nil && file.Backlog.Workdir == schemas.WorkdirRepo
+	// As the orchestrator holds it: a backlog works on a repository when
+	// its file says workdir: repo and its start carries one.
+	originRepo := start.Pipeline.Backlog != nil && start.Pipeline.Backlog.Workdir == schemas.WorkdirRepo && startsOnRepo(history)
 	worktrees := func(p *schemas.Pipeline) bool { return p != nil && p.Loops != nil && p.Loops.NeedsRepo() }
 	switch {
-	case start.Pipeline.Kind == schemas.KindBacklog && backlogRepo && !hasRepo(history):
+	case start.Pipeline.Kind == schemas.KindBacklog && backlogRepo && !originRepo:
 		return fmt.Errorf("%w: %s: the fork's file %s has workdir: repo, and %s works on no repository: a fork keeps its origin's workdir",
 			ErrBadInput, req.Origin, orElse(file.Source, file.Name), req.Origin)
-	case start.Pipeline.Kind == schemas.KindBacklog && !backlogRepo && hasRepo(history):
+	case start.Pipeline.Kind == schemas.KindBacklog && !backlogRepo && originRepo:
 		return fmt.Errorf("%w: %s: %s works on a repository (workdir: repo, target loopbus/%s), and the fork's file %s has no workdir: repo: a fork keeps its origin's workdir",
 			ErrBadInput, req.Origin, req.Origin, req.Origin, orElse(file.Source, file.Name))
 	case start.Pipeline.Kind == schemas.KindLoops && (req.Pipeline == nil && worktrees(&start.Pipeline) || worktrees(req.Pipeline)) && !hasRepo(history):
@@ -317,6 +320,17 @@ func hasRepo(evs []schemas.Event) bool {
 	for _, ev := range evs {
 		if d, ok := ev.Data.(*schemas.SessionStarted); ok {
 			return d.Loops != nil && d.Loops.Bundle != nil
+		}
+	}
+	return false
+}
+
+// startsOnRepo reports whether the first session.started of evs carries
+// a repository start (with or without a bundle).
+func startsOnRepo(evs []schemas.Event) bool {
+	for _, ev := range evs {
+		if d, ok := ev.Data.(*schemas.SessionStarted); ok {
+			return d.Loops != nil
 		}
 	}
 	return false

@@ -255,7 +255,10 @@ func TestForkOfALoopsSession(t *testing.T) {
 	}
 	start := func(session string, p schemas.Pipeline) string {
 		in := schemas.ArtifactRef{Name: "task.md", Object: session + "/input/task.md", Digest: schemas.Digest([]byte("t")), Size: 1}
-		d := &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest), Loops: &schemas.LoopsStart{Task: "t"}}
+		d := &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest)}
+		if p.Kind == schemas.KindLoops {
+			d.Loops = &schemas.LoopsStart{Task: "t"}
+		}
 		ev := schemas.Event{ID: schemas.DeterministicID(session, "start"), Type: schemas.TypeSessionStarted, Session: session, Time: time.Now().UTC(), Data: d}
 		ev.Correlation = ev.ID
 		pub, err := c.Bus().Publish(ctx, ev)

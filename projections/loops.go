@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/loopbus/loopbus/backlog"
 	"github.com/loopbus/loopbus/schemas"
 )
 
@@ -83,16 +84,16 @@ func (m *Manifest) loopMerged(d *schemas.LoopMerged) {
 // loopRebase records a rebase; one after a conflicting merge runs the
 // loop again: its step is unfinished, with the conflict as feedback.
 func (m *Manifest) loopRebase(d *schemas.LoopRebase) {
-	if len(d.Conflict) > 0 {
-		m.dropUnmerged(d.Loop) // its next job leaves changes anew
-	}
-	lp := m.loop(d.Loop)
-	if lp == nil || len(d.Conflict) == 0 {
+	if len(d.Conflict) == 0 {
 		return
 	}
-	lp.Status, lp.Commit = LoopStatusRunning, ""
-	lp.Rebases++
-	sv := m.Steps[lp.ID]
+	m.dropUnmerged(d.Loop) // its next job leaves changes anew
+	// A backlog's task run is no loop of a tree: only its step runs again.
+	if lp := m.loop(d.Loop); lp != nil {
+		lp.Status, lp.Commit = LoopStatusRunning, ""
+		lp.Rebases++
+	}
+	sv := m.Steps[d.Loop]
 	if sv == nil {
 		return
 	}
@@ -124,11 +125,13 @@ func (m *Manifest) loopCommit(jobID string, g *schemas.GitResult) {
 }
 
 // runCommit records, for a backlog with workdir: repo, whether the
-// current job of a run left changes (to merge once the run passes), as
-// the orchestrator keeps its candidate.
+// current job of a task run left changes (to merge once the run passes),
+// as the orchestrator keeps its candidate. Role runs (bootstrap, repair,
+// review) are never merged.
 func (m *Manifest) runCommit(jobID string, g *schemas.GitResult) {
 	j := m.Jobs[jobID]
-	if m.Kind != schemas.KindBacklog || m.Target == nil || j == nil || j.Merge || j.Status == JobStatusCancelled {
+	if m.Kind != schemas.KindBacklog || m.Target == nil || j == nil || j.Merge || j.Status == JobStatusCancelled ||
+		slices.Contains(backlog.ReservedIDs(), j.Step) {
 		return
 	}
 	if sv := m.Steps[j.Step]; sv == nil || sv.JobID != jobID || sv.Status == StepStatusCompleted || sv.Status == StepStatusFailed {

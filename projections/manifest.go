@@ -287,7 +287,7 @@ type TargetView struct {
 	Repo string `json:"repo,omitempty"`
 	// Task is the first line of the session's task.
 	Task string `json:"task,omitempty"`
-	// Unmerged are the runs of a backlog with workdir: repo whose current
+	// Unmerged are the task runs of a backlog with workdir: repo whose current
 	// job left changes not merged into Branch yet (the run goes on,
 	// passed and waits to merge, or merges), in the order they came: a
 	// fork runs them again (its target starts at Head).

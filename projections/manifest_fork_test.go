@@ -352,10 +352,37 @@ func TestManifestForkRepoBacklog(t *testing.T) {
 	if tg := m.Target; tg == nil || tg.Branch != "loopbus/"+sessionID || tg.Head != h1 || tg.Merges != 1 || len(tg.Bundles) != 2 || tg.Unmerged != nil {
 		t.Errorf("the fork's target %+v, want loopbus/%s at %s", m.Target, sessionID, h1)
 	}
+	// A conflicting merge of T002 runs it again: not completed, not
+	// unmerged (its next job leaves changes anew).
+	c := o
+	c.evs = slices.Clone(o.evs)
+	c.add(forkOrigin, schemas.TypeLoopRebase, "T002", "", &schemas.LoopRebase{Loop: "T002", Head: h1, Cause: "merge", Conflict: []string{"a.txt"}, Reason: "merging T002 conflicted in a.txt"})
+	if m := foldAll(c.evs); m.Steps["T002"].Status != StepStatusInProgress || m.Steps["T002"].ContentHash != "" || m.Target.Unmerged != nil ||
+		m.Steps["T002"].LastFeedback == "" {
+		t.Errorf("T002 after a conflicting merge: %+v, unmerged %v; want in progress with the conflict as feedback", m.Steps["T002"], m.Target.Unmerged)
+	}
 	// The origin's merge of T002 empties its unmerged runs.
 	mj = forkOrigin + ".T002.merge2"
 	o.add(forkOrigin, schemas.TypeLoopMerged, "T002", "", &schemas.LoopMerged{Loop: "T002", JobID: mj, Head: commit("h2"), Previous: h1, Bundle: bundleRef("merge2.bundle"), Position: 2})
 	if tg := foldAll(o.evs).Target; tg.Unmerged != nil || tg.Merges != 2 {
 		t.Errorf("the origin's target after T002's merge: %+v", tg)
+	}
+	// A role run that leaves changes is never merged: it is no unmerged
+	// run, and a fork keeps it.
+	o.phase(forkOrigin, schemas.PhaseReview, "all done")
+	job := o.request(forkOrigin, "review", 1)
+	o.jobStarted(forkOrigin, "review", job, "w1")
+	a := artifact(forkOrigin, "review", 1, "summary.json", `{"task_id": "review", "status": "done", "summary": "ok"}`)
+	o.add(forkOrigin, schemas.TypeArtifactStored, "review", job, &schemas.ArtifactStored{JobID: job, Artifact: a})
+	o.add(forkOrigin, schemas.TypeJobCompleted, "review", job, &schemas.JobCompleted{JobID: job, Step: "review", Iteration: 1, Worker: "w1", Artifacts: []schemas.ArtifactRef{a},
+		Git: &schemas.GitResult{Commit: commit("r1"), Base: commit("h2"), Bundle: ptr(bundleRef("r1.bundle")), Changed: true}})
+	o.passed(forkOrigin, "review", job, 1, a)
+	o.stepCompleted(forkOrigin, "review", job, 1, "task-summary/1", a)
+	if tg := foldAll(o.evs).Target; tg.Unmerged != nil {
+		t.Errorf("the origin's unmerged runs after its review: %v, want none", tg.Unmerged)
+	}
+	m = foldAll(forkOf(o.evs, sessionID, schemas.SessionForked{Origin: forkOrigin, Pipeline: p, Input: in, SourceHash: shortHash(in.Digest)}))
+	if sv := m.Steps["review"]; sv == nil || sv.Status != StepStatusCompleted {
+		t.Errorf("the fork's review %+v, want kept", sv)
 	}
 }

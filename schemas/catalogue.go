@@ -133,6 +133,9 @@ type Catalogue struct {
 const (
 	passedLimit    = 1 << 20
 	passedItemSize = 16 << 10
+	// passedOverhead is counted per item beyond its bytes: its map entry,
+	// place in order and string headers.
+	passedOverhead = 96
 )
 
 // passedData is data that passed its type's schema, the oldest forgotten
@@ -176,11 +179,12 @@ func (p *passedData) add(typ string, raw []byte) {
 	data := string(raw)
 	m[data] = struct{}{}
 	p.order = append(p.order, passedItem{typ: typ, data: data})
-	for p.size += len(data); p.size > passedLimit; {
+	for p.size += len(data) + passedOverhead; p.size > passedLimit; {
 		old := p.order[0]
+		p.order[0] = passedItem{} // not kept alive by order's array
 		p.order = p.order[1:]
 		delete(p.byType[old.typ], old.data)
-		p.size -= len(old.data)
+		p.size -= len(old.data) + passedOverhead
 	}
 }
 
