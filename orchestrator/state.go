@@ -120,7 +120,10 @@ func NewState() *State { return &State{Sessions: map[string]*Session{}} }
 
 // Session is one session's state.
 type Session struct {
-	ID       string
+	ID string
+	// Pipeline is the session's pipeline, shared with the other sessions
+	// of the same definition (see State.intern): it is replaced, never
+	// written in place, nor are the lists and maps it holds.
 	Pipeline schemas.Pipeline
 	Input    schemas.ArtifactRef
 	// StartID is the id of session.started, the correlation of every event.
@@ -170,7 +173,8 @@ type Session struct {
 	Backlog *BacklogState
 	// Loops is the state of a loops session (nil otherwise).
 	Loops *LoopsState
-	// DefinitionFiles travel with every job (see schemas.SessionStarted).
+	// DefinitionFiles travel with every job (see schemas.SessionStarted);
+	// shared as Pipeline is.
 	DefinitionFiles []schemas.DefinitionFile
 	// Pending holds signals not acknowledged yet, oldest first. Finished
 	// sessions keep them too: they are acknowledged as ignored.
