@@ -27,7 +27,7 @@ type summaryField struct {
 }
 
 // summaryFields are the summary line's fields in order, all default-fsync
-// figures.
+// figures (the orchestrator's memory does not depend on the sync mode).
 func summaryFields() []summaryField {
 	return []summaryField{
 		{"append_ratio", "BenchmarkAppend/fsync=default", "append_ratio", 3},
@@ -40,15 +40,15 @@ func summaryFields() []summaryField {
 		{"rebuild_ratio", "BenchmarkRebuild/fsync=default", "rebuild_ratio", 3},
 		{"pass_to_merge_p50_ms", "BenchmarkMerge/fsync=default", "pass_to_merge_p50_ms", 1},
 		{"tool_overhead_us", "BenchmarkToolCall/fsync=default", "overhead_us/call", 0},
+		{"orch_live_bytes_per_session", "BenchmarkOrchestratorMemoryLive", "bytes/live_session", 0},
 	}
 }
 
 // Summary reads the output of `go test -bench` over this package and
 // returns "append_ratio=X dispatch_p50_ms=X dispatch_p99_ms=X
 // steps_per_s=X limit_ratio=X cpu_ms_per_step=X rebuild_events_per_s=X
-// rebuild_ratio=X
-// pass_to_merge_p50_ms=X tool_overhead_us=X" from the
-// default-fsync results. It fails, wrapping ErrFailed, if the output
+// rebuild_ratio=X pass_to_merge_p50_ms=X tool_overhead_us=X
+// orch_live_bytes_per_session=X" from the default-fsync results. It fails, wrapping ErrFailed, if the output
 // reports a failure, and names any figure it did not find.
 func Summary(r io.Reader) (string, error) {
 	procsSuffix := regexp.MustCompile(`-\d+$`)

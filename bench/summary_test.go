@@ -17,6 +17,8 @@ BenchmarkThroughput/fsync=default/workers=4-2        	       1	       133.5 step
 BenchmarkRebuild/fsync=default-2         	       1	      8681 events/s	      4771 projector_events/s	    105173 raw_events/s	         0.08254 rebuild_ratio
 BenchmarkMerge/fsync=default-2         	       1	       133.0 pass_to_merge_p50_ms	       141.8 pass_to_merge_p99_ms	        12.00 samples
 BenchmarkToolCall/fsync=default-2         	       1	       647.7 direct_us/call	       188.3 overhead_us/call	       836.0 worker_us/call
+BenchmarkOrchestratorMemory-2       	       1	  19636000 bytes/10k_sessions	      1964 bytes/session
+BenchmarkOrchestratorMemoryLive-2   	       1	       246.2 MB/100k_live	      2462 bytes/live_session	     10000 live_sessions_folded
 PASS
 ok  	github.com/loopbus/loopbus/bench	13.472s
 `
@@ -32,7 +34,7 @@ func TestSummary(t *testing.T) {
 		{
 			name: "default-fsync figures in order",
 			in:   sampleOutput,
-			want: "append_ratio=0.521 dispatch_p50_ms=3.00 dispatch_p99_ms=7.46 steps_per_s=134 limit_ratio=0.123 cpu_ms_per_step=11.44 rebuild_events_per_s=8681 rebuild_ratio=0.083 pass_to_merge_p50_ms=133.0 tool_overhead_us=188",
+			want: "append_ratio=0.521 dispatch_p50_ms=3.00 dispatch_p99_ms=7.46 steps_per_s=134 limit_ratio=0.123 cpu_ms_per_step=11.44 rebuild_events_per_s=8681 rebuild_ratio=0.083 pass_to_merge_p50_ms=133.0 tool_overhead_us=188 orch_live_bytes_per_session=2462",
 		},
 		{
 			name:    "a missing benchmark is named",

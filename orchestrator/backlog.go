@@ -123,8 +123,8 @@ func (b *BacklogState) iterateAgent(n int) string {
 }
 
 // stepDef is the step a run of a task or role executes.
-func (b *BacklogState) stepDef(name, agent string, s *Session) schemas.Step {
-	def := schemas.Step{Name: name, Agent: b.Def.Agents[agent], MaxIterations: max(b.Def.MaxSummaryIterations, 1), TimeoutMs: b.Def.TimeoutMs}
+func (b *BacklogState) stepDef(name, agent string, s *Session) *schemas.Step {
+	def := &schemas.Step{Name: name, Agent: b.Def.Agents[agent], MaxIterations: max(b.Def.MaxSummaryIterations, 1), TimeoutMs: b.Def.TimeoutMs}
 	role := schemas.RoleIterate
 	if slices.Contains(roleSteps, name) {
 		role = name
@@ -265,7 +265,7 @@ func (d *decider) finishRun(st *Step) {
 	}
 	d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 		Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
-		ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: schemas.StepSchemaVersion(st.Def),
+		ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: schemas.StepSchemaVersion(*st.Def),
 	}, freeParts(st, roundParts(st, name)...)...)
 	busy := d.s.busyTask
 	switch {

@@ -235,7 +235,7 @@ func (d *decider) decide() {
 				parts := freeParts(st, roundParts(st, name)...)
 				d.emit(schemas.TypeStepCompleted, name, &schemas.StepCompleted{
 					Step: name, JobID: st.JobID, Iterations: st.Iteration, Artifacts: st.Passed,
-					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: schemas.StepSchemaVersion(st.Def),
+					ContentHash: schemas.ContentHash(st.Passed), SchemaVersion: schemas.StepSchemaVersion(*st.Def),
 				}, parts...)
 				changed = true
 			case st.Status == StepRunning && st.Outcome == outcomeFailed && st.RateLimited:

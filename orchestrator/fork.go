@@ -355,7 +355,8 @@ func (o *Session) forkAs(ev schemas.Event, d *schemas.SessionForked) *Session {
 		}
 	}
 	s := o.forkBase(ev, d)
-	for _, def := range d.Pipeline.Steps {
+	for i := range s.Pipeline.Steps {
+		def := &s.Pipeline.Steps[i] // the definition is the pipeline's, shared
 		old := o.Steps[def.Name]
 		switch {
 		case old == nil:
@@ -386,10 +387,7 @@ func (o *Session) forkAs(ev schemas.Event, d *schemas.SessionForked) *Session {
 // fork's history, and count against its budget.
 func (o *Session) forkBase(ev schemas.Event, d *schemas.SessionForked) *Session {
 	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
-		Usage: o.Usage, Requests: o.Requests, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles, Budget: o.Budget}
-	if s.Usage == nil {
-		s.Usage = map[string]schemas.Usage{}
-	}
+		Usage: o.Usage, Requests: o.Requests, seen: map[eventKey]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles, Budget: o.Budget}
 	if d.Budget != nil {
 		s.Budget = s.Budget.Tighter(*d.Budget)
 	}

@@ -285,8 +285,8 @@ func (l *LoopsState) unqueue(id string) {
 }
 
 // loopStepDef is the step a loop of level lv runs.
-func loopStepDef(id string, lv *schemas.LoopLevel) schemas.Step {
-	return schemas.Step{Name: id, Agent: lv.Agent, Prompt: lv.Prompt, Outputs: lv.Outputs, Validate: lv.Validate,
+func loopStepDef(id string, lv *schemas.LoopLevel) *schemas.Step {
+	return &schemas.Step{Name: id, Agent: lv.Agent, Prompt: lv.Prompt, Outputs: lv.Outputs, Validate: lv.Validate,
 		MaxIterations: max(lv.MaxIterations, 1), TimeoutMs: lv.TimeoutMs, ValidateTimeoutMs: lv.ValidateTimeoutMs, Breaker: lv.Breaker, Line: lv.Line,
 		Approval: lv.Approval}
 }

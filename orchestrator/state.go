@@ -4,10 +4,13 @@
 package orchestrator
 
 import (
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"math"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -51,6 +54,65 @@ type State struct {
 	// forks holds, by event id, what PrepareFork found for a
 	// session.forked not applied yet.
 	forks map[string]forkPrep
+	// defs holds one copy of each definition (pipeline and definition
+	// files) that sessions of the state hold, by digest: the sessions
+	// started from one file share it instead of each keeping its own
+	// decoded copy (see intern).
+	defs map[string]*sharedDef
+}
+
+// sharedDef is one definition that sessions share. Nothing changes it,
+// nor what it points to: a session that runs with another definition (a
+// fork) holds another.
+type sharedDef struct {
+	key      string
+	pipeline schemas.Pipeline
+	files    []schemas.DefinitionFile
+	// refs counts the sessions holding it; at zero it leaves State.defs.
+	refs int
+}
+
+// intern returns the state's copy of the definition p and files, made
+// from them when the state has none, and counts one more holder of it.
+// It returns nil (the caller keeps its own copy) when the definition
+// cannot be encoded, or when a different one has the same digest.
+func (st *State) intern(p schemas.Pipeline, files []schemas.DefinitionFile) *sharedDef {
+	b, err := json.Marshal(struct {
+		Pipeline schemas.Pipeline
+		Files    []schemas.DefinitionFile
+	}{p, files})
+	if err != nil {
+		return nil
+	}
+	sum := sha256.Sum256(b)
+	key := string(sum[:])
+	if d := st.defs[key]; d != nil {
+		// The digest is of the JSON form; sharing needs the same values
+		// (a nil and an empty list encode alike).
+		if !reflect.DeepEqual(d.pipeline, p) || !reflect.DeepEqual(d.files, files) {
+			return nil
+		}
+		d.refs++
+		return d
+	}
+	if st.defs == nil {
+		st.defs = map[string]*sharedDef{}
+	}
+	d := &sharedDef{key: key, pipeline: p, files: files, refs: 1}
+	st.defs[key] = d
+	return d
+}
+
+// release counts one holder of d fewer; the last one removes d from the
+// state. A definition of another state (a session folded apart and put
+// into this one, see Service.rehydrate) is not this state's to remove.
+func (st *State) release(d *sharedDef) {
+	if d == nil {
+		return
+	}
+	if d.refs--; d.refs <= 0 && st.defs[d.key] == d {
+		delete(st.defs, d.key)
+	}
 }
 
 // NewState returns an empty state.
@@ -58,7 +120,10 @@ func NewState() *State { return &State{Sessions: map[string]*Session{}} }
 
 // Session is one session's state.
 type Session struct {
-	ID       string
+	ID string
+	// Pipeline is the session's pipeline, shared with the other sessions
+	// of the same definition (see State.intern): it is replaced, never
+	// written in place, nor are the lists and maps it holds.
 	Pipeline schemas.Pipeline
 	Input    schemas.ArtifactRef
 	// StartID is the id of session.started, the correlation of every event.
@@ -108,16 +173,22 @@ type Session struct {
 	Backlog *BacklogState
 	// Loops is the state of a loops session (nil otherwise).
 	Loops *LoopsState
-	// DefinitionFiles travel with every job (see schemas.SessionStarted).
+	// DefinitionFiles travel with every job (see schemas.SessionStarted);
+	// shared as Pipeline is.
 	DefinitionFiles []schemas.DefinitionFile
 	// Pending holds signals not acknowledged yet, oldest first. Finished
 	// sessions keep them too: they are acknowledged as ignored.
 	Pending []PendingSignal
-	// seen holds the ids of the session's events while it runs, to refuse
-	// a replayed copy that the server's duplicate window no longer
+	// seen holds the ids of the session's events while it runs (as
+	// eventKey digests: a fixed 16 bytes whatever an id's length), to
+	// refuse a replayed copy that the server's duplicate window no longer
 	// catches. A finished session drops it, with its pipeline and steps:
 	// its later events change nothing.
-	seen map[string]struct{}
+	seen map[eventKey]struct{}
+	// def is the shared definition Pipeline and DefinitionFiles come from
+	// (nil when the session holds its own), released when the session
+	// drops them.
+	def *sharedDef
 	// facts are what the running session's history established, for
 	// Check; nil once it finished.
 	facts *facts
@@ -125,7 +196,11 @@ type Session struct {
 
 // Step is one step's state.
 type Step struct {
-	Def       schemas.Step
+	// Def is the step's definition. It is never changed in place (a fork
+	// gives a step another): a pipeline session's steps point into its
+	// pipeline, which sessions of the same definition share (see
+	// State.intern).
+	Def       *schemas.Step
 	Status    string
 	Iteration int
 	// Attempt counts requests of the same iteration after failures that
@@ -383,7 +458,7 @@ func Check(st *State, ev schemas.Event) error {
 	case s.seen == nil:
 		return nil
 	}
-	if _, dup := s.seen[ev.ID]; dup {
+	if _, dup := s.seen[keyOf(ev.ID)]; dup {
 		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
 	}
 	return s.facts.check(s, ev)
@@ -397,7 +472,7 @@ func (s *Session) checkRerun(ev schemas.Event) error {
 	if slices.Contains(s.RerunIDs, ev.ID) {
 		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
 	}
-	if _, dup := s.seen[ev.ID]; dup {
+	if _, dup := s.seen[keyOf(ev.ID)]; dup {
 		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
 	}
 	if err := s.rerunnable(ev); err != "" {
@@ -454,17 +529,14 @@ func (s *Session) rerun(ev schemas.Event) {
 	if s.seen == nil {
 		// A finished session dropped what Check knows of its run: the
 		// new run starts afresh (results of earlier jobs are stale).
-		s.seen, s.facts = map[string]struct{}{}, newFacts()
-	}
-	if s.Usage == nil {
-		s.Usage = map[string]schemas.Usage{}
+		s.seen, s.facts = map[eventKey]struct{}{}, newFacts()
 	}
 }
 
 // checkImport refuses a step.imported its session cannot take: a copy of
 // one applied before, or one importable refuses.
 func (s *Session) checkImport(ev schemas.Event) error {
-	if _, dup := s.seen[ev.ID]; dup {
+	if _, dup := s.seen[keyOf(ev.ID)]; dup {
 		return fmt.Errorf("%w: session %s already has an event with id %s", ErrReplayed, ev.Session, ev.ID)
 	}
 	if why := s.importable(ev); why != "" {
@@ -597,9 +669,11 @@ const takeoverMargin = 0.5
 const maxLease = time.Hour
 
 func newFacts() *facts {
-	// cancelled and holders are made when first needed: most sessions
-	// cancel nothing, and with no trust configured nobody holds a job.
-	return &facts{requested: map[string]bool{}, completed: map[string][]schemas.ArtifactRef{}, stored: map[storedKey]bool{}}
+	// Every map is made when first written (reading a nil map is
+	// reading an empty one): a session waiting for its first job has
+	// completed nothing, most sessions cancel nothing, and with no trust
+	// configured nobody holds a job.
+	return &facts{}
 }
 
 // record adds what ev establishes. Only requested jobs are tracked, so the
@@ -610,8 +684,14 @@ func (f *facts) record(ev schemas.Event) {
 	}
 	switch d := ev.Data.(type) {
 	case *schemas.JobRequested:
+		if f.requested == nil {
+			f.requested = map[string]bool{}
+		}
 		f.requested[d.JobID] = true
 	case *schemas.JobCompleted:
+		if f.completed == nil {
+			f.completed = map[string][]schemas.ArtifactRef{}
+		}
 		f.completed[d.JobID] = d.Artifacts
 		if ev.Signer != "" {
 			if f.results == nil {
@@ -620,6 +700,9 @@ func (f *facts) record(ev schemas.Event) {
 			f.results[d.JobID] = ev.ID
 		}
 	case *schemas.ArtifactStored:
+		if f.stored == nil {
+			f.stored = map[storedKey]bool{}
+		}
 		f.stored[storedKey{d.JobID, d.Artifact.Name, d.Artifact.Digest}] = true
 	case *schemas.JobCancelled:
 		if f.requested[d.JobID] {
@@ -996,7 +1079,7 @@ func (s *Session) blocker() (blocker, bool) {
 func Evolve(st *State, ev schemas.Event) {
 	if ev.Type == schemas.TypeSessionStarted && ev.ForkOf == "" {
 		if _, ok := st.Sessions[ev.Session]; !ok {
-			st.Sessions[ev.Session] = newSession(ev)
+			st.Sessions[ev.Session] = newSession(st, ev)
 		}
 	}
 	if ev.Type == schemas.TypeSessionForked && ev.ForkOf == "" {
@@ -1028,14 +1111,26 @@ func Evolve(st *State, ev schemas.Event) {
 		// (Check, LastSeq), so memory grows with the running sessions,
 		// not the history.
 		s.seen, s.facts, s.Pipeline, s.Input, s.Steps, s.Usage, s.Backlog, s.Loops, s.DefinitionFiles = nil, nil, schemas.Pipeline{}, schemas.ArtifactRef{}, nil, nil, nil, nil, nil
+		st.release(s.def)
+		s.def = nil
 	} else if s.terminal() {
 		// A completed or failed pipeline session keeps its pipeline and
 		// steps, which session.rerun reopens; Check's record of its run
 		// goes.
 		s.seen, s.facts = nil, nil
 	} else if ev.ID != "" {
-		s.seen[ev.ID] = struct{}{}
+		s.seen[keyOf(ev.ID)] = struct{}{}
 	}
+}
+
+// eventKey stands for an event id in a running session's replay guard:
+// the first 16 bytes of its SHA-256. Two ids share a key with
+// probability 2⁻¹²⁸, and nobody can make an id that takes another's.
+type eventKey [16]byte
+
+func keyOf(id string) eventKey {
+	sum := sha256.Sum256([]byte(id))
+	return eventKey(sum[:16])
 }
 
 // Skip records that a message which is not a valid event was stored at seq
@@ -1048,10 +1143,21 @@ func Skip(st *State, session string, seq uint64) {
 	}
 }
 
-func newSession(ev schemas.Event) *Session {
+// newSession is the state of the session ev starts. Its definition is the
+// state's copy when one is there (intern): the sessions of a busy
+// orchestrator mostly run a few files, and their pipelines, prompts and
+// agent specs are most of what a running session holds. Usage and the
+// facts' maps are made when first written.
+func newSession(st *State, ev schemas.Event) *Session {
 	d := ev.Data.(*schemas.SessionStarted)
-	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: map[string]*Step{},
-		Usage: map[string]schemas.Usage{}, seen: map[string]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles}
+	def := st.intern(d.Pipeline, d.DefinitionFiles)
+	if def != nil {
+		shared := *d
+		shared.Pipeline, shared.DefinitionFiles = def.pipeline, def.files
+		d = &shared
+	}
+	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: make(map[string]*Step, len(d.Pipeline.Steps)),
+		seen: map[eventKey]struct{}{}, facts: newFacts(), DefinitionFiles: d.DefinitionFiles, def: def}
 	if d.Pipeline.Kind != schemas.KindPipeline {
 		s.Kind = d.Pipeline.Kind
 	}
@@ -1067,7 +1173,8 @@ func newSession(ev schemas.Event) *Session {
 		imp := *d.Import
 		s.Import, s.Status = &imp, StatusPaused
 	}
-	for _, def := range d.Pipeline.Steps {
+	for i := range s.Pipeline.Steps {
+		def := &s.Pipeline.Steps[i]
 		s.Steps[def.Name] = &Step{Def: def, Status: StepPending}
 	}
 	if d.Pipeline.Kind == schemas.KindBacklog && d.Pipeline.Backlog != nil {
@@ -1167,15 +1274,15 @@ func evolveSession(s *Session, ev schemas.Event) {
 			st.Started = true
 		}
 	case *schemas.JobCompleted:
-		if d.Usage != nil && s.Usage != nil { // nil once the session ended
-			s.Usage[d.JobID] = *d.Usage
+		if d.Usage != nil {
+			s.addUsage(d.JobID, *d.Usage)
 		}
 		if st := current(d.Step, d.JobID); st != nil {
 			st.Reported = true
 		}
 	case *schemas.JobFailed:
-		if d.Usage != nil && s.Usage != nil { // nil once the session ended
-			s.Usage[d.JobID] = *d.Usage
+		if d.Usage != nil {
+			s.addUsage(d.JobID, *d.Usage)
 		}
 		if st := current(d.Step, d.JobID); st != nil {
 			msg := d.Error
@@ -1289,6 +1396,18 @@ func evolveSession(s *Session, ev schemas.Event) {
 	if s.Loops != nil {
 		s.Loops.evolve(s, ev)
 	}
+}
+
+// addUsage records a job's reported usage. Only a running (or paused,
+// stopped) session's jobs count: a finished session ignores them.
+func (s *Session) addUsage(job string, u schemas.Usage) {
+	if s.terminal() {
+		return
+	}
+	if s.Usage == nil {
+		s.Usage = map[string]schemas.Usage{}
+	}
+	s.Usage[job] = u
 }
 
 // newer reports whether a job request at (round, iteration, attempt) comes
