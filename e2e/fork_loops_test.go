@@ -243,3 +243,82 @@ func endingDecision(evs []cloudEvent, end int) (seq int, completed []string) {
 	}
 	return start, completed
 }
+
+// TestForkFailedLoopsSessionAtItsEnd: a loops session whose root loop
+// used up its iterations, forked at its session.failed, forks from
+// before the decision that failed it: with an unchanged file the loop
+// runs again in the fork, from its first iteration, and fails the fork
+// as it failed its origin; with a file whose agent is fixed, it runs
+// again with that agent and the fork completes.
+func TestForkFailedLoopsSessionAtItsEnd(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	runs := filepath.Join(dir, "runs.log")
+	loops := func(script string) string {
+		return `kind: loops
+name: one
+levels:
+  plan:
+    agent: {backend: exec, command: [sh, ` + script + `]}
+    prompt: plan.tmpl
+    outputs: [{name: plan.md}]
+    max_iterations: 2
+`
+	}
+	writeFiles(t, dir, map[string]string{
+		"fail.sh":    `echo "fail $LOOPBUS_JOB" >> ` + runs + "\nexit 1\n",
+		"ok.sh":      `echo "ok $LOOPBUS_JOB" >> ` + runs + "\n" + `echo plan > "$LOOPBUS_OUTPUT_DIR/plan.md"` + "\n",
+		"plan.tmpl":  "plan {{.Loop}}\n",
+		"fail.yaml":  loops("fail.sh"),
+		"fixed.yaml": loops("ok.sh"),
+	})
+	global := []string{"--data", filepath.Join(dir, "data")}
+	if r := loopbus(t, append([]string{"run", filepath.Join(dir, "fail.yaml"), "--task", "Plan", "--session", "ff-1"}, global...)...); r.code != 1 {
+		t.Fatalf("run: exit %d, want 1 (failed)\n%s", r.code, r.stderr)
+	}
+	before := loopbus(t, append([]string{"status", "ff-1", "--json"}, global...)...).stdout
+	evs := events(t, global, "ff-1")
+	end := slices.IndexFunc(evs, func(e cloudEvent) bool { return e.Type == "loopbus.session.failed" })
+	if end < 0 {
+		t.Fatal("no session.failed")
+	}
+	start, _ := endingDecision(evs, end)
+	if evs[start].Type != "loopbus.step.failed" {
+		t.Errorf("the decision that failed the session begins with %s, want step.failed", evs[start].Type)
+	}
+	moved := fmt.Sprintf("fork point moved back from stream sequence %d to %d: session ff-1 failed at %d, and a fork starts from a running session", end+1, start, end+1)
+	jobs := func() []string {
+		log, err := os.ReadFile(runs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Split(strings.TrimSpace(string(log)), "\n")
+	}
+	if got := jobs(); len(got) != 2 {
+		t.Fatalf("the origin's runs: %q, want 2 (its iterations)", got)
+	}
+
+	r := loopbus(t, append([]string{"fork", "ff-1", "--at", strconv.Itoa(end + 1), "--as", "ff-2"}, global...)...)
+	if r.code != 1 || !strings.Contains(r.stderr, moved) {
+		t.Errorf("fork with the same file: exit %d, want 1 (failed again) with %q\n%s", r.code, moved, r.stderr)
+	}
+	if got := jobs(); len(got) != 4 || got[2] != "fail ff-2.plan.1.r1" || got[3] != "fail ff-2.plan.2.r1" {
+		t.Errorf("runs: %q, want the origin's two, then the fork's two iterations", got)
+	}
+
+	r = loopbus(t, append([]string{"fork", "ff-1", "--at", strconv.Itoa(end + 1), "--as", "ff-3", "--pipeline", filepath.Join(dir, "fixed.yaml")}, global...)...)
+	if r.code != 0 || !strings.Contains(r.stderr, moved) {
+		t.Errorf("fork with the agent fixed: exit %d, want 0 (completed) with %q\n%s", r.code, moved, r.stderr)
+	}
+	if got := jobs(); len(got) != 5 || got[4] != "ok ff-3.plan.1.r1" {
+		t.Errorf("runs: %q, want the fixed agent's run in the fork last", got)
+	}
+
+	// The original is untouched.
+	if after := loopbus(t, append([]string{"status", "ff-1", "--json"}, global...)...); after.stdout != before {
+		t.Errorf("the original's manifest changed:\n--- before\n%s\n--- after\n%s", before, after.stdout)
+	}
+	if n := len(events(t, global, "ff-1")); n != len(evs) {
+		t.Errorf("the original has %d events, had %d", n, len(evs))
+	}
+}
