@@ -136,9 +136,10 @@ func NewForkID(origin string) string {
 // is in the history up to it) moves back first, to the last event before
 // the orchestrator's decision that ended it, where it was still running;
 // the checks above go on from there. Forked at its end, a completed
-// session then runs again only the work its last decision completed and
-// what the fork's pipeline changed; a failed one stands before the
-// decision that failed it, which an unchanged pipeline makes again.
+// session then runs again the loops or runs its last decision completed
+// (their results had come in) and what the fork's pipeline changed; a
+// failed one runs again, from its first iteration, the loop or run whose
+// failure ended it.
 //
 // Errors: ErrNoSession for an unknown origin; ErrSessionExists for a
 // fork id in use; ErrBadInput (with what to do) for an unsafe id, a fork
