@@ -49,11 +49,12 @@ type Forked struct {
 	Event   schemas.Event
 	Seq     uint64
 	// Point is the origin's event at the fork point; Requested the one
-	// asked for. They differ when the fork's pipeline runs again work
+	// asked for. They differ when Requested is at or after the end of a
+	// loops or backlog origin, or the fork's pipeline runs again work
 	// done before Requested that later work was built on: Point is then
-	// the last event before the decision that did the first of it, and
-	// Redo the work each step back moved before, the first of it last
-	// (see Fork); nil when Point is Requested.
+	// the last event before the decision that ended the session or did
+	// the first of that work, and Redo what each step back moved before,
+	// the first of it last (see Fork); nil when Point is Requested.
 	Point, Requested schemas.Event
 	Redo             []ForkRedo
 	// Kept are the steps that keep the origin's results; Again the steps
@@ -65,20 +66,33 @@ type Forked struct {
 // MovedBack says in one line why the fork point moved back from the one
 // asked for, e.g. "fork point moved back from stream sequence 57 to 41:
 // loop plan-002 (level code, changed) merged at 44, and later work was
-// built on it"; "" when it did not.
+// built on it", or "fork point moved back from stream sequence 57 to 55:
+// session lp-1 completed at 57, and a fork starts from a running
+// session"; "" when it did not.
 func (f Forked) MovedBack() string {
 	if len(f.Redo) == 0 {
 		return ""
 	}
-	var why []string
+	var redo, why []string
+	end := ""
 	for _, r := range slices.Backward(f.Redo) {
-		why = append(why, r.String())
+		if r.Kind == forkRedoEnd {
+			end = r.String() + ", and a fork starts from a running session"
+		} else {
+			redo = append(redo, r.String())
+		}
 	}
-	on := "it"
-	if len(why) > 1 {
-		on = "them"
+	if len(redo) > 0 {
+		on := "it"
+		if len(redo) > 1 {
+			on = "them"
+		}
+		why = append(why, strings.Join(redo, ", ")+", and later work was built on "+on)
 	}
-	return fmt.Sprintf("fork point moved back from stream sequence %d to %d: %s, and later work was built on %s", f.Requested.Seq, f.Point.Seq, strings.Join(why, ", "), on)
+	if end != "" {
+		why = append(why, end)
+	}
+	return fmt.Sprintf("fork point moved back from stream sequence %d to %d: %s", f.Requested.Seq, f.Point.Seq, strings.Join(why, "; "))
 }
 
 // NewForkID returns "<origin>-fork-<4 hex>", shortened to fit the
@@ -116,6 +130,17 @@ func NewForkID(origin string) string {
 // (see forkPoint): the fork is an ordinary fork at that point, and
 // Forked says where it moved and why.
 //
+// A loops or backlog session forks from a running session: the
+// orchestrator keeps nothing of a finished one's loop tree or runs. So a
+// point at or after its end (its own session.completed or session.failed
+// is in the history up to it) moves back first, to the last event before
+// the orchestrator's decision that ended it, where it was still running;
+// the checks above go on from there. Forked at its end, a completed
+// session then runs again the loops or runs its last decision completed
+// (their results had come in) and what the fork's pipeline changed; a
+// failed one runs again, from its first iteration, the loop or run whose
+// failure ended it.
+//
 // Errors: ErrNoSession for an unknown origin; ErrSessionExists for a
 // fork id in use; ErrBadInput (with what to do) for an unsafe id, a fork
 // point that is no event of the origin (an unknown sequence or id, an
@@ -124,8 +149,8 @@ func NewForkID(origin string) string {
 // there or before the origin's start), an origin with more than
 // schemas.MaxForkCopies events up to the point, an origin at the end of
 // a chain of schemas.MaxForkDepth forks, a backlog fork that switches
-// between workdir: repo and not, a loops or backlog session forked at or
-// after its end, a pipeline of another kind, or an unusable input file.
+// between workdir: repo and not, a session forked at or after its
+// session.closed, a pipeline of another kind, or an unusable input file.
 //
 // A fork of a session that works on a repository (loops in git
 // worktrees, a backlog with workdir: repo) has a target branch of its
@@ -169,7 +194,7 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 			orElse(req.Pipeline.Kind, schemas.KindPipeline), req.Origin, orElse(start.Pipeline.Kind, schemas.KindPipeline))
 	}
 	if start.Pipeline.Kind == schemas.KindLoops || start.Pipeline.Kind == schemas.KindBacklog {
-		if err := forkableTree(req, start, history, point); err != nil {
+		if err := forkableTree(req, start, history); err != nil {
 			return Forked{}, err
 		}
 	}
@@ -284,10 +309,9 @@ func Fork(ctx context.Context, b ForkBus, req ForkRequest) (Forked, error) {
 // worktrees while the origin has no repository; a backlog fork that
 // would switch between working on a repository (workdir: repo) and not,
 // either way (a fork keeps its origin's workdir: the runs' changes are in
-// the origin's target branch, which the fork's starts from, or in none);
-// and one forked at or after its end (a finished loops or backlog session
-// keeps nothing of its loop tree or runs to fork from).
-func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schemas.Event, point schemas.Event) error {
+// the origin's target branch, which the fork's starts from, or in none).
+// A point at or after the session's end moves back (see forkPoint).
+func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schemas.Event) error {
 	file := &start.Pipeline
 	if req.Pipeline != nil {
 		file = req.Pipeline
@@ -306,10 +330,6 @@ func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schem
 			ErrBadInput, req.Origin, req.Origin, req.Origin, orElse(file.Source, file.Name))
 	case start.Pipeline.Kind == schemas.KindLoops && (req.Pipeline == nil && worktrees(&start.Pipeline) || worktrees(req.Pipeline)) && !hasRepo(history):
 		return fmt.Errorf("%w: %s: the fork's levels work in git worktrees, and %s works on no repository", ErrBadInput, req.Origin, req.Origin)
-	case slices.ContainsFunc(history, func(ev schemas.Event) bool {
-		return ev.ForkOf == "" && (ev.Type == schemas.TypeSessionCompleted || ev.Type == schemas.TypeSessionFailed)
-	}):
-		return fmt.Errorf("%w: %s session %s had ended at or before stream sequence %d; fork it at an event before its end", ErrBadInput, start.Pipeline.Kind, req.Origin, point.Seq)
 	}
 	return nil
 }
@@ -336,15 +356,16 @@ func startsOnRepo(evs []schemas.Event) bool {
 	return false
 }
 
-// ForkRedo is work done before the requested fork point that the fork's
-// pipeline runs again (or drops) while later work of the origin was built
-// on it: a loop merged into the target branch (later merges were rebased
-// on a target holding its commits), or a completed backlog run (later
-// runs worked on the task list it left). The fork point moves back before
-// it (see Fork).
+// ForkRedo is what the fork point moved back before (see Fork): work done
+// before the requested point that the fork's pipeline runs again (or
+// drops) while later work of the origin was built on it, a loop merged
+// into the target branch (later merges were rebased on a target holding
+// its commits) or a completed backlog run (later runs worked on the task
+// list it left); or the end of a loops or backlog origin (a fork starts
+// from a running session).
 type ForkRedo struct {
-	// Kind is "loop" (a loops session's loop) or "run" (a backlog's task
-	// run or role step); ID names it.
+	// Kind is "loop" (a loops session's loop), "run" (a backlog's task
+	// run or role step) or "session" (the origin's end); ID names it.
 	Kind, ID string
 	// Def is its level or role. Changed says Def's definition changed;
 	// otherwise the loop goes or runs again because the loop above it
@@ -354,13 +375,21 @@ type ForkRedo struct {
 	// Gone says the fork's file has no level Def.
 	Gone bool
 	// Event is its loop.merged or step.completed (the first, when there
-	// were more), at stream sequence Event.Seq of the origin.
+	// were more), or the session.completed or session.failed that ended
+	// the origin, at stream sequence Event.Seq of the origin.
 	Event schemas.Event
 }
 
 // String says what r is and where it was done, e.g. "loop plan-001
-// (level code, changed) merged at 44".
+// (level code, changed) merged at 44", or "session lp-1 completed at 57".
 func (r ForkRedo) String() string {
+	if r.Kind == forkRedoEnd {
+		did := "completed"
+		if r.Event.Type == schemas.TypeSessionFailed {
+			did = "failed"
+		}
+		return fmt.Sprintf("session %s %s at %d", r.ID, did, r.Event.Seq)
+	}
 	kind, did := "level", "merged"
 	if r.Kind == forkRedoRun {
 		kind, did = "role", "completed"
@@ -379,6 +408,7 @@ func (r ForkRedo) String() string {
 const (
 	forkRedoLoop = "loop"
 	forkRedoRun  = "run"
+	forkRedoEnd  = "session"
 )
 
 // forkPoint returns how many events of history (the origin's, up to the
@@ -390,11 +420,27 @@ const (
 // decision that holds the first of it, where that work was not done yet
 // (so the fork runs it again, and what came after, as at any point), and
 // the check repeats there until nothing is redone. It moves back only,
-// so it ends. Errors (ErrBadInput): the point would fall before the
-// session's own start (in the history it copied from its origin).
+// so it ends. Before that, a loops or backlog point at or after the
+// origin's own end moves back to the last event before the decision that
+// ended it, where it was running (the orchestrator forks no finished
+// loops or backlog session). Errors (ErrBadInput): the point would fall
+// before the session's own start (in the history it copied from its
+// origin).
 func forkPoint(history []schemas.Event, origin string, d *schemas.SessionForked) (int, []ForkRedo, error) {
 	n := len(history)
 	var moved []ForkRedo
+	if k := d.Pipeline.Kind; k == schemas.KindLoops || k == schemas.KindBacklog {
+		if i := slices.IndexFunc(history, func(ev schemas.Event) bool {
+			return ev.ForkOf == "" && (ev.Type == schemas.TypeSessionCompleted || ev.Type == schemas.TypeSessionFailed)
+		}); i >= 0 {
+			if n = decisionStart(history, i); n == 0 || ownStart(history[:n]) == nil {
+				// A guard: a session's decisions follow its start.
+				return 0, nil, fmt.Errorf("%w: %s session %s had ended at or before stream sequence %d; fork it at an event before its end",
+					ErrBadInput, k, origin, history[len(history)-1].Seq)
+			}
+			moved = append(moved, ForkRedo{Kind: forkRedoEnd, ID: origin, Event: history[i]})
+		}
+	}
 	for {
 		var redo []ForkRedo
 		switch d.Pipeline.Kind {

@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -200,5 +201,86 @@ func TestForkPointInCopies(t *testing.T) {
 		"into the history s2 copied from its origin: fork s1 instead (loopbus fork s1 --at e12)"
 	if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), want) {
 		t.Errorf("forkPoint = %v, want %q", err, want)
+	}
+}
+
+func sessionCompleted() schemas.Event {
+	return schemas.Event{Type: schemas.TypeSessionCompleted, Data: &schemas.SessionCompleted{}}
+}
+
+// TestForkPointAtTheEnd: a loops or backlog point at or after the
+// origin's own end moves back to the last event before the decision that
+// ended it (with the events it shares), and the checks for redone work go
+// on from there; a pipeline's point stays.
+func TestForkPointAtTheEnd(t *testing.T) {
+	// The last merge's decision completes the session (e17…e18).
+	done := func() []schemas.Event {
+		h := &history{session: "s1", evs: codeLoops()}
+		h.evs = h.evs[:len(h.evs)-1]
+		h.decide("e16", merged("plan-002"), sessionCompleted())
+		return h.evs
+	}
+	// The second code loop used up its iterations: step.failed and
+	// session.failed in one decision (e17…e18), then a hook ran (e19).
+	failed := func() []schemas.Event {
+		h := &history{session: "s1", evs: codeLoops()[:16]}
+		h.decide("e16", schemas.Event{Type: schemas.TypeStepFailed, Step: "plan-002", Data: &schemas.StepFailed{Step: "plan-002", Error: "no"}},
+			schemas.Event{Type: schemas.TypeSessionFailed, Data: &schemas.SessionFailed{Step: "plan-002", Reason: "no"}})
+		h.add("hooks", schemas.TypeHookCompleted, "", "e18", &schemas.HookRun{})
+		return h.evs
+	}
+	backlogDone := func() []schemas.Event {
+		h := &history{session: "b1", evs: tasks()}
+		h.decide("e9", completed(schemas.PhaseReview), sessionCompleted())
+		h.evs = slices.Delete(h.evs, 9, 10) // the review's completion is in the ending decision
+		for i := range h.evs {
+			h.evs[i].ID, h.evs[i].Seq = fmt.Sprintf("e%d", i+1), uint64(i+1)
+		}
+		return h.evs
+	}
+	pipeline := func() []schemas.Event {
+		h := &history{session: "p1"}
+		start := h.add("cli", schemas.TypeSessionStarted, "", "", &schemas.SessionStarted{Pipeline: schemas.Pipeline{Name: "p"}})
+		h.decide(start, schemas.Event{Type: schemas.TypeJobRequested, Step: "one", Data: &schemas.JobRequested{Step: "one"}})
+		h.decide(h.worker(schemas.TypeJobCompleted, "one"), completed("one"), sessionCompleted()) // e3; e4, e5
+		return h.evs
+	}
+	for _, tc := range []struct {
+		name    string
+		history []schemas.Event
+		at      int
+		p       schemas.Pipeline
+		changed []string
+		want    string // the point (an event id)
+		moved   string // MovedBack ("" when it stays)
+	}{
+		{"a completed loops session at its end: before the decision that completed it", done(), 18, levels("plan", "code"), nil,
+			"e16", "fork point moved back from stream sequence 18 to 16: session s1 completed at 18, and a fork starts from a running session"},
+		{"inside the ending decision", done(), 17, levels("plan", "code"), nil, "e17", ""},
+		{"then a changed code level moves it before the first merge", done(), 18, levels("plan", "code"), []string{"code"},
+			"e12", "fork point moved back from stream sequence 18 to 12: loop plan-001 (level code, changed) merged at 13, and later work was built on it; " +
+				"session s1 completed at 18, and a fork starts from a running session"},
+		{"a failed loops session: before step.failed and session.failed", failed(), 18, levels("plan", "code"), nil,
+			"e16", "fork point moved back from stream sequence 18 to 16: session s1 failed at 18, and a fork starts from a running session"},
+		{"a point after the end", failed(), 19, levels("plan", "code"), nil,
+			"e16", "fork point moved back from stream sequence 19 to 16: session s1 failed at 18, and a fork starts from a running session"},
+		{"a completed backlog", backlogDone(), 11, schemas.Pipeline{Kind: schemas.KindBacklog}, nil,
+			"e9", "fork point moved back from stream sequence 11 to 9: session b1 completed at 11, and a fork starts from a running session"},
+		{"a pipeline forks at its end", pipeline(), 5, schemas.Pipeline{Name: "p"}, nil, "e5", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &schemas.SessionForked{Pipeline: tc.p, Changed: tc.changed}
+			n, redo, err := forkPoint(tc.history[:tc.at], tc.history[0].Session, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tc.history[n-1].ID; got != tc.want {
+				t.Errorf("point %s, want %s", got, tc.want)
+			}
+			f := Forked{Requested: tc.history[tc.at-1], Point: tc.history[n-1], Redo: redo}
+			if got := f.MovedBack(); got != tc.moved {
+				t.Errorf("MovedBack:\n  %q\nwant:\n  %q", got, tc.moved)
+			}
+		})
 	}
 }

@@ -16,7 +16,9 @@ import (
 // task run completed, with a file whose review prompt changed: in the fork
 // the first task is not run again, the second and the review are (the
 // review with its new prompt), the task list goes on from the fork point,
-// and the original is unchanged. At its end, it is refused.
+// and the original is unchanged. Forked at its end, it forks from before
+// the decision that completed it, and runs again only the runs that
+// decision completed.
 func TestForkBacklogAfterTheFirstTask(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -54,17 +56,6 @@ printf '{"task_id": "%s", "status": "done", "summary": "%s done"}\n' "$LOOPBUS_S
 	}
 	at := strconv.Itoa(point) // the stream holds only this session
 
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"fork", "bf-1", "--at", strconv.Itoa(len(evs))}, "backlog session bf-1 had ended at or before stream sequence"},
-	} {
-		if r := loopbus(t, append(tc.args, global...)...); r.code != 2 || !strings.Contains(r.stderr, tc.want) {
-			t.Errorf("%v: exit %d, want 2 with %q\n%s", tc.args, r.code, tc.want, r.stderr)
-		}
-	}
-
 	r = loopbus(t, append([]string{"fork", "bf-1", "--at", at, "--as", "bf-2", "--pipeline", filepath.Join(dir, "review.yaml")}, global...)...)
 	if r.code != 0 {
 		t.Fatalf("fork: exit %d, want 0 (completed)\n%s", r.code, r.stderr)
@@ -100,6 +91,33 @@ printf '{"task_id": "%s", "status": "done", "summary": "%s done"}\n' "$LOOPBUS_S
 	}
 	if n := len(events(t, global, "bf-1")); n != len(evs) {
 		t.Errorf("the original has %d events, had %d", n, len(evs))
+	}
+
+	end := slices.IndexFunc(evs, func(e cloudEvent) bool { return e.Type == "loopbus.session.completed" })
+	if end < 0 {
+		t.Fatal("no session.completed")
+	}
+	start, again := endingDecision(evs, end)
+	r = loopbus(t, append([]string{"fork", "bf-1", "--at", strconv.Itoa(end + 1), "--as", "bf-3"}, global...)...)
+	moved := fmt.Sprintf("fork point moved back from stream sequence %d to %d: session bf-1 completed at %d, and a fork starts from a running session", end+1, start, end+1)
+	if r.code != 0 || !strings.Contains(r.stderr, moved) {
+		t.Fatalf("fork at the end: exit %d, want 0 with %q\n%s", r.code, moved, r.stderr)
+	}
+	log, err = os.ReadFile(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fork []string
+	for _, l := range strings.Split(strings.TrimSpace(string(log)), "\n")[5:] {
+		fork = append(fork, strings.SplitN(l, ":", 2)[0])
+	}
+	slices.Sort(fork)
+	slices.Sort(again)
+	if !slices.Equal(fork, again) {
+		t.Errorf("the fork at the end ran %q, want %q (the runs its origin's last decision completed)", fork, again)
+	}
+	if st := parseManifest(t, loopbus(t, append([]string{"status", "bf-3", "--json"}, global...)...).stdout); st.Status != "completed" {
+		t.Errorf("the fork at the end: %+v", st)
 	}
 }
 

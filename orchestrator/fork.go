@@ -137,7 +137,8 @@ func prepareFork(st *State, ev schemas.Event, read HistoryReader, depth int) (fo
 
 // loopsForkRefusal says why a loops session o cannot fork as d says
 // ("" when it can): its state at the point is gone (it had ended: a
-// finished loops session keeps nothing of its loops), the fork's file has
+// finished loops session keeps nothing of its loops; loopbus fork moves
+// such a point back before the decision that ended it), the fork's file has
 // no levels, works in git worktrees while the origin has no repository,
 // or would run again (or drop) a loop whose commits were merged into the
 // target branch at the fork point: the fork's target starts at the
@@ -395,8 +396,9 @@ func (o *Session) forkBase(ev schemas.Event, d *schemas.SessionForked) *Session 
 }
 
 // backlogForkRefusal says why a backlog session o cannot fork as d says
-// ("" when it can): its state at the point is gone (it had ended), the
-// fork's file is no backlog, one of the two works on a repository
+// ("" when it can): its state at the point is gone (it had ended;
+// loopbus fork moves such a point back before the decision that ended
+// it), the fork's file is no backlog, one of the two works on a repository
 // (workdir: repo) and the other does not (a fork keeps its origin's
 // workdir: its runs' changes are in the target branch, or in none), or a
 // role whose definition changed had completed runs at the fork point:

@@ -53,9 +53,12 @@ When --pipeline runs again a loop merged before the fork point (its
 level, or one above it, changed), or a backlog run of a changed role
 that had completed before it, the work after it was built on it: the
 fork point moves back to the event before that merge or completion (fork
-says so), and the fork runs it again, and what came after. Refused: a
-backlog file that switches between workdir: repo and not, and a loops or
-backlog session forked at or after its end.
+says so), and the fork runs it again, and what came after. A loops or
+backlog session forked at or after its end forks from a running session:
+the point moves back to the event before the decision that ended it (fork
+says so), and the loops or runs that decision completed or failed run
+again in the fork. Refused: a backlog file that switches between workdir:
+repo and not, and a session forked at or after its session.closed.
 
 Like run, fork follows the new session to its end and exits as run does (0
 completed, 1 failed, 2 usage errors, 3 stopped by its budget, 5 closed, 130
