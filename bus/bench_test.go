@@ -24,7 +24,8 @@ func benchEvent(i int) schemas.Event {
 // BenchmarkCodec measures encoding and decoding (with schema validation) of
 // one event, without NATS. Each event's data is new to the bus that
 // encodes or decodes it, as an event is in a service: a catalogue does not
-// check data it checked before, which "decode again" measures.
+// check again data it encoded, which "decode own" measures (a service
+// reading back what it wrote).
 func BenchmarkCodec(b *testing.B) {
 	srv := testnats.Server(b)
 	b.Run("encode", func(b *testing.B) {
@@ -40,11 +41,12 @@ func BenchmarkCodec(b *testing.B) {
 			}
 		}
 	})
-	decode := func(b *testing.B, again bool) {
+	decode := func(b *testing.B, own bool) {
 		enc := testnats.Connect(b, srv.URL(), "bench/encode")
 		bs := testnats.Connect(b, srv.URL(), "bench/decode")
 		n := b.N
-		if again {
+		if own {
+			enc = bs
 			n = min(n, 1000) // cycled, well within what a catalogue remembers
 		}
 		msgs := make([]*nats.Msg, n)
@@ -54,11 +56,6 @@ func BenchmarkCodec(b *testing.B) {
 				b.Fatal(err)
 			}
 			msgs[i] = m
-			if again {
-				if _, err := bs.Decode(m.Subject, m.Header, m.Data); err != nil {
-					b.Fatal(err)
-				}
-			}
 		}
 		b.ResetTimer()
 		for i := range b.N {
@@ -69,7 +66,7 @@ func BenchmarkCodec(b *testing.B) {
 		}
 	}
 	b.Run("decode", func(b *testing.B) { decode(b, false) })
-	b.Run("decode again", func(b *testing.B) { decode(b, true) })
+	b.Run("decode own", func(b *testing.B) { decode(b, true) })
 }
 
 // BenchmarkDecision compares the two ways the orchestrator writes a

@@ -98,6 +98,37 @@ func TestSessionsShareTheirDefinition(t *testing.T) {
 	}
 }
 
+// TestSessionsShareAPipelineWithScripts: sessions of one pipeline whose
+// definition files (scripts) each stored under its own id, as the client
+// stores them, share the pipeline and keep their own files.
+func TestSessionsShareAPipelineWithScripts(t *testing.T) {
+	t.Parallel()
+	st := NewState()
+	withFiles := func(session string) schemas.Event {
+		ev := inSession(started(chainPipeline()), session)
+		d := *ev.Data.(*schemas.SessionStarted)
+		d.DefinitionFiles = []schemas.DefinitionFile{{Path: "agent.sh", Artifact: schemas.ArtifactRef{Name: "agent.sh", Object: session + "/definition/agent.sh-x1",
+			Digest: schemas.Digest([]byte("echo " + session)), Size: 5}}}
+		ev.Data = &d
+		return ev
+	}
+	for i, session := range []string{"s1", "s2"} {
+		ev := withFiles(session)
+		ev.Seq = uint64(i + 1)
+		if err := Check(st, ev); err != nil {
+			t.Fatal(err)
+		}
+		Evolve(st, ev)
+	}
+	a, b := st.Sessions["s1"], st.Sessions["s2"]
+	if len(st.defs) != 1 || a.Steps["summary"].Def != b.Steps["summary"].Def {
+		t.Errorf("%d definitions kept for two sessions of one pipeline with scripts, want 1 shared", len(st.defs))
+	}
+	if a.DefinitionFiles[0].Artifact.Object == b.DefinitionFiles[0].Artifact.Object {
+		t.Error("the sessions' definition files are one session's")
+	}
+}
+
 // TestSharedDefinitionNeedsEqualValues: a definition whose JSON is the
 // same but whose values are not (an empty list and none) is not shared.
 func TestSharedDefinitionNeedsEqualValues(t *testing.T) {

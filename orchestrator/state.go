@@ -67,20 +67,17 @@ type State struct {
 type sharedDef struct {
 	key      string
 	pipeline schemas.Pipeline
-	files    []schemas.DefinitionFile
 	// refs counts the sessions holding it; at zero it leaves State.defs.
 	refs int
 }
 
-// intern returns the state's copy of the definition p and files, made
-// from them when the state has none, and counts one more holder of it.
-// It returns nil (the caller keeps its own copy) when the definition
-// cannot be encoded, or when a different one has the same digest.
-func (st *State) intern(p schemas.Pipeline, files []schemas.DefinitionFile) *sharedDef {
-	b, err := json.Marshal(struct {
-		Pipeline schemas.Pipeline
-		Files    []schemas.DefinitionFile
-	}{p, files})
+// intern returns the state's copy of the pipeline p, made from it when
+// the state has none, and counts one more holder of it. It returns nil
+// (the caller keeps its own copy) when p cannot be encoded, or when a
+// different one has the same digest. The definition files are not shared:
+// each session stores its own (under its id), and they are small.
+func (st *State) intern(p schemas.Pipeline) *sharedDef {
+	b, err := json.Marshal(p)
 	if err != nil {
 		return nil
 	}
@@ -89,7 +86,7 @@ func (st *State) intern(p schemas.Pipeline, files []schemas.DefinitionFile) *sha
 	if d := st.defs[key]; d != nil {
 		// The digest is of the JSON form; sharing needs the same values
 		// (a nil and an empty list encode alike).
-		if !reflect.DeepEqual(d.pipeline, p) || !reflect.DeepEqual(d.files, files) {
+		if !reflect.DeepEqual(d.pipeline, p) {
 			return nil
 		}
 		d.refs++
@@ -98,7 +95,7 @@ func (st *State) intern(p schemas.Pipeline, files []schemas.DefinitionFile) *sha
 	if st.defs == nil {
 		st.defs = map[string]*sharedDef{}
 	}
-	d := &sharedDef{key: key, pipeline: p, files: files, refs: 1}
+	d := &sharedDef{key: key, pipeline: p, refs: 1}
 	st.defs[key] = d
 	return d
 }
@@ -1150,10 +1147,10 @@ func Skip(st *State, session string, seq uint64) {
 // facts' maps are made when first written.
 func newSession(st *State, ev schemas.Event) *Session {
 	d := ev.Data.(*schemas.SessionStarted)
-	def := st.intern(d.Pipeline, d.DefinitionFiles)
+	def := st.intern(d.Pipeline)
 	if def != nil {
 		shared := *d
-		shared.Pipeline, shared.DefinitionFiles = def.pipeline, def.files
+		shared.Pipeline = def.pipeline
 		d = &shared
 	}
 	s := &Session{ID: ev.Session, Pipeline: d.Pipeline, Input: d.Input, StartID: ev.ID, Status: StatusRunning, Steps: make(map[string]*Step, len(d.Pipeline.Steps)),
