@@ -11,8 +11,7 @@ import (
 )
 
 // appendEvent is the i-th event appended: a job.started of a job of its
-// own, so that its data, like a real event's, is new to the publisher's
-// catalogue (which does not check data it checked before).
+// own, as real events have data of their own.
 func appendEvent(i int) schemas.Event {
 	job := fmt.Sprintf("bench.s.%d", i+1)
 	return schemas.Event{

@@ -117,78 +117,10 @@ func SchemaFile(typ string) ([]byte, error) {
 // Catalogue validates and decodes event data. It is safe for concurrent
 // use. Each type's schema is compiled when first needed, so a process pays
 // only for the types it meets (a command-line call a few, a service its
-// own); CompileAll compiles them all. It remembers recent data it encoded
-// (up to passedLimit bytes), which passed its schema then, and does not
-// check those bytes of that type again when they are decoded: a process
-// reading back what it wrote (the orchestrator its decisions; in loopbus
-// serve, whose services share one catalogue, every service's events)
-// checks each event once. Data read first is not remembered: across
-// processes a second check in the same process is rare, and remembering
-// costs about as much as a fifth of a check.
+// own); CompileAll compiles them all.
 type Catalogue struct {
 	entries  map[string]entry
 	compiled map[string]*compiledSchema
-	passed   passedData
-}
-
-// Bounds of the data a catalogue remembers as valid: in all, and per item
-// (larger data is checked every time).
-const (
-	passedLimit    = 1 << 20
-	passedItemSize = 16 << 10
-	// passedOverhead is counted per item beyond its bytes: its map entry,
-	// place in order and string headers.
-	passedOverhead = 96
-)
-
-// passedData is data that passed its type's schema, the oldest forgotten
-// first beyond passedLimit bytes. A schema check depends only on the type
-// and the bytes, so the same bytes of the same type pass again.
-type passedData struct {
-	mu     sync.Mutex
-	byType map[string]map[string]struct{}
-	order  []passedItem
-	size   int
-}
-
-type passedItem struct{ typ, data string }
-
-// has reports whether raw, of type typ, passed before.
-func (p *passedData) has(typ string, raw []byte) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.byType[typ][string(raw)]
-	return ok
-}
-
-// add remembers that raw, of type typ, passed.
-func (p *passedData) add(typ string, raw []byte) {
-	if len(raw) > passedItemSize {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.byType == nil {
-		p.byType = map[string]map[string]struct{}{}
-	}
-	m := p.byType[typ]
-	if m == nil {
-		m = map[string]struct{}{}
-		p.byType[typ] = m
-	}
-	if _, ok := m[string(raw)]; ok {
-		return
-	}
-	data := string(raw)
-	m[data] = struct{}{}
-	p.order = append(p.order, passedItem{typ: typ, data: data})
-	for p.size += len(data) + passedOverhead; p.size > passedLimit; {
-		old := p.order[0]
-		p.order[0] = passedItem{} // not kept alive by order's array
-		p.order = p.order[1:]
-		delete(p.byType[old.typ], old.data)
-		p.size -= len(old.data) + passedOverhead
-	}
 }
 
 // compiledSchema is one type's schema, compiled once.
@@ -320,14 +252,10 @@ func (c *Catalogue) Encode(typ string, data any) ([]byte, error) {
 	if err := c.validateRaw(typ, raw); err != nil {
 		return nil, err
 	}
-	c.passed.add(typ, raw)
 	return raw, nil
 }
 
 func (c *Catalogue) validateRaw(typ string, raw []byte) error {
-	if c.passed.has(typ, raw) {
-		return nil
-	}
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
 		return fmt.Errorf("%w: %s: data is not JSON: %v", ErrInvalidData, typ, err)

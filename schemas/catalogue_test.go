@@ -3,7 +3,6 @@ package schemas
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"reflect"
@@ -753,66 +752,5 @@ func TestCatalogueCompilesEverySchema(t *testing.T) {
 	}
 	if err := c.CompileAll(); err != nil {
 		t.Fatalf("CompileAll: %v", err)
-	}
-}
-
-// TestCatalogueRemembersPassedData: data the catalogue encoded passes
-// again without a check when decoded, for that type only; data only
-// decoded is not remembered; data that failed is checked (and fails)
-// every time; what is remembered stays bounded.
-func TestCatalogueRemembersPassedData(t *testing.T) {
-	c := newTestCatalogue(t)
-	raw, err := c.Encode(TypeJobStarted, &JobStarted{JobID: "s1.a.1", Worker: "w1", Delivery: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !c.passed.has(TypeJobStarted, raw) {
-		t.Fatal("encoded data is not remembered")
-	}
-	if _, err := c.Decode(TypeJobStarted, raw); err != nil {
-		t.Fatal(err)
-	}
-	read := []byte(`{"jobId":"s1.b.1","worker":"w2","delivery":2}`)
-	if _, err := c.Decode(TypeJobStarted, read); err != nil {
-		t.Fatal(err)
-	}
-	if c.passed.has(TypeJobStarted, read) {
-		t.Error("data only decoded is remembered")
-	}
-	// The same bytes are checked against another type's schema.
-	for range 2 {
-		if _, err := c.Decode(TypeJobCancelled, raw); !errors.Is(err, ErrInvalidData) {
-			t.Fatalf("job.started data decoded as job.cancelled: %v, want ErrInvalidData", err)
-		}
-	}
-	bad := []byte(`{"jobId":"s1.a.1","worker":"w1","delivery":0}`)
-	for range 2 {
-		if _, err := c.Decode(TypeJobStarted, bad); !errors.Is(err, ErrInvalidData) {
-			t.Fatalf("delivery 0: %v, want ErrInvalidData", err)
-		}
-	}
-	if _, err := c.Encode(TypeJobStarted, &JobStarted{JobID: "s1.a.1", Worker: "w1", Delivery: 0}); !errors.Is(err, ErrInvalidData) {
-		t.Fatalf("encode delivery 0: %v, want ErrInvalidData", err)
-	}
-	if c.passed.has(TypeJobStarted, bad) {
-		t.Error("data that failed is remembered")
-	}
-	// Bounded: the oldest go first.
-	for i := range passedLimit / 40 {
-		c.passed.add(TypeJobStarted, []byte(fmt.Sprintf(`{"jobId":"s1.fill.%d","worker":"w1","delivery":1}`, i)))
-	}
-	if c.passed.size > passedLimit {
-		t.Errorf("remembers %d bytes, above %d", c.passed.size, passedLimit)
-	}
-	if c.passed.has(TypeJobStarted, raw) {
-		t.Error("the oldest data is still remembered past the limit")
-	}
-	if !c.passed.has(TypeJobStarted, []byte(fmt.Sprintf(`{"jobId":"s1.fill.%d","worker":"w1","delivery":1}`, passedLimit/40-1))) {
-		t.Error("the newest data is forgotten")
-	}
-	big := []byte(`{"jobId":"s1.c.1","worker":"` + strings.Repeat("w", passedItemSize) + `","delivery":1}`)
-	c.passed.add(TypeJobStarted, big)
-	if c.passed.has(TypeJobStarted, big) {
-		t.Error("data above the item size is remembered")
 	}
 }
