@@ -153,6 +153,9 @@ func TestForkFinishedLoopsSessionAtItsEnd(t *testing.T) {
 		t.Fatal("no session.completed")
 	}
 	start, again := endingDecision(evs, end)
+	if len(again) == 0 {
+		t.Fatalf("the origin's ending decision (events %d to %d) completed no loop or run: nothing would show the fork runs them again", start+1, end+1)
+	}
 
 	r := loopbus(t, append([]string{"fork", "lf-1", "--at", strconv.Itoa(end + 1), "--as", "lf-2", "--pipeline", filepath.Join(dir, "loops2.yaml")}, global...)...)
 	if r.code != 0 {
