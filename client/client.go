@@ -343,15 +343,9 @@ func Replay(ctx context.Context, b Bus, session string, until Until) (*projectio
 // to date with the stream, otherwise a fold of the stream (so status is
 // exact even while the projector lags or is not running).
 func Status(ctx context.Context, b Bus, session string) (*projections.Manifest, error) {
-	if err := schemas.ValidateSessionID(session); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadInput, err)
-	}
-	last, err := b.SessionLastSeq(ctx, session)
+	last, err := lastOf(ctx, b, session)
 	if err != nil {
 		return nil, err
-	}
-	if last == 0 {
-		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
 	}
 	var m projections.Manifest
 	if err := b.GetView(ctx, projections.ManifestKey(session), &m); err == nil && m.LastSeq >= last && m.Version == projections.ManifestVersion {

@@ -115,17 +115,24 @@ func (c *Client) exists(ctx context.Context, session string) error { return Exis
 // for a session with no events: every command answers an unknown session
 // the same way.
 func Exists(ctx context.Context, b Bus, session string) error {
+	_, err := lastOf(ctx, b, session)
+	return err
+}
+
+// lastOf returns the stream sequence of session's newest event, failing
+// as Exists does.
+func lastOf(ctx context.Context, b Bus, session string) (uint64, error) {
 	if err := schemas.ValidateSessionID(session); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadInput, err)
+		return 0, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
 	last, err := b.SessionLastSeq(ctx, session)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if last == 0 {
-		return fmt.Errorf("%w: %s", ErrNoSession, session)
+		return 0, fmt.Errorf("%w: %s", ErrNoSession, session)
 	}
-	return nil
+	return last, nil
 }
 
 // EventSubject is the subject filter of the events of session ("" for

@@ -319,7 +319,9 @@ func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schem
 	backlogRepo := file.Backlog != nil && file.Backlog.Workdir == schemas.WorkdirRepo
 	// As the orchestrator holds it: a backlog works on a repository when
 	// its file says workdir: repo and its start carries one.
-	originRepo := start.Pipeline.Backlog != nil && start.Pipeline.Backlog.Workdir == schemas.WorkdirRepo && startsOnRepo(history)
+	originRepo := start.Pipeline.Backlog != nil && start.Pipeline.Backlog.Workdir == schemas.WorkdirRepo && startedOnRepo(history) != nil
+	// A loops session works on a repository when its start brought one.
+	hasRepo := func() bool { rs := startedOnRepo(history); return rs != nil && rs.Bundle != nil }
 	worktrees := func(p *schemas.Pipeline) bool { return p != nil && p.Loops != nil && p.Loops.NeedsRepo() }
 	switch {
 	case start.Pipeline.Kind == schemas.KindBacklog && backlogRepo && !originRepo:
@@ -328,32 +330,22 @@ func forkableTree(req ForkRequest, start *schemas.SessionForked, history []schem
 	case start.Pipeline.Kind == schemas.KindBacklog && !backlogRepo && originRepo:
 		return fmt.Errorf("%w: %s: %s works on a repository (workdir: repo, target loopbus/%s), and the fork's file %s has no workdir: repo: a fork keeps its origin's workdir",
 			ErrBadInput, req.Origin, req.Origin, req.Origin, orElse(file.Source, file.Name))
-	case start.Pipeline.Kind == schemas.KindLoops && (req.Pipeline == nil && worktrees(&start.Pipeline) || worktrees(req.Pipeline)) && !hasRepo(history):
+	case start.Pipeline.Kind == schemas.KindLoops && (req.Pipeline == nil && worktrees(&start.Pipeline) || worktrees(req.Pipeline)) && !hasRepo():
 		return fmt.Errorf("%w: %s: the fork's levels work in git worktrees, and %s works on no repository", ErrBadInput, req.Origin, req.Origin)
 	}
 	return nil
 }
 
-// hasRepo reports whether the session whose history (its own or copied)
-// is evs works on a repository: its first session.started carries one.
-func hasRepo(evs []schemas.Event) bool {
+// startedOnRepo returns the repository start of the session whose history
+// (its own or copied) is evs, as its first session.started carries it
+// (nil: none).
+func startedOnRepo(evs []schemas.Event) *schemas.LoopsStart {
 	for _, ev := range evs {
 		if d, ok := ev.Data.(*schemas.SessionStarted); ok {
-			return d.Loops != nil && d.Loops.Bundle != nil
+			return d.Loops
 		}
 	}
-	return false
-}
-
-// startsOnRepo reports whether the first session.started of evs carries
-// a repository start (with or without a bundle).
-func startsOnRepo(evs []schemas.Event) bool {
-	for _, ev := range evs {
-		if d, ok := ev.Data.(*schemas.SessionStarted); ok {
-			return d.Loops != nil
-		}
-	}
-	return false
+	return nil
 }
 
 // ForkRedo is what the fork point moved back before (see Fork): work done
@@ -545,12 +537,9 @@ func readToPoint(ctx context.Context, b Bus, origin, at string) ([]schemas.Event
 	if at == "" {
 		return nil, fmt.Errorf("%w: give the fork point: --at SEQ or --at EVENT-ID (see loopbus events %s)", ErrBadInput, origin)
 	}
-	last, err := b.SessionLastSeq(ctx, origin)
+	last, err := lastOf(ctx, b, origin)
 	if err != nil {
 		return nil, err
-	}
-	if last == 0 {
-		return nil, fmt.Errorf("%w: %s", ErrNoSession, origin)
 	}
 	seq, bySeq := uint64(0), false
 	if n, err := strconv.ParseUint(at, 10, 64); err == nil {

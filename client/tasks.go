@@ -41,15 +41,9 @@ const maxTaskChangeTries = 10
 // ErrNoSession for an unknown session and ErrNotBacklog for a pipeline
 // session.
 func Tasks(ctx context.Context, b Bus, session string) (*projections.TaskList, error) {
-	if err := schemas.ValidateSessionID(session); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadInput, err)
-	}
-	last, err := b.SessionLastSeq(ctx, session)
+	last, err := lastOf(ctx, b, session)
 	if err != nil {
 		return nil, err
-	}
-	if last == 0 {
-		return nil, fmt.Errorf("%w: %s", ErrNoSession, session)
 	}
 	var v projections.TaskList
 	if err := b.GetView(ctx, projections.TasksKey(session), &v); err == nil && v.LastSeq >= last && v.Version == projections.TaskListVersion {

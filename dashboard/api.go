@@ -224,13 +224,9 @@ type signalBody struct {
 // ignored by the orchestrator, or recorded when it did not answer within
 // a few seconds.
 func (s *Service) apiSignal(w http.ResponseWriter, r *http.Request) {
-	id, err := sessionID(r)
-	if err != nil {
-		s.apiError(w, err)
-		return
-	}
 	var body signalBody
-	if err := decodeBody(w, r, "signal", &body); err != nil {
+	id, err := sessionBody(w, r, "signal", &body)
+	if err != nil {
 		s.apiError(w, err)
 		return
 	}
@@ -257,20 +253,25 @@ func (s *Service) apiSignal(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// decodeBody decodes the request's JSON body (what names it in errors)
-// into v: it must be application/json (a cross-site form cannot send JSON
-// without asking first, CORS), at most maxSignalBody bytes, with no field
-// v does not have. Errors wrap client.ErrBadInput.
-func decodeBody(w http.ResponseWriter, r *http.Request, what string, v any) error {
+// sessionBody returns the session id of the request's path and decodes
+// its JSON body (what names it in errors) into v: it must be
+// application/json (a cross-site form cannot send JSON without asking
+// first, CORS), at most maxSignalBody bytes, with no field v does not
+// have. Errors of the body wrap client.ErrBadInput.
+func sessionBody(w http.ResponseWriter, r *http.Request, what string, v any) (string, error) {
+	id, err := sessionID(r)
+	if err != nil {
+		return "", err
+	}
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
-		return fmt.Errorf("%w: send the %s as application/json", client.ErrBadInput, what)
+		return "", fmt.Errorf("%w: send the %s as application/json", client.ErrBadInput, what)
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSignalBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: %s: %v", client.ErrBadInput, what, err)
+		return "", fmt.Errorf("%w: %s: %v", client.ErrBadInput, what, err)
 	}
-	return nil
+	return id, nil
 }
 
 // budgetBody is what the page's budget form posts: each bound given (not
@@ -300,13 +301,9 @@ type controlAnswer struct {
 // does): a session its budget stopped goes on when the new bounds allow.
 // A session that ended is refused (409).
 func (s *Service) apiBudget(w http.ResponseWriter, r *http.Request) {
-	id, err := sessionID(r)
-	if err != nil {
-		s.apiError(w, err)
-		return
-	}
 	var body budgetBody
-	if err := decodeBody(w, r, "budget", &body); err != nil {
+	id, err := sessionBody(w, r, "budget", &body)
+	if err != nil {
 		s.apiError(w, err)
 		return
 	}
@@ -321,13 +318,9 @@ func (s *Service) apiBudget(w http.ResponseWriter, r *http.Request) {
 // apiClose closes the session for good (client.CloseSession, as loopbus
 // close does). A session that ended is refused (409).
 func (s *Service) apiClose(w http.ResponseWriter, r *http.Request) {
-	id, err := sessionID(r)
-	if err != nil {
-		s.apiError(w, err)
-		return
-	}
 	var body closeBody
-	if err := decodeBody(w, r, "close", &body); err != nil {
+	id, err := sessionBody(w, r, "close", &body)
+	if err != nil {
 		s.apiError(w, err)
 		return
 	}

@@ -11,6 +11,22 @@ import (
 	"testing"
 )
 
+// twoTaskBacklog is the backlog file of the fork tests: one exec agent
+// (agent.sh) for every role, spec.md as source, and extra (its prompts).
+func twoTaskBacklog(extra string) string {
+	return `kind: backlog
+name: bk
+agents:
+  a: {backend: exec, command: [sh, agent.sh]}
+roles:
+  iterate: a
+source_files: [spec.md]
+` + extra
+}
+
+// twoTasks is the task file of the fork tests: T002 depends on T001.
+const twoTasks = `{"schema_version": 1, "tasks": [{"id": "T001", "title": "First", "status": "todo", "priority": 1}, {"id": "T002", "title": "Second", "status": "todo", "priority": 2, "depends_on": ["T001"]}]}`
+
 // TestForkBacklogAfterTheFirstTask (issue 18, "Fork and rerun":
 // backlogs): a finished backlog of two tasks is forked after its first
 // task run completed, with a file whose review prompt changed: in the fork
@@ -23,25 +39,15 @@ func TestForkBacklogAfterTheFirstTask(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	runs := filepath.Join(dir, "runs.log")
-	backlog := func(prompts string) string {
-		return `kind: backlog
-name: bk
-agents:
-  a: {backend: exec, command: [sh, agent.sh]}
-roles:
-  iterate: a
-source_files: [spec.md]
-` + prompts
-	}
 	writeFiles(t, dir, map[string]string{
 		// Each run logs its step and its prompt's first line.
 		"agent.sh": `echo "$LOOPBUS_STEP: $(head -n 1 "$LOOPBUS_PROMPT_FILE")" >> ` + runs + `
 printf '{"task_id": "%s", "status": "done", "summary": "%s done"}\n' "$LOOPBUS_STEP" "$LOOPBUS_STEP" > "$LOOPBUS_OUTPUT_DIR/summary.json"
 `,
 		"spec.md":     "# Spec\n",
-		"to-do.json":  `{"schema_version": 1, "tasks": [{"id": "T001", "title": "First", "status": "todo", "priority": 1}, {"id": "T002", "title": "Second", "status": "todo", "priority": 2, "depends_on": ["T001"]}]}`,
-		"bk.yaml":     backlog(""),
-		"review.yaml": backlog("prompts: {review: \"Review it again, harder.\"}\n"),
+		"to-do.json":  twoTasks,
+		"bk.yaml":     twoTaskBacklog(""),
+		"review.yaml": twoTaskBacklog("prompts: {review: \"Review it again, harder.\"}\n"),
 	})
 	global := []string{"--data", filepath.Join(dir, "data")}
 	r := loopbus(t, append([]string{"run", filepath.Join(dir, "bk.yaml"), "--tasks", filepath.Join(dir, "to-do.json"), "--session", "bf-1"}, global...)...)
@@ -165,7 +171,7 @@ esac
 `,
 		"rb.yaml":    backlog("workdir: repo\ntarget: {base: main}\n"),
 		"plain.yaml": backlog(""),
-		"to-do.json": `{"schema_version": 1, "tasks": [{"id": "T001", "title": "First", "status": "todo", "priority": 1}, {"id": "T002", "title": "Second", "status": "todo", "priority": 2, "depends_on": ["T001"]}]}`,
+		"to-do.json": twoTasks,
 	})
 	global := []string{"--data", filepath.Join(dir, "data")}
 	r := loopbus(t, append([]string{"run", filepath.Join(dir, "rb.yaml"), "--tasks", filepath.Join(dir, "to-do.json"), "--repo", repo, "--session", "rb-1"}, global...)...)
@@ -279,25 +285,15 @@ func TestForkBacklogWithAChangedRole(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	runs := filepath.Join(dir, "runs.log")
-	backlog := func(prompts string) string {
-		return `kind: backlog
-name: bk
-agents:
-  a: {backend: exec, command: [sh, agent.sh]}
-roles:
-  iterate: a
-source_files: [spec.md]
-` + prompts
-	}
 	writeFiles(t, dir, map[string]string{
 		// Each run logs its session, step and its prompt's first line.
 		"agent.sh": `echo "$LOOPBUS_SESSION $LOOPBUS_STEP: $(head -n 1 "$LOOPBUS_PROMPT_FILE")" >> ` + runs + `
 printf '{"task_id": "%s", "status": "done", "summary": "%s done by %s"}\n' "$LOOPBUS_STEP" "$LOOPBUS_STEP" "$LOOPBUS_SESSION" > "$LOOPBUS_OUTPUT_DIR/summary.json"
 `,
 		"spec.md":      "# Spec\n",
-		"to-do.json":   `{"schema_version": 1, "tasks": [{"id": "T001", "title": "First", "status": "todo", "priority": 1}, {"id": "T002", "title": "Second", "status": "todo", "priority": 2, "depends_on": ["T001"]}]}`,
-		"bk.yaml":      backlog(""),
-		"iterate.yaml": backlog("prompts: {iterate: \"Do {{.Task.ID}} better.\"}\n"),
+		"to-do.json":   twoTasks,
+		"bk.yaml":      twoTaskBacklog(""),
+		"iterate.yaml": twoTaskBacklog("prompts: {iterate: \"Do {{.Task.ID}} better.\"}\n"),
 	})
 	global := []string{"--data", filepath.Join(dir, "data")}
 	if r := loopbus(t, append([]string{"run", filepath.Join(dir, "bk.yaml"), "--tasks", filepath.Join(dir, "to-do.json"), "--session", "br-1"}, global...)...); r.code != 0 {

@@ -235,10 +235,7 @@ func TestForkFinishedLoopsSessionAtItsEnd(t *testing.T) {
 // it (the events before it from the orchestrator, caused by the same
 // trigger, are in it), and the steps that decision completed.
 func endingDecision(evs []cloudEvent, end int) (seq int, completed []string) {
-	start := end
-	for start > 0 && evs[start-1].Source == evs[end].Source && evs[start-1].Causation == evs[end].Causation {
-		start--
-	}
+	start := beforeDecision(evs, end) + 1
 	for _, e := range evs[start:end] {
 		if e.Type == "loopbus.step.completed" {
 			completed = append(completed, e.Step)

@@ -2,11 +2,9 @@ package orchestrator_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
@@ -50,31 +48,7 @@ func TestRunnerDeadLettersLateImports(t *testing.T) {
 		"step.imported names step nope, which session " + session + " does not have",
 		"step.imported imports into session " + session + ", which has run jobs: imports come before the first job",
 	}
-	var reasons []string
-	for {
-		reasons = reasons[:0]
-		if err := b.DeadLetters(ctx, func(dl bus.DeadLetter) error {
-			reasons = append(reasons, dl.Reason)
-			return nil
-		}); err != nil {
-			t.Fatalf("DeadLetters: %v", err)
-		}
-		if len(reasons) >= len(want) {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("dead letters %q, want %d", reasons, len(want))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if len(reasons) != len(want) {
-		t.Fatalf("dead letters %q, want %d", reasons, len(want))
-	}
-	for i, w := range want {
-		if !strings.Contains(reasons[i], w) {
-			t.Errorf("dead letter %d: reason %q, want it to say %q", i, reasons[i], w)
-		}
-	}
+	assertDeadLetters(ctx, t, b, want)
 	if m := projections.BuildManifest(session, sessionEvents(t, b, session)); m.Steps["draft"].Status != projections.StepStatusInProgress || m.Steps["draft"].Imported {
 		t.Errorf("draft after a late import: %+v, want in progress", m.Steps["draft"])
 	}

@@ -934,31 +934,7 @@ func TestRunnerDeadLettersForgedCompletions(t *testing.T) {
 		"step.completed completes step draft with job " + job + ", whose validation has not passed",
 		"session.completed completes session " + session + ", but step draft is running",
 	}
-	var reasons []string
-	for {
-		reasons = reasons[:0]
-		if err := b.DeadLetters(ctx, func(dl bus.DeadLetter) error {
-			reasons = append(reasons, dl.Reason)
-			return nil
-		}); err != nil {
-			t.Fatalf("DeadLetters: %v", err)
-		}
-		if len(reasons) >= len(want) {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("dead letters %q, want %d", reasons, len(want))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if len(reasons) != len(want) {
-		t.Fatalf("dead letters %q, want %d", reasons, len(want))
-	}
-	for i, w := range want {
-		if !strings.Contains(reasons[i], w) {
-			t.Errorf("dead letter %d: reason %q, want it to say %q", i, reasons[i], w)
-		}
-	}
+	assertDeadLetters(ctx, t, b, want)
 
 	// Readers of the stream do not end the session on the forgery either.
 	if m := projections.BuildManifest(session, waitEvents(t, b, session, "the forgeries", has(schemas.TypeSessionCompleted, ""))); m.Status != projections.StatusRunning {
@@ -1150,4 +1126,36 @@ func TestRunnerCompletesAnInterruptedDecision(t *testing.T) {
 	}
 	r.stop()
 	r.assertNoErrors(t)
+}
+
+// assertDeadLetters waits until the dead-letter stream holds len(want)
+// letters (until ctx ends), then checks that there are exactly that many
+// and that each reason says its want, in order.
+func assertDeadLetters(ctx context.Context, t *testing.T, b *bus.Bus, want []string) {
+	t.Helper()
+	var reasons []string
+	for {
+		reasons = reasons[:0]
+		if err := b.DeadLetters(ctx, func(dl bus.DeadLetter) error {
+			reasons = append(reasons, dl.Reason)
+			return nil
+		}); err != nil {
+			t.Fatalf("DeadLetters: %v", err)
+		}
+		if len(reasons) >= len(want) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("dead letters %q, want %d", reasons, len(want))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(reasons) != len(want) {
+		t.Fatalf("dead letters %q, want %d", reasons, len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(reasons[i], w) {
+			t.Errorf("dead letter %d: reason %q, want it to say %q", i, reasons[i], w)
+		}
+	}
 }
