@@ -296,7 +296,7 @@ func TestReportContentRoundTrip(t *testing.T) {
 	}
 }
 
-func ptrTime(t *testing.T, s string) *time.Time {
+func ptrTime(t testing.TB, s string) *time.Time {
 	t.Helper()
 	tm, err := time.Parse(time.RFC3339, s)
 	if err != nil {

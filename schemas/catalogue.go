@@ -123,10 +123,13 @@ type Catalogue struct {
 	compiled map[string]*compiledSchema
 }
 
-// compiledSchema is one type's schema, compiled once.
+// compiledSchema is one type's schema, compiled once, for the generic
+// validator and for the fast check (nil when the schema uses a keyword
+// the fast check lacks).
 type compiledSchema struct {
 	once sync.Once
 	sch  *jsonschema.Schema
+	fast *fastNode
 	err  error
 }
 
@@ -154,9 +157,18 @@ func (c *Catalogue) CompileAll() error {
 
 // schema returns typ's compiled schema, compiling it on first use.
 func (c *Catalogue) schema(typ string) (*jsonschema.Schema, error) {
-	cs := c.compiled[typ]
-	cs.once.Do(func() { cs.sch, cs.err = compileEventSchema(typ) })
+	cs := c.compiledOnce(typ)
 	return cs.sch, cs.err
+}
+
+func (c *Catalogue) compiledOnce(typ string) *compiledSchema {
+	cs := c.compiled[typ]
+	cs.once.Do(func() {
+		if cs.sch, cs.err = compileEventSchema(typ); cs.err == nil {
+			cs.fast = compileFast(cs.sch)
+		}
+	})
+	return cs
 }
 
 func compileEventSchema(typ string) (*jsonschema.Schema, error) {
@@ -255,7 +267,13 @@ func (c *Catalogue) Encode(typ string, data any) ([]byte, error) {
 	return raw, nil
 }
 
+// validateRaw checks raw against typ's schema. The fast check decides
+// the valid data it can; the generic validator decides the rest and says
+// what is wrong.
 func (c *Catalogue) validateRaw(typ string, raw []byte) error {
+	if cs := c.compiledOnce(typ); cs.fast != nil && fastCheck(cs.fast, raw) == pass {
+		return nil
+	}
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
 		return fmt.Errorf("%w: %s: data is not JSON: %v", ErrInvalidData, typ, err)

@@ -25,7 +25,7 @@ func newTestCatalogue(t *testing.T) *Catalogue {
 
 // testArtifact returns a reference to an artifact holding content, as the
 // agent worker would store it for step (empty for the session input).
-func testArtifact(t *testing.T, name, step, content string) ArtifactRef {
+func testArtifact(t testing.TB, name, step, content string) ArtifactRef {
 	t.Helper()
 	if err := ValidateName(name); err != nil {
 		t.Fatalf("test artifact: %v", err)
@@ -46,7 +46,7 @@ func testArtifact(t *testing.T, name, step, content string) ArtifactRef {
 
 // samples returns a realistic value of the registered Go type of every event
 // type, with optional fields both set and unset somewhere.
-func samples(t *testing.T) map[string]any {
+func samples(t testing.TB) map[string]any {
 	t.Helper()
 	input := testArtifact(t, "brief.md", "", "# Write a report about otters\n")
 	input.ContentType = "text/markdown"

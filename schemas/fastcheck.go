@@ -1,0 +1,843 @@
+package schemas
+
+import (
+	"encoding/json"
+	"math/big"
+	"math/bits"
+	"strconv"
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// The fast check: a JSON Schema compiled a second time, for checking raw
+// JSON in one pass over its bytes, without building a tree of values. It
+// decides only what it can decide exactly as the generic validator
+// (jsonschema) does; anything else it calls unsure, and the generic
+// validator, which also writes the error messages, decides. A value it
+// passes the generic validator passes too (TestFastCheckAgrees and
+// FuzzFastCheck hold it to that).
+
+// verdict is the fast check's answer.
+type verdict uint8
+
+const (
+	pass   verdict = iota // valid, for certain
+	fail                  // invalid, for certain
+	unsure                // the generic validator must decide
+)
+
+// JSON types as bits, in the fast check's own numbering.
+const (
+	jNull uint8 = 1 << iota
+	jBool
+	jNumber // any number; a schema's "integer" is jInteger
+	jInteger
+	jString
+	jArray
+	jObject
+)
+
+// Bounds of the fast check, beyond which it is unsure.
+const (
+	fastMaxDepth = 256 // nested values and subschemas applied to one value
+	fastMaxKeys  = 64  // members of one object whose names it tracks without a map
+)
+
+// fastNode is one schema compiled for the fast check.
+type fastNode struct {
+	never bool  // the false schema
+	types uint8 // allowed types; 0: any
+
+	enum     []any // strings, bools, nil and numbers as *big.Rat
+	hasEnum  bool
+	constVal any
+	hasConst bool
+
+	ref, not, ifN, thenN, elseN *fastNode
+	allOf, anyOf, oneOf         []*fastNode
+
+	// strings
+	minLen, maxLen int // -1: none
+	pattern        jsonschema.Regexp
+
+	// numbers
+	minimum, maximum, exMinimum, exMaximum *big.Rat
+	minI, maxI, exMinI, exMaxI             int64 // the same bounds, when whole and in int64
+	intBounds                              bool  // every bound set has its int64 form
+
+	// objects
+	minProps, maxProps int // -1: none
+	props              map[string]propNode
+	required           []int // indexes into props' idx
+	reqNames           []string
+	noAdditional       bool
+	additional         *fastNode
+	propNames          *fastNode
+
+	// arrays
+	items              *fastNode
+	minItems, maxItems int // -1: none
+}
+
+type propNode struct {
+	idx  int
+	node *fastNode
+}
+
+// compileFast compiles s for the fast check, or returns nil when s uses a
+// keyword the fast check does not implement.
+func compileFast(s *jsonschema.Schema) *fastNode {
+	c := fastCompiler{done: map[*jsonschema.Schema]*fastNode{}}
+	n := c.node(s)
+	if c.unsupported {
+		return nil
+	}
+	return n
+}
+
+type fastCompiler struct {
+	done        map[*jsonschema.Schema]*fastNode
+	unsupported bool
+}
+
+func (c *fastCompiler) node(s *jsonschema.Schema) *fastNode {
+	if s == nil {
+		return nil
+	}
+	if n, ok := c.done[s]; ok {
+		return n // a recursive schema refers to a node being built
+	}
+	n := &fastNode{minLen: -1, maxLen: -1, minItems: -1, maxItems: -1, minProps: -1, maxProps: -1}
+	c.done[s] = n
+	if s.DraftVersion < 2019 || s.RecursiveRef != nil || s.DynamicRef != nil || s.Format != nil ||
+		len(s.PatternProperties) > 0 ||
+		len(s.Dependencies) > 0 || len(s.DependentRequired) > 0 || len(s.DependentSchemas) > 0 ||
+		s.UnevaluatedProperties != nil || s.UniqueItems || s.Contains != nil ||
+		s.MinContains != nil || s.MaxContains != nil || s.Items != nil || s.AdditionalItems != nil ||
+		len(s.PrefixItems) > 0 || s.UnevaluatedItems != nil || s.ContentEncoding != nil ||
+		s.ContentMediaType != nil || s.ContentSchema != nil || s.MultipleOf != nil || len(s.Extensions) > 0 {
+		c.unsupported = true
+		return n
+	}
+	if s.Bool != nil {
+		n.never = !*s.Bool
+		return n
+	}
+	if s.Types != nil {
+		for _, t := range s.Types.ToStrings() {
+			switch t {
+			case "null":
+				n.types |= jNull
+			case "boolean":
+				n.types |= jBool
+			case "number":
+				n.types |= jNumber | jInteger
+			case "integer":
+				n.types |= jInteger
+			case "string":
+				n.types |= jString
+			case "array":
+				n.types |= jArray
+			case "object":
+				n.types |= jObject
+			}
+		}
+	}
+	if s.Enum != nil {
+		n.hasEnum = true
+		for _, v := range s.Enum.Values {
+			sv, ok := c.scalar(v)
+			if !ok {
+				return n
+			}
+			n.enum = append(n.enum, sv)
+		}
+	}
+	if s.Const != nil {
+		sv, ok := c.scalar(*s.Const)
+		if !ok {
+			return n
+		}
+		n.hasConst, n.constVal = true, sv
+	}
+	n.ref, n.not = c.node(s.Ref), c.node(s.Not)
+	n.ifN, n.thenN, n.elseN = c.node(s.If), c.node(s.Then), c.node(s.Else)
+	n.allOf, n.anyOf, n.oneOf = c.nodes(s.AllOf), c.nodes(s.AnyOf), c.nodes(s.OneOf)
+	if s.MinLength != nil {
+		n.minLen = *s.MinLength
+	}
+	if s.MaxLength != nil {
+		n.maxLen = *s.MaxLength
+	}
+	n.pattern = s.Pattern
+	n.minimum, n.maximum, n.exMinimum, n.exMaximum = s.Minimum, s.Maximum, s.ExclusiveMinimum, s.ExclusiveMaximum
+	n.intBounds = true
+	for _, b := range []struct {
+		r *big.Rat
+		i *int64
+	}{{s.Minimum, &n.minI}, {s.Maximum, &n.maxI}, {s.ExclusiveMinimum, &n.exMinI}, {s.ExclusiveMaximum, &n.exMaxI}} {
+		if b.r == nil {
+			continue
+		}
+		if !b.r.IsInt() || !b.r.Num().IsInt64() {
+			n.intBounds = false
+			continue
+		}
+		*b.i = b.r.Num().Int64()
+	}
+	if len(s.Properties) > 0 {
+		n.props = make(map[string]propNode, len(s.Properties))
+		for name, ps := range s.Properties {
+			n.props[name] = propNode{idx: len(n.props), node: c.node(ps)}
+		}
+	}
+	n.reqNames = s.Required
+	for _, r := range s.Required {
+		if p, ok := n.props[r]; ok {
+			n.required = append(n.required, p.idx)
+		} else {
+			n.required = append(n.required, -1)
+		}
+	}
+	switch a := s.AdditionalProperties.(type) {
+	case bool:
+		n.noAdditional = !a
+	case *jsonschema.Schema:
+		n.additional = c.node(a)
+	}
+	if s.MinProperties != nil {
+		n.minProps = *s.MinProperties
+	}
+	if s.MaxProperties != nil {
+		n.maxProps = *s.MaxProperties
+	}
+	n.propNames = c.node(s.PropertyNames)
+	n.items = c.node(s.Items2020)
+	if s.MinItems != nil {
+		n.minItems = *s.MinItems
+	}
+	if s.MaxItems != nil {
+		n.maxItems = *s.MaxItems
+	}
+	return n
+}
+
+func (c *fastCompiler) nodes(ss []*jsonschema.Schema) []*fastNode {
+	var out []*fastNode
+	for _, s := range ss {
+		out = append(out, c.node(s))
+	}
+	return out
+}
+
+// scalar returns an enum or const value as the fast check compares it
+// (strings, booleans and null as they are, numbers as *big.Rat), and
+// marks the schema unsupported for any other.
+func (c *fastCompiler) scalar(v any) (any, bool) {
+	switch v := v.(type) {
+	case string, bool, nil:
+		return v, true
+	case json.Number:
+		if r, ok := new(big.Rat).SetString(string(v)); ok {
+			return r, true
+		}
+	}
+	c.unsupported = true
+	return nil, false
+}
+
+// fastCheck checks raw JSON against n. It passes only a single well-formed
+// JSON value, with nothing after it but white space, that satisfies n.
+func fastCheck(n *fastNode, raw []byte) verdict {
+	s := fastScanner{b: raw}
+	s.anything = fastNode{minLen: -1, maxLen: -1, minItems: -1, maxItems: -1, minProps: -1, maxProps: -1}
+	s.ws()
+	v := s.check(n, 0)
+	if v != pass {
+		return v
+	}
+	s.ws()
+	if s.i != len(s.b) {
+		return unsure
+	}
+	return pass
+}
+
+// fastScanner walks raw JSON, checking values as it goes.
+type fastScanner struct {
+	b        []byte
+	i        int
+	anything fastNode // the schema of any value
+}
+
+func (s *fastScanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// worse combines verdicts of checks that must all pass.
+func worse(a, b verdict) verdict {
+	if a == unsure || b == unsure {
+		return unsure
+	}
+	if a == fail || b == fail {
+		return fail
+	}
+	return pass
+}
+
+// check reads one value at s.i and checks it against n (nil: any value).
+// It leaves s.i after the value when it passes; after fail or unsure the
+// position is of no use.
+func (s *fastScanner) check(n *fastNode, depth int) verdict {
+	if depth > fastMaxDepth || s.i >= len(s.b) {
+		return unsure
+	}
+	if n == nil {
+		return s.skip(depth)
+	}
+	if n.never {
+		return fail
+	}
+	start := s.i
+	v := s.own(n, depth)
+	if v != pass {
+		return v
+	}
+	end := s.i
+	// Subschemas applied to the same value read it again.
+	again := func(sub *fastNode) verdict {
+		s.i = start
+		return s.check(sub, depth+1)
+	}
+	if n.ref != nil {
+		if v = worse(v, again(n.ref)); v != pass {
+			return v
+		}
+	}
+	if n.not != nil {
+		switch again(n.not) {
+		case pass:
+			return fail
+		case unsure:
+			return unsure
+		}
+	}
+	for _, sub := range n.allOf {
+		if v = worse(v, again(sub)); v != pass {
+			return v
+		}
+	}
+	if len(n.anyOf) > 0 {
+		any := fail
+		for _, sub := range n.anyOf {
+			switch again(sub) {
+			case pass:
+				any = pass
+			case unsure:
+				if any == fail {
+					any = unsure
+				}
+			}
+			if any == pass {
+				break
+			}
+		}
+		if any != pass {
+			return any
+		}
+	}
+	if len(n.oneOf) > 0 {
+		matched := 0
+		for _, sub := range n.oneOf {
+			switch again(sub) {
+			case pass:
+				matched++
+			case unsure:
+				return unsure
+			}
+		}
+		if matched != 1 {
+			return fail
+		}
+	}
+	if n.ifN != nil {
+		switch again(n.ifN) {
+		case pass:
+			if n.thenN != nil {
+				if v = again(n.thenN); v != pass {
+					return v
+				}
+			}
+		case fail:
+			if n.elseN != nil {
+				if v = again(n.elseN); v != pass {
+					return v
+				}
+			}
+		default:
+			return unsure
+		}
+	}
+	s.i = end
+	return pass
+}
+
+// own reads one value and checks it against n's own keywords (not its
+// subschemas).
+func (s *fastScanner) own(n *fastNode, depth int) verdict {
+	switch c := s.b[s.i]; {
+	case c == '{' || c == '[':
+		container := jObject
+		if c == '[' {
+			container = jArray
+		}
+		if n.rejects(container) {
+			return fail
+		}
+		if n.hasEnum || n.hasConst {
+			return unsure // never an object or array in a supported enum
+		}
+		if c == '{' {
+			return s.object(n, depth)
+		}
+		return s.array(n, depth)
+	case c == '"':
+		if n.rejects(jString) {
+			return fail
+		}
+		return s.str(n)
+	case c == 't' || c == 'f':
+		if !s.literal() {
+			return unsure
+		}
+		if n.rejects(jBool) {
+			return fail
+		}
+		return s.scalarMatches(n, c == 't')
+	case c == 'n':
+		if !s.literal() {
+			return unsure
+		}
+		if n.rejects(jNull) {
+			return fail
+		}
+		return s.scalarMatches(n, nil)
+	case c == '-' || (c >= '0' && c <= '9'):
+		return s.number(n)
+	}
+	return unsure
+}
+
+// scalarMatches checks a boolean or null value against n's enum and const.
+func (s *fastScanner) scalarMatches(n *fastNode, v any) verdict {
+	if n.hasConst && n.constVal != v {
+		return fail
+	}
+	if n.hasEnum {
+		for _, e := range n.enum {
+			if e == v {
+				return pass
+			}
+		}
+		return fail
+	}
+	return pass
+}
+
+func (s *fastScanner) literal() bool {
+	for _, w := range [...]string{"true", "false", "null"} {
+		if len(s.b)-s.i >= len(w) && string(s.b[s.i:s.i+len(w)]) == w {
+			s.i += len(w)
+			return true
+		}
+	}
+	return false
+}
+
+// number reads a number. Whole numbers of up to 18 digits are compared as
+// int64; any other is compared exactly, as the generic validator does.
+func (s *fastScanner) number(n *fastNode) verdict {
+	start := s.i
+	if s.b[s.i] == '-' {
+		s.i++
+	}
+	if s.i >= len(s.b) {
+		return unsure
+	}
+	digits := s.i
+	if s.b[s.i] == '0' {
+		s.i++
+	} else if s.b[s.i] >= '1' && s.b[s.i] <= '9' {
+		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+			s.i++
+		}
+	} else {
+		return unsure
+	}
+	whole := s.i - digits
+	plain := true
+	if s.i < len(s.b) && s.b[s.i] == '.' {
+		plain = false
+		s.i++
+		if !s.digits() {
+			return unsure
+		}
+	}
+	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		plain = false
+		s.i++
+		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
+			s.i++
+		}
+		if !s.digits() {
+			return unsure
+		}
+	}
+	lit := s.b[start:s.i]
+	if plain && whole <= 18 && (n.intBounds || !n.hasBounds()) && !n.hasEnum && !n.hasConst {
+		if n.rejects(jInteger) {
+			return fail
+		}
+		if !n.hasBounds() {
+			return pass
+		}
+		x, err := strconv.ParseInt(unsafe.String(&lit[0], len(lit)), 10, 64)
+		if err != nil {
+			return unsure
+		}
+		if (n.minimum != nil && x < n.minI) || (n.maximum != nil && x > n.maxI) ||
+			(n.exMinimum != nil && x <= n.exMinI) || (n.exMaximum != nil && x >= n.exMaxI) {
+			return fail
+		}
+		return pass
+	}
+	// Rare: fractions, exponents, long numbers, bounds that are not whole,
+	// numbers in enums. big.Rat reads the literal exactly, as the generic
+	// validator does.
+	if len(lit) > 64 {
+		return unsure
+	}
+	r, ok := new(big.Rat).SetString(string(lit))
+	if !ok {
+		return unsure
+	}
+	if n.types != 0 && n.types&jNumber == 0 && (n.types&jInteger == 0 || !r.IsInt()) {
+		return fail
+	}
+	if (n.minimum != nil && r.Cmp(n.minimum) < 0) || (n.maximum != nil && r.Cmp(n.maximum) > 0) ||
+		(n.exMinimum != nil && r.Cmp(n.exMinimum) <= 0) || (n.exMaximum != nil && r.Cmp(n.exMaximum) >= 0) {
+		return fail
+	}
+	equal := func(e any) bool { er, isNum := e.(*big.Rat); return isNum && er.Cmp(r) == 0 }
+	if n.hasConst && !equal(n.constVal) {
+		return fail
+	}
+	if n.hasEnum {
+		for _, e := range n.enum {
+			if equal(e) {
+				return pass
+			}
+		}
+		return fail
+	}
+	return pass
+}
+
+// rejects reports whether n's types leave out the JSON type t.
+func (n *fastNode) rejects(t uint8) bool { return n.types != 0 && n.types&t == 0 }
+
+func (n *fastNode) hasBounds() bool {
+	return n.minimum != nil || n.maximum != nil || n.exMinimum != nil || n.exMaximum != nil
+}
+
+func (s *fastScanner) digits() bool {
+	from := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	return s.i > from
+}
+
+// rawString reads a string and returns its bytes between the quotes, and
+// whether they can be used as they are (no escapes, valid UTF-8). ok is
+// false for a string that is not well formed.
+func (s *fastScanner) rawString() (raw []byte, plain, ok bool) {
+	s.i++ // the opening quote
+	from := s.i
+	plain = true
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			raw = s.b[from:s.i]
+			s.i++
+			if plain && !utf8.Valid(raw) {
+				plain = false
+			}
+			return raw, plain, true
+		case c == '\\':
+			plain = false
+			s.i++
+			if s.i >= len(s.b) {
+				return nil, false, false
+			}
+			switch s.b[s.i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.i++
+			case 'u':
+				if len(s.b)-s.i < 5 || !isHex4(s.b[s.i+1:s.i+5]) {
+					return nil, false, false
+				}
+				s.i += 5
+			default:
+				return nil, false, false
+			}
+		case c < 0x20:
+			return nil, false, false
+		default:
+			s.i++
+		}
+	}
+	return nil, false, false
+}
+
+func isHex4(b []byte) bool {
+	for _, c := range b {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// decoded is the string value of a string literal's body, as encoding/json
+// decodes it (escapes resolved, bad UTF-8 replaced).
+func decoded(raw []byte, plain bool) (string, bool) {
+	if plain {
+		return unsafe.String(unsafe.SliceData(raw), len(raw)), true
+	}
+	var str string
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(append(append(quoted, '"'), raw...), '"')
+	if json.Unmarshal(quoted, &str) != nil {
+		return "", false
+	}
+	return str, true
+}
+
+func (s *fastScanner) str(n *fastNode) verdict {
+	raw, plain, ok := s.rawString()
+	if !ok {
+		return unsure
+	}
+	if n.minLen < 0 && n.maxLen < 0 && n.pattern == nil && !n.hasEnum && !n.hasConst {
+		return pass
+	}
+	str, ok := decoded(raw, plain)
+	if !ok {
+		return unsure
+	}
+	if n.minLen >= 0 || n.maxLen >= 0 {
+		l := utf8.RuneCountInString(str)
+		if (n.minLen >= 0 && l < n.minLen) || (n.maxLen >= 0 && l > n.maxLen) {
+			return fail
+		}
+	}
+	if n.pattern != nil && !n.pattern.MatchString(str) {
+		return fail
+	}
+	if n.hasConst {
+		if c, isStr := n.constVal.(string); !isStr || c != str {
+			return fail
+		}
+	}
+	if n.hasEnum {
+		for _, e := range n.enum {
+			if e, isStr := e.(string); isStr && e == str {
+				return pass
+			}
+		}
+		return fail
+	}
+	return pass
+}
+
+// skip reads one value of any content, checking only that it is well
+// formed.
+func (s *fastScanner) skip(depth int) verdict {
+	return s.own(&s.anything, depth)
+}
+
+func (s *fastScanner) object(n *fastNode, depth int) verdict {
+	s.i++           // {
+	var seen uint64 // n's properties met, by idx
+	var extra [fastMaxKeys]string
+	nExtra := 0
+	v := pass
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		s.i++
+		return s.required(n, seen, nil, v)
+	}
+	for {
+		s.ws()
+		if s.i >= len(s.b) || s.b[s.i] != '"' {
+			return unsure
+		}
+		rawKey, plain, ok := s.rawString()
+		if !ok {
+			return unsure
+		}
+		key, ok := decoded(rawKey, plain)
+		if !ok {
+			return unsure
+		}
+		s.ws()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return unsure
+		}
+		s.i++
+		s.ws()
+		var sub *fastNode
+		p, known := n.props[key]
+		switch {
+		case known && p.idx < 64:
+			if seen&(1<<p.idx) != 0 {
+				return unsure // a duplicate name: the generic decoder keeps the last
+			}
+			seen |= 1 << p.idx
+			sub = p.node
+		case known:
+			return unsure
+		default:
+			for _, e := range extra[:nExtra] {
+				if e == key {
+					return unsure
+				}
+			}
+			if nExtra == len(extra) {
+				return unsure
+			}
+			extra[nExtra] = key // lives no longer than the check
+			nExtra++
+			if n.noAdditional {
+				v = fail
+			}
+			sub = n.additional
+		}
+		if n.propNames != nil {
+			if pv := fastCheck(n.propNames, quoteKey(key, plain)); pv != pass {
+				if pv == unsure {
+					return unsure
+				}
+				v = fail
+			}
+		}
+		if sv := s.check(sub, depth+1); sv != pass {
+			return sv
+		}
+		if done, ok := s.next('}'); !ok {
+			return unsure
+		} else if done {
+			return s.required(n, seen, extra[:nExtra], v)
+		}
+	}
+}
+
+// quoteKey makes a property name a JSON string again, for propertyNames.
+func quoteKey(key string, plain bool) []byte {
+	if plain { // no quote, backslash or control character to escape
+		return append(append(append(make([]byte, 0, len(key)+2), '"'), key...), '"')
+	}
+	b, err := json.Marshal(key)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// required checks that every required member was met (n's properties by
+// index, other names among extra), and the number of members.
+func (s *fastScanner) required(n *fastNode, seen uint64, extra []string, v verdict) verdict {
+	if count := bits.OnesCount64(seen) + len(extra); (n.minProps >= 0 && count < n.minProps) || (n.maxProps >= 0 && count > n.maxProps) {
+		v = worse(v, fail)
+	}
+	for i, idx := range n.required {
+		switch {
+		case idx >= 64:
+			return unsure
+		case idx >= 0:
+			if seen&(1<<idx) == 0 {
+				return worse(v, fail)
+			}
+		default:
+			found := false
+			for _, e := range extra {
+				if e == n.reqNames[i] {
+					found = true
+					break
+				}
+			}
+			if !found {
+				return worse(v, fail)
+			}
+		}
+	}
+	return v
+}
+
+func (s *fastScanner) array(n *fastNode, depth int) verdict {
+	s.i++ // [
+	count := 0
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == ']' {
+		s.i++
+		return s.arrayLen(n, count)
+	}
+	for {
+		s.ws()
+		if v := s.check(n.items, depth+1); v != pass {
+			return v
+		}
+		count++
+		if done, ok := s.next(']'); !ok {
+			return unsure
+		} else if done {
+			return s.arrayLen(n, count)
+		}
+	}
+}
+
+// next reads what follows an item of an object or array: a comma (more
+// to come) or close (done). ok is false for anything else.
+func (s *fastScanner) next(close byte) (done, ok bool) {
+	s.ws()
+	if s.i >= len(s.b) {
+		return false, false
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		return false, true
+	case close:
+		s.i++
+		return true, true
+	}
+	return false, false
+}
+
+func (s *fastScanner) arrayLen(n *fastNode, count int) verdict {
+	if (n.minItems >= 0 && count < n.minItems) || (n.maxItems >= 0 && count > n.maxItems) {
+		return fail
+	}
+	return pass
+}
