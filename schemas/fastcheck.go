@@ -680,8 +680,8 @@ func (s *fastScanner) skip(depth int) verdict {
 func (s *fastScanner) object(n *fastNode, depth int) verdict {
 	s.i++           // {
 	var seen uint64 // n's properties met, by idx
-	var extra [fastMaxKeys]string
-	nExtra := 0
+	var few [8]string // most objects have few names beyond n's properties
+	extra := few[:0]
 	v := pass
 	s.ws()
 	if s.i < len(s.b) && s.b[s.i] == '}' {
@@ -719,16 +719,15 @@ func (s *fastScanner) object(n *fastNode, depth int) verdict {
 		case known:
 			return unsure
 		default:
-			for _, e := range extra[:nExtra] {
+			for _, e := range extra {
 				if e == key {
 					return unsure
 				}
 			}
-			if nExtra == len(extra) {
+			if len(extra) == fastMaxKeys {
 				return unsure
 			}
-			extra[nExtra] = key // lives no longer than the check
-			nExtra++
+			extra = append(extra, key) // lives no longer than the check
 			if n.noAdditional {
 				v = fail
 			}
@@ -748,7 +747,7 @@ func (s *fastScanner) object(n *fastNode, depth int) verdict {
 		if done, ok := s.next('}'); !ok {
 			return unsure
 		} else if done {
-			return s.required(n, seen, extra[:nExtra], v)
+			return s.required(n, seen, extra, v)
 		}
 	}
 }
