@@ -512,18 +512,24 @@ func TestOnStdoutLinePanic(t *testing.T) {
 }
 
 // TestSweepScope: when the pid counter cannot have come round since the
-// leader started, the sweep skips every pid up to the leader's; when that
-// is not known, it skips none.
+// leader started, the sweep skips every pid up to the leader's and every
+// pid above the last one handed out; when that is not known, it skips
+// none.
 func TestSweepScope(t *testing.T) {
 	forks, ok := forkCount()
 	if !ok {
 		t.Fatal("no fork count in /proc/stat")
 	}
-	if got := (sweepScope{leader: os.Getpid(), forks: forks, forksOK: true}).minPID(); got != os.Getpid() {
-		t.Errorf("minPID right after counting = %d, want the leader %d", got, os.Getpid())
+	lo, hi := (sweepScope{leader: os.Getpid(), forks: forks, forksOK: true}).bounds()
+	last, ok := readInt("/proc/sys/kernel/ns_last_pid")
+	if !ok {
+		t.Fatal("no /proc/sys/kernel/ns_last_pid")
 	}
-	if got := (sweepScope{leader: os.Getpid()}).minPID(); got != 0 {
-		t.Errorf("minPID with no fork count = %d, want 0", got)
+	if lo != os.Getpid() || hi < os.Getpid() || hi > last {
+		t.Errorf("bounds right after counting = (%d, %d], want (the leader %d, the last pid ≤ %d]", lo, hi, os.Getpid(), last)
+	}
+	if lo, hi := (sweepScope{leader: os.Getpid()}).bounds(); lo != 0 || hi != 0 {
+		t.Errorf("bounds with no fork count = (%d, %d], want none", lo, hi)
 	}
 	tests := []struct {
 		name                 string
