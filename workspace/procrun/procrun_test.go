@@ -548,3 +548,18 @@ func TestSweepScope(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRun runs a process that does next to nothing (`true`), as many
+// at once as GOMAXPROCS, through Run: the start, the wait and the sweep
+// for processes that left the group.
+func BenchmarkRun(b *testing.B) {
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			res, err := Run(context.Background(), Spec{Argv: []string{"true"}})
+			if err != nil || res.ExitCode != 0 {
+				b.Fatalf("Run: exit %d, %v", res.ExitCode, err)
+			}
+		}
+	})
+}
