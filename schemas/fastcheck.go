@@ -171,7 +171,7 @@ func (c *fastCompiler) node(s *jsonschema.Schema) *fastNode {
 	if s.MaxLength != nil {
 		n.maxLen = *s.MaxLength
 	}
-	n.pattern = s.Pattern
+	n.pattern = fastPattern(s.Pattern)
 	n.minimum, n.maximum, n.exMinimum, n.exMaximum = s.Minimum, s.Maximum, s.ExclusiveMinimum, s.ExclusiveMaximum
 	n.intBounds = true
 	for _, b := range []struct {
@@ -678,8 +678,8 @@ func (s *fastScanner) skip(depth int) verdict {
 }
 
 func (s *fastScanner) object(n *fastNode, depth int) verdict {
-	s.i++           // {
-	var seen uint64 // n's properties met, by idx
+	s.i++             // {
+	var seen uint64   // n's properties met, by idx
 	var few [8]string // most objects have few names beyond n's properties
 	extra := few[:0]
 	v := pass
