@@ -599,15 +599,17 @@ func (b *Bus) GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
-	if err := b.GetArtifact(ctx, ref, tmp); err != nil {
-		_ = tmp.Close()
-		return err
+	err = b.GetArtifact(ctx, ref, tmp)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
 	}
-	if err := tmp.Close(); err != nil {
-		return err
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
 	}
-	return os.Rename(tmp.Name(), path)
+	if err != nil {
+		_ = os.Remove(tmp.Name()) // after a rename there is nothing left to remove
+	}
+	return err
 }
 
 // legacyArtifacts is the object store in which releases before the

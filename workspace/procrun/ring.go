@@ -113,6 +113,31 @@ func (s sink) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// sinkReadBuffer is the buffer ReadFrom reads through.
+const sinkReadBuffer = 8 << 10
+
+// ReadFrom copies r into the sink through a buffer of sinkReadBuffer
+// bytes: exec's copying goroutines (io.Copy) would otherwise take 32 KiB
+// each, for stdout and stderr, for every process run, most of which
+// print a few lines.
+func (s sink) ReadFrom(r io.Reader) (int64, error) {
+	buf := make([]byte, sinkReadBuffer)
+	var n int64
+	for {
+		k, err := r.Read(buf)
+		if k > 0 {
+			_, _ = s.Write(buf[:k])
+			n += int64(k)
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
 // MaxLine bounds the line lineWriter buffers before passing it on.
 const MaxLine = 4 << 20
 

@@ -129,6 +129,9 @@ func sweep(id string, sc sweepScope) int {
 		}
 		lo, hi := sc.bounds()
 		for _, name := range names {
+			if name == "" || name[0] < '0' || name[0] > '9' {
+				continue // self, sys, meminfo…: not a process (and no error to make)
+			}
 			pid, err := strconv.Atoi(name)
 			if err != nil || pid <= lo || (hi > 0 && pid > hi) || pid == self || killed[pid] {
 				continue
