@@ -170,7 +170,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	}
 	var lines *lineWriter
 	if s.OnStdoutLine != nil {
-		lines = &lineWriter{fn: s.OnStdoutLine}
+		lines = newLineWriter(s.OnStdoutLine)
 		outW = append(outW, lines)
 	}
 	if files.err != nil {

@@ -141,14 +141,40 @@ func (s sink) ReadFrom(r io.Reader) (int64, error) {
 // MaxLine bounds the line lineWriter buffers before passing it on.
 const MaxLine = 4 << 20
 
-// lineWriter calls fn for each complete line written to it. The mutex
-// matters only when a copier outlives Wait (WaitDelay) while flush runs.
+// maxPendingLines bounds the queue of lineWriter: Write waits while it
+// holds this much not yet taken by fn's goroutine, so a lineWriter holds
+// at most about twice this (the queue and the chunk being split). It is
+// well above what a pipe holds (64 KiB on Linux), so what is left in the
+// pipe when the process exits is read at once however slow fn is.
+const maxPendingLines = 1 << 20
+
+// lineWriter calls fn for each complete line written to it, in order, from
+// a goroutine of its own: a slow fn (one that publishes each line and
+// waits for the acknowledgement) must not keep the copier from draining
+// the pipe, or the output still in it when Run stops waiting for the
+// pipes (pipeDrain after the process exited) would be lost. Write only
+// queues (up to maxPendingLines, then it waits); flush passes on
+// everything queued and the last, unterminated line, and returns once fn
+// is done with them. What is written after flush is dropped.
 type lineWriter struct {
-	mu  sync.Mutex
-	fn  func([]byte)
-	buf []byte
+	fn func([]byte)
+
+	mu      sync.Mutex
+	cond    *sync.Cond // data queued, room made, or flush called
+	pend    []byte     // written, not yet split into lines
+	started bool       // consume runs
+	closed  bool       // flush was called
+	done    chan struct{}
+
+	buf []byte // the line being gathered: consume's, then flush's
 	// panicked is fn's first panic; fn is not called after it.
 	panicked string
+}
+
+func newLineWriter(fn func([]byte)) *lineWriter {
+	l := &lineWriter{fn: fn, done: make(chan struct{})}
+	l.cond = sync.NewCond(&l.mu)
+	return l
 }
 
 // call passes line to fn unless fn has panicked, containing a panic.
@@ -167,15 +193,53 @@ func (l *lineWriter) call(line []byte) {
 func (l *lineWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := len(p)
+	for len(l.pend) >= maxPendingLines && !l.closed {
+		l.cond.Wait()
+	}
+	if l.closed {
+		return len(p), nil
+	}
+	l.pend = append(l.pend, p...)
+	if !l.started {
+		l.started = true
+		go l.consume()
+	}
+	l.cond.Broadcast()
+	return len(p), nil
+}
+
+// consume splits what is queued into lines for fn until flush is called
+// and nothing is left.
+func (l *lineWriter) consume() {
+	defer close(l.done)
+	var chunk []byte
+	for {
+		l.mu.Lock()
+		for len(l.pend) == 0 && !l.closed {
+			l.cond.Wait()
+		}
+		if len(l.pend) == 0 {
+			l.mu.Unlock()
+			return
+		}
+		chunk, l.pend = l.pend, chunk[:0]
+		l.cond.Broadcast() // room for Write
+		l.mu.Unlock()
+		l.split(chunk)
+	}
+}
+
+// split passes each complete line of p to fn, gathering the rest.
+func (l *lineWriter) split(p []byte) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
 			l.buf = append(l.buf, p...)
 			if len(l.buf) >= MaxLine {
-				l.flushLocked()
+				l.call(l.buf)
+				l.buf = l.buf[:0]
 			}
-			break
+			return
 		}
 		if len(l.buf) == 0 {
 			l.call(p[:i])
@@ -186,17 +250,19 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 		}
 		p = p[i+1:]
 	}
-	return n, nil
 }
 
-// flush passes on what is buffered as a last line.
+// flush passes on everything written before it, the last line too, and
+// returns when fn is done with them.
 func (l *lineWriter) flush() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.flushLocked()
-}
-
-func (l *lineWriter) flushLocked() {
+	l.closed = true
+	l.cond.Broadcast()
+	started := l.started
+	l.mu.Unlock()
+	if started {
+		<-l.done
+	}
 	if len(l.buf) > 0 {
 		l.call(l.buf)
 		l.buf = l.buf[:0]

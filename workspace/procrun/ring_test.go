@@ -1,9 +1,11 @@
 package procrun
 
 import (
+	"bytes"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -91,5 +93,59 @@ func TestCapBuffer(t *testing.T) {
 				t.Errorf("buf = %q, want %q", c.buf, tt.want)
 			}
 		})
+	}
+}
+
+// TestLineWriterBounded: while fn is busy, Write queues up to
+// maxPendingLines (besides the chunk fn's goroutine took, at most as
+// much again) and then waits; flush passes everything on.
+func TestLineWriterBounded(t *testing.T) {
+	release := make(chan struct{})
+	var lines int
+	l := newLineWriter(func([]byte) {
+		if lines == 0 {
+			<-release
+		}
+		lines++
+	})
+	line := append(bytes.Repeat([]byte("x"), 1023), '\n')
+	wrote := make(chan int, 1)
+	go func() {
+		n := 0
+		for range 2*maxPendingLines/len(line) + 64 {
+			_, _ = l.Write(line)
+			n++
+		}
+		wrote <- n
+	}()
+	// The first line is taken by fn, which waits; the writer fills the
+	// queue and must then wait too.
+	deadline := time.After(10 * time.Second)
+	for {
+		l.mu.Lock()
+		full := len(l.pend) >= maxPendingLines
+		l.mu.Unlock()
+		if full {
+			break
+		}
+		select {
+		case n := <-wrote:
+			t.Fatalf("Write queued all %d lines while fn was busy: no bound", n)
+		case <-deadline:
+			t.Fatal("the queue never filled")
+		default:
+			time.Sleep(time.Millisecond)
+		}
+	}
+	select {
+	case n := <-wrote:
+		t.Fatalf("Write returned after %d lines with a full queue", n)
+	default:
+	}
+	close(release)
+	n := <-wrote
+	l.flush()
+	if lines != n {
+		t.Errorf("fn got %d lines, want %d", lines, n)
 	}
 }

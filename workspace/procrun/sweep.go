@@ -40,10 +40,7 @@ const sweepTimeout = 2 * time.Second
 // the kernel's fork count was read before the leader was started, and
 // fewer processes were created since then than there are pids, the pid
 // counter cannot have come round again: every process started since has
-// a pid above the leader's and no higher than the last pid handed out,
-// and the others are not even looked at. (After the counter came round
-// before the run, older processes hold pids above the leader's; the
-// upper bound spares reading their start times on every sweep.)
+// a pid above the leader's, and the others are not even looked at.
 type sweepScope struct {
 	since   uint64
 	leader  int
@@ -51,25 +48,18 @@ type sweepScope struct {
 	forksOK bool
 }
 
-// bounds returns the pids a pass of the sweep looks at: those above lo
-// and, when hi > 0, no higher than hi (lo 0, hi 0: all of them). It reads
-// the last pid handed out, so it must be called after /proc was listed:
-// a process listed was given its pid before, so a process of the run has
-// a pid no higher than hi.
-func (sc sweepScope) bounds() (lo, hi int) {
+// minPID is the highest pid the sweep may skip (0: none).
+func (sc sweepScope) minPID() int {
 	if !sc.forksOK {
-		return 0, 0
+		return 0
 	}
 	now, ok := forkCount()
 	last, ok1 := readInt("/proc/sys/kernel/ns_last_pid")
 	pidMax, ok2 := readInt("/proc/sys/kernel/pid_max")
 	if !ok || !ok1 || !ok2 {
-		return 0, 0
+		return 0
 	}
-	if lo = skippable(sc.leader, sc.forks, now, last, pidMax); lo == 0 {
-		return 0, 0
-	}
-	return lo, last
+	return skippable(sc.leader, sc.forks, now, last, pidMax)
 }
 
 // skippable is the highest pid a sweep may skip: the leader's, if the
@@ -121,19 +111,19 @@ func sweep(id string, sc sweepScope) int {
 	marker := []byte(RunIDVar + "=" + id + "\x00")
 	self := os.Getpid()
 	killed := map[int]bool{}
+	skip := sc.minPID() // processes forked later have higher pids still
 	for range maxSweeps {
 		found := 0
 		names, err := procEntries()
 		if err != nil {
 			break
 		}
-		lo, hi := sc.bounds()
 		for _, name := range names {
 			if name == "" || name[0] < '0' || name[0] > '9' {
 				continue // self, sys, meminfo…: not a process (and no error to make)
 			}
 			pid, err := strconv.Atoi(name)
-			if err != nil || pid <= lo || (hi > 0 && pid > hi) || pid == self || killed[pid] {
+			if err != nil || pid <= skip || pid == self || killed[pid] {
 				continue
 			}
 			if st, ok := startTicks(pid); !ok || st < sc.since {
