@@ -151,6 +151,15 @@ steps:
 	}
 }
 
+// oneStepStart is the session.started (id "start") of session running
+// pipeline name: one step, "only", of one run of `true`, under budget.
+func oneStepStart(session, name string, budget *schemas.Budget) schemas.Event {
+	in := schemas.ArtifactRef{Name: "in.txt", Object: session + "/input/in.txt", Digest: schemas.Digest([]byte("x")), Size: 1}
+	p := schemas.Pipeline{Name: name, Kind: schemas.KindPipeline, Budget: budget, Steps: []schemas.Step{{Name: "only",
+		Agent: schemas.AgentSpec{Backend: "exec", Command: []string{"true"}}, Prompt: "p", Outputs: []schemas.Output{{Name: "o.txt"}}, MaxIterations: 1}}}
+	return schemas.Event{ID: "start", Type: schemas.TypeSessionStarted, Session: session, Data: &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest)}}
+}
+
 // TestForkCopiesAtMost999: a fork copies at most schemas.MaxForkCopies
 // events (they go in one atomic batch with session.forked); a point past
 // them is refused, one at the limit forks.
@@ -159,10 +168,7 @@ func TestForkCopiesAtMost999(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	in := schemas.ArtifactRef{Name: "in.txt", Object: "big/input/in.txt", Digest: schemas.Digest([]byte("x")), Size: 1}
-	p := schemas.Pipeline{Name: "big", Kind: schemas.KindPipeline, Steps: []schemas.Step{{Name: "only", Agent: schemas.AgentSpec{Backend: "exec", Command: []string{"true"}},
-		Prompt: "p", Outputs: []schemas.Output{{Name: "o.txt"}}, MaxIterations: 1}}}
-	evs := []schemas.Event{{ID: "start", Type: schemas.TypeSessionStarted, Session: "big", Data: &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest)}}}
+	evs := []schemas.Event{oneStepStart("big", "big", nil)}
 	for i := 1; i < schemas.MaxForkCopies+1; i++ {
 		evs = append(evs, schemas.Event{ID: "info-" + strconv.Itoa(i), Type: schemas.TypeSignalInfo, Session: "big", Data: &schemas.Signal{Target: "big", Message: "note"}})
 	}
@@ -328,11 +334,7 @@ func TestForkAtMostMaxForkDepth(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	in := schemas.ArtifactRef{Name: "in.txt", Object: "d-0/input/in.txt", Digest: schemas.Digest([]byte("x")), Size: 1}
-	p := schemas.Pipeline{Name: "deep", Kind: schemas.KindPipeline, Steps: []schemas.Step{{Name: "only", Agent: schemas.AgentSpec{Backend: "exec", Command: []string{"true"}},
-		Prompt: "p", Outputs: []schemas.Output{{Name: "o.txt"}}, MaxIterations: 1}}}
-	start := schemas.Event{ID: "start", Type: schemas.TypeSessionStarted, Session: "d-0", Data: &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest)}}
-	if _, err := b.PublishBatch(ctx, "d-0", 0, []schemas.Event{start}); err != nil {
+	if _, err := b.PublishBatch(ctx, "d-0", 0, []schemas.Event{oneStepStart("d-0", "deep", nil)}); err != nil {
 		t.Fatal(err)
 	}
 	at := "start"
@@ -362,12 +364,10 @@ func TestForkKeepsBudgetRaises(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	in := schemas.ArtifactRef{Name: "in.txt", Object: "b-0/input/in.txt", Digest: schemas.Digest([]byte("x")), Size: 1}
-	p := schemas.Pipeline{Name: "budgeted", Kind: schemas.KindPipeline, Budget: &schemas.Budget{MaxCostUSD: 1, MaxIterations: 10},
-		Steps: []schemas.Step{{Name: "only", Agent: schemas.AgentSpec{Backend: "exec", Command: []string{"true"}},
-			Prompt: "p", Outputs: []schemas.Output{{Name: "o.txt"}}, MaxIterations: 1}}}
+	start := oneStepStart("b-0", "budgeted", &schemas.Budget{MaxCostUSD: 1, MaxIterations: 10})
+	p := start.Data.(*schemas.SessionStarted).Pipeline
 	evs := []schemas.Event{
-		{ID: "start", Type: schemas.TypeSessionStarted, Session: "b-0", Data: &schemas.SessionStarted{Pipeline: p, Input: in, SourceHash: schemas.ShortHash(in.Digest)}},
+		start,
 		{ID: "raise", Type: schemas.TypeSessionBudget, Session: "b-0", Data: &schemas.SessionBudget{Budget: schemas.Budget{MaxCostUSD: 5}, Reason: "more"}},
 	}
 	if _, err := b.PublishBatch(ctx, "b-0", 0, evs); err != nil {

@@ -99,14 +99,7 @@ printf '{"task_id": "%s", "status": "done", "summary": "%s done"}\n' "$LOOPBUS_S
 		t.Errorf("the original has %d events, had %d", n, len(evs))
 	}
 
-	end := slices.IndexFunc(evs, func(e cloudEvent) bool { return e.Type == "loopbus.session.completed" })
-	if end < 0 {
-		t.Fatal("no session.completed")
-	}
-	start, again := endingDecision(evs, end)
-	if len(again) == 0 {
-		t.Fatalf("the origin's ending decision (events %d to %d) completed no loop or run: nothing would show the fork runs them again", start+1, end+1)
-	}
+	end, start, again := completingDecision(t, evs)
 	r = loopbus(t, append([]string{"fork", "bf-1", "--at", strconv.Itoa(end + 1), "--as", "bf-3"}, global...)...)
 	moved := fmt.Sprintf("fork point moved back from stream sequence %d to %d: session bf-1 completed at %d, and a fork starts from a running session", end+1, start, end+1)
 	if r.code != 0 || !strings.Contains(r.stderr, moved) {

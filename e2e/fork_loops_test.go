@@ -148,14 +148,7 @@ func TestForkLoopsSessionAfterThePlan(t *testing.T) {
 func TestForkFinishedLoopsSessionAtItsEnd(t *testing.T) {
 	t.Parallel()
 	dir, global, before, evs := finishedLoops(t)
-	end := slices.IndexFunc(evs, func(e cloudEvent) bool { return e.Type == "loopbus.session.completed" })
-	if end < 0 {
-		t.Fatal("no session.completed")
-	}
-	start, again := endingDecision(evs, end)
-	if len(again) == 0 {
-		t.Fatalf("the origin's ending decision (events %d to %d) completed no loop or run: nothing would show the fork runs them again", start+1, end+1)
-	}
+	end, start, again := completingDecision(t, evs)
 
 	r := loopbus(t, append([]string{"fork", "lf-1", "--at", strconv.Itoa(end + 1), "--as", "lf-2", "--pipeline", filepath.Join(dir, "loops2.yaml")}, global...)...)
 	if r.code != 0 {
@@ -242,6 +235,23 @@ func endingDecision(evs []cloudEvent, end int) (seq int, completed []string) {
 		}
 	}
 	return start, completed
+}
+
+// completingDecision finds the session.completed of evs (end, its index)
+// and the decision that holds it (start, as endingDecision gives it, and
+// the steps it completed), which must complete something: else nothing
+// would show a fork at the end running them again.
+func completingDecision(t *testing.T, evs []cloudEvent) (end, start int, again []string) {
+	t.Helper()
+	end = slices.IndexFunc(evs, func(e cloudEvent) bool { return e.Type == "loopbus.session.completed" })
+	if end < 0 {
+		t.Fatal("no session.completed")
+	}
+	start, again = endingDecision(evs, end)
+	if len(again) == 0 {
+		t.Fatalf("the origin's ending decision (events %d to %d) completed no loop or run: nothing would show the fork runs them again", start+1, end+1)
+	}
+	return end, start, again
 }
 
 // TestForkFailedLoopsSessionAtItsEnd: a loops session whose root loop

@@ -89,6 +89,12 @@ func TestForkRepoBacklog(t *testing.T) {
 	}
 	m1, m2, m3 := merged("T1"), merged("T2"), merged("T3")
 	base := done[0].Data.(*schemas.SessionStarted).Loops.Bundle
+	// t2Again is the fork's course when T1 is kept and T2 runs again.
+	t2Again := []string{
+		"job.requested f1.T2.1", "task.updated T2 done", "task.selected T3 run 1 by a", "job.requested f1.T2.merge1", "job.requested f1.T3.1",
+		"loop.merged T2 #2", "loop.rebase T3 after T2", "task.updated T3 done", "job.requested f1.T3.merge2", "loop.merged T3 #3",
+		"backlog.phase review", "job.requested f1.review.1", "backlog.phase done", "session.completed",
+	}
 	for _, tc := range []struct {
 		name  string
 		point string
@@ -104,20 +110,10 @@ func TestForkRepoBacklog(t *testing.T) {
 	}{
 		{"after T1 merged, while T2 ran: T1 is kept, T2 runs again on T1's merge", after(t, done, schemas.TypeLoopMerged, "T1", false),
 			m1.Head, 1, []schemas.ArtifactRef{*base, m1.Bundle},
-			"T1:completed T2:pending", "T1:completed T2:running",
-			[]string{
-				"job.requested f1.T2.1", "task.updated T2 done", "task.selected T3 run 1 by a", "job.requested f1.T2.merge1", "job.requested f1.T3.1",
-				"loop.merged T2 #2", "loop.rebase T3 after T2", "task.updated T3 done", "job.requested f1.T3.merge2", "loop.merged T3 #3",
-				"backlog.phase review", "job.requested f1.review.1", "backlog.phase done", "session.completed",
-			}},
+			"T1:completed T2:pending", "T1:completed T2:running", t2Again},
 		{"after T2 passed, its merge queued: T2 runs again on T1's merge, as its task stands", after(t, done, schemas.TypeStepCompleted, "T2", false),
 			m1.Head, 1, []schemas.ArtifactRef{*base, m1.Bundle},
-			"T1:completed T2:pending", "T1:completed T2:running",
-			[]string{
-				"job.requested f1.T2.1", "task.updated T2 done", "task.selected T3 run 1 by a", "job.requested f1.T2.merge1", "job.requested f1.T3.1",
-				"loop.merged T2 #2", "loop.rebase T3 after T2", "task.updated T3 done", "job.requested f1.T3.merge2", "loop.merged T3 #3",
-				"backlog.phase review", "job.requested f1.review.1", "backlog.phase done", "session.completed",
-			}},
+			"T1:completed T2:pending", "T1:completed T2:running", t2Again},
 		{"while T1's merge was in flight: the merge stays the origin's, T1 and T2 run again on the base", mergeRequested(t, done, "T1"),
 			baseCommit, 0, []schemas.ArtifactRef{*base},
 			"T1:pending T2:pending", "T1:running T2:running",

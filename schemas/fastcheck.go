@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math/big"
 	"math/bits"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 	"unsafe"
@@ -42,7 +43,7 @@ const (
 // Bounds of the fast check, beyond which it is unsure.
 const (
 	fastMaxDepth = 256 // nested values and subschemas applied to one value
-	fastMaxKeys  = 64  // members of one object whose names it tracks without a map
+	fastMaxKeys  = 64  // names of one object outside its properties that it tracks
 )
 
 // fastNode is one schema compiled for the fast check.
@@ -283,17 +284,6 @@ func (s *fastScanner) ws() {
 	}
 }
 
-// worse combines verdicts of checks that must all pass.
-func worse(a, b verdict) verdict {
-	if a == unsure || b == unsure {
-		return unsure
-	}
-	if a == fail || b == fail {
-		return fail
-	}
-	return pass
-}
-
 // check reads one value at s.i and checks it against n (nil: any value).
 // It leaves s.i after the value when it passes; after fail or unsure the
 // position is of no use.
@@ -308,8 +298,7 @@ func (s *fastScanner) check(n *fastNode, depth int) verdict {
 		return fail
 	}
 	start := s.i
-	v := s.own(n, depth)
-	if v != pass {
+	if v := s.own(n, depth); v != pass {
 		return v
 	}
 	end := s.i
@@ -319,7 +308,7 @@ func (s *fastScanner) check(n *fastNode, depth int) verdict {
 		return s.check(sub, depth+1)
 	}
 	if n.ref != nil {
-		if v = worse(v, again(n.ref)); v != pass {
+		if v := again(n.ref); v != pass {
 			return v
 		}
 	}
@@ -332,27 +321,22 @@ func (s *fastScanner) check(n *fastNode, depth int) verdict {
 		}
 	}
 	for _, sub := range n.allOf {
-		if v = worse(v, again(sub)); v != pass {
+		if v := again(sub); v != pass {
 			return v
 		}
 	}
 	if len(n.anyOf) > 0 {
-		any := fail
+		res := fail // unsure once a branch is unsure, pass once one passes
 		for _, sub := range n.anyOf {
-			switch again(sub) {
-			case pass:
-				any = pass
-			case unsure:
-				if any == fail {
-					any = unsure
-				}
-			}
-			if any == pass {
+			if r := again(sub); r == pass {
+				res = pass
 				break
+			} else if r == unsure {
+				res = unsure
 			}
 		}
-		if any != pass {
-			return any
+		if res != pass {
+			return res
 		}
 	}
 	if len(n.oneOf) > 0 {
@@ -373,13 +357,13 @@ func (s *fastScanner) check(n *fastNode, depth int) verdict {
 		switch again(n.ifN) {
 		case pass:
 			if n.thenN != nil {
-				if v = again(n.thenN); v != pass {
+				if v := again(n.thenN); v != pass {
 					return v
 				}
 			}
 		case fail:
 			if n.elseN != nil {
-				if v = again(n.elseN); v != pass {
+				if v := again(n.elseN); v != pass {
 					return v
 				}
 			}
@@ -719,10 +703,8 @@ func (s *fastScanner) object(n *fastNode, depth int) verdict {
 		case known:
 			return unsure
 		default:
-			for _, e := range extra {
-				if e == key {
-					return unsure
-				}
+			if slices.Contains(extra, key) {
+				return unsure // a duplicate name: the generic decoder keeps the last
 			}
 			if len(extra) == fastMaxKeys {
 				return unsure
@@ -765,30 +747,18 @@ func quoteKey(key string, plain bool) []byte {
 }
 
 // required checks that every required member was met (n's properties by
-// index, other names among extra), and the number of members.
+// index, other names among extra), and the number of members. v is the
+// object's verdict so far, pass or fail.
 func (s *fastScanner) required(n *fastNode, seen uint64, extra []string, v verdict) verdict {
 	if count := bits.OnesCount64(seen) + len(extra); (n.minProps >= 0 && count < n.minProps) || (n.maxProps >= 0 && count > n.maxProps) {
-		v = worse(v, fail)
+		return fail
 	}
 	for i, idx := range n.required {
 		switch {
 		case idx >= 64:
 			return unsure
-		case idx >= 0:
-			if seen&(1<<idx) == 0 {
-				return worse(v, fail)
-			}
-		default:
-			found := false
-			for _, e := range extra {
-				if e == n.reqNames[i] {
-					found = true
-					break
-				}
-			}
-			if !found {
-				return worse(v, fail)
-			}
+		case idx >= 0 && seen&(1<<idx) == 0, idx < 0 && !slices.Contains(extra, n.reqNames[i]):
+			return fail
 		}
 	}
 	return v
