@@ -224,9 +224,13 @@ echo '{}' > report.json
 		t.Errorf("%d artifact.stored, want 1", n)
 	}
 	waitAcked(t, b)
-	// The workspace, odd names and all, is gone.
-	sessions, _ := os.ReadDir(filepath.Join(workDir, session))
-	if len(sessions) != 0 {
-		t.Errorf("workspace left behind: %v", sessions)
+	// The workspace, odd names and all, is gone, and nothing of the
+	// session is left in the work dir.
+	left, err := os.ReadDir(workDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 0 {
+		t.Errorf("workspace left behind: %v", left)
 	}
 }

@@ -57,6 +57,10 @@ type Bus interface {
 	SubjectLastSeq(ctx context.Context, subject string) (uint64, error)
 	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
 	PutArtifact(ctx context.Context, object, name string, r io.Reader) (schemas.ArtifactRef, error)
+	// GetArtifact copies an artifact to w, checking its size and digest
+	// (see bus.Bus.GetArtifact): a job's inputs and definition files.
+	GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Writer) error
+	// GetArtifactFile writes an artifact to a file: git bundles.
 	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
 	// OwnID makes a derived event id unguessable to other workers' keys
 	// (see bus.Bus.OwnID).

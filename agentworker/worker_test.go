@@ -333,15 +333,15 @@ echo "agent done"
 		got[ref.Name] = data
 	}
 
-	// The workspace is a fresh directory summary-2-1-<random> under
-	// workDir/<session>, named by LOOPBUS_WORKSPACE; cwd must be it.
+	// The workspace is a fresh directory <session>.summary-2-1-<random>
+	// under workDir, named by LOOPBUS_WORKSPACE; cwd must be it.
 	root := envMap(got["env.txt"])["LOOPBUS_WORKSPACE"]
-	if filepath.Dir(root) != filepath.Join(workDir, session) || !strings.HasPrefix(filepath.Base(root), "summary-2-1-") {
-		t.Fatalf("LOOPBUS_WORKSPACE = %q, want a directory summary-2-1-* under %s", root, filepath.Join(workDir, session))
+	if filepath.Dir(root) != workDir || !strings.HasPrefix(filepath.Base(root), session+".summary-2-1-") {
+		t.Fatalf("LOOPBUS_WORKSPACE = %q, want a directory %s.summary-2-1-* under %s", root, session, workDir)
 	}
 	realRoot := root
 	if r, err := filepath.EvalSymlinks(workDir); err == nil {
-		realRoot = filepath.Join(r, session, filepath.Base(root))
+		realRoot = filepath.Join(r, filepath.Base(root))
 	}
 	checks := []struct {
 		name, want string

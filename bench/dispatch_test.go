@@ -23,42 +23,59 @@ import (
 // (orchestrator leg) and on to its job.started (worker leg). Sessions run
 // one at a time, so the figures are latencies, not queueing. Times are the
 // stream's stored timestamps of the three events (one server clock).
+// Each service has a connection of its own, as separate processes do;
+// the serve runs put them on one connection that reaches the server
+// through memory, as `loopbus serve` (and `run`) connect them.
 func BenchmarkDispatch(b *testing.B) {
 	for _, mode := range modes() {
-		b.Run("fsync="+mode.name, func(b *testing.B) {
-			sessions := size(40, 250)
-			sys := newSystem(b, mode)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			ends := sys.watchEnds(ctx)
-			sys.startValidator()
-			sys.startWorkers(1)
-			sys.startOrchestrator()
-			// A first session warms every consumer and the file store.
-			sys.submit(ctx, "warm")
-			waitEnds(b, ends, 1, time.Minute)
-
-			b.ResetTimer()
-			var ids []string
-			for i := range b.N * sessions {
-				id := fmt.Sprintf("d%06d", i)
-				ids = append(ids, id)
-				sys.submit(ctx, id)
-				waitEnds(b, ends, 1, time.Minute)
+		for _, serve := range []bool{false, true} {
+			name := "fsync=" + mode.name
+			if serve {
+				name += "/serve"
 			}
-			b.StopTimer()
-
-			total, orch, worker := dispatchLatencies(b, sys.admin, ids)
-			b.ReportMetric(percentile(total, 50), "p50_ms")
-			b.ReportMetric(percentile(total, 99), "p99_ms")
-			b.ReportMetric(percentile(orch, 50), "orch_p50_ms")
-			b.ReportMetric(percentile(orch, 99), "orch_p99_ms")
-			b.ReportMetric(percentile(worker, 50), "worker_p50_ms")
-			b.ReportMetric(percentile(worker, 99), "worker_p99_ms")
-			b.ReportMetric(float64(len(total)), "samples")
-			b.ReportMetric(0, "ns/op")
-		})
+			b.Run(name, func(b *testing.B) {
+				benchDispatch(b, mode, serve)
+			})
+		}
 	}
+}
+
+// benchDispatch is one run of BenchmarkDispatch.
+func benchDispatch(b *testing.B, mode syncMode, serve bool) {
+	sessions := size(40, 250)
+	sys := newSystem(b, mode)
+	if serve {
+		sys.serveMode()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ends := sys.watchEnds(ctx)
+	sys.startValidator()
+	sys.startWorkers(1)
+	sys.startOrchestrator()
+	// A first session warms every consumer and the file store.
+	sys.submit(ctx, "warm")
+	waitEnds(b, ends, 1, time.Minute)
+
+	b.ResetTimer()
+	var ids []string
+	for i := range b.N * sessions {
+		id := fmt.Sprintf("d%06d", i)
+		ids = append(ids, id)
+		sys.submit(ctx, id)
+		waitEnds(b, ends, 1, time.Minute)
+	}
+	b.StopTimer()
+
+	total, orch, worker := dispatchLatencies(b, sys.admin, ids)
+	b.ReportMetric(percentile(total, 50), "p50_ms")
+	b.ReportMetric(percentile(total, 99), "p99_ms")
+	b.ReportMetric(percentile(orch, 50), "orch_p50_ms")
+	b.ReportMetric(percentile(orch, 99), "orch_p99_ms")
+	b.ReportMetric(percentile(worker, 50), "worker_p50_ms")
+	b.ReportMetric(percentile(worker, 99), "worker_p99_ms")
+	b.ReportMetric(float64(len(total)), "samples")
+	b.ReportMetric(0, "ns/op")
 }
 
 // dispatchLatencies reads the sessions' events back and returns, in
@@ -149,7 +166,8 @@ func percentile(xs []float64, p float64) float64 {
 // through the orchestrator, the validator and 1, 2 or 4 agent-worker
 // replicas (concurrency 1 each) and reports completed steps per second.
 // The sessions are submitted before the orchestrator starts; the clock
-// runs from its start to the last session.completed.
+// runs from its start to the last session.completed. Each service has a
+// connection of its own, as separate processes do.
 func BenchmarkThroughput(b *testing.B) {
 	for _, mode := range modes() {
 		for _, workers := range []int{1, 2, 4} {

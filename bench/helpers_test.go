@@ -95,14 +95,19 @@ func loadPipeline(tb testing.TB) schemas.Pipeline {
 }
 
 // system is one embedded server with the services of a deployment, each on
-// its own connection, as separate processes would be.
+// its own connection, as separate processes would be; or, once serveMode
+// is called, all on one in-process connection, as `loopbus serve` runs
+// them.
 type system struct {
 	tb       testing.TB
 	url      string
+	srv      *bus.Embedded
 	admin    *bus.Bus
 	pipeline schemas.Pipeline
 	input    string
 	conns    []*bus.Bus
+	// shared is the services' connection in serve mode; nil otherwise.
+	shared *bus.Bus
 }
 
 func newSystem(tb testing.TB, mode syncMode) *system {
@@ -117,7 +122,7 @@ func newSystemOn(tb testing.TB, srv *bus.Embedded) *system {
 	if err := os.WriteFile(input, []byte("# Bench\n\nA short input.\n"), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	s := &system{tb: tb, url: srv.URL(), pipeline: loadPipeline(tb), input: input}
+	s := &system{tb: tb, url: srv.URL(), srv: srv, pipeline: loadPipeline(tb), input: input}
 	s.admin = s.connect("bench/admin")
 	return s
 }
@@ -128,6 +133,27 @@ func (s *system) connect(source string) *bus.Bus {
 	b := testnats.Connect(s.tb, s.url, source)
 	s.conns = append(s.conns, b)
 	return b
+}
+
+// serveMode makes the services started from now on share one connection
+// that reaches the server through memory, as in `loopbus serve`. The
+// benchmark's own connections (submitting, watching) stay on the socket,
+// as other commands' are.
+func (s *system) serveMode() {
+	s.tb.Helper()
+	b := testnats.ConnectConfig(s.tb, bus.Config{URL: s.url, Name: "bench/serve", InProcess: s.srv.InProcess()}, "bench/serve", testnats.Logger(s.tb))
+	s.conns = append(s.conns, b)
+	s.shared = b
+}
+
+// service returns the connection for a service: the shared one in serve
+// mode, else one of its own.
+func (s *system) service(source string) *bus.Bus {
+	s.tb.Helper()
+	if s.shared != nil {
+		return s.shared
+	}
+	return s.connect(source)
 }
 
 // closeConns closes every connection the system opened (stop the services
@@ -146,7 +172,7 @@ func (s *system) run(name string, run func(context.Context) error) (stop func())
 
 func (s *system) startOrchestrator() (stop func()) {
 	s.tb.Helper()
-	o, err := orchestrator.New(orchestrator.Config{}, s.connect("bench/orchestrator"), testnats.Logger(s.tb), time.Now)
+	o, err := orchestrator.New(orchestrator.Config{}, s.service("bench/orchestrator"), testnats.Logger(s.tb), time.Now)
 	if err != nil {
 		s.tb.Fatal(err)
 	}
@@ -155,7 +181,7 @@ func (s *system) startOrchestrator() (stop func()) {
 
 func (s *system) startValidator() (stop func()) {
 	s.tb.Helper()
-	v, err := validator.New(validator.Config{WorkDir: s.tb.TempDir()}, s.connect("bench/validator"), testnats.Logger(s.tb), time.Now)
+	v, err := validator.New(validator.Config{WorkDir: s.tb.TempDir()}, s.service("bench/validator"), testnats.Logger(s.tb), time.Now)
 	if err != nil {
 		s.tb.Fatal(err)
 	}
@@ -169,7 +195,7 @@ func (s *system) startWorkers(n int) (stop func()) {
 	var stops []func()
 	for i := range n {
 		id := "w" + strconv.Itoa(i+1)
-		w, err := agentworker.New(agentworker.Config{ID: id, WorkDir: s.tb.TempDir()}, s.connect("bench/"+id), testnats.Logger(s.tb), time.Now)
+		w, err := agentworker.New(agentworker.Config{ID: id, WorkDir: s.tb.TempDir()}, s.service("bench/"+id), testnats.Logger(s.tb), time.Now)
 		if err != nil {
 			s.tb.Fatal(err)
 		}

@@ -33,6 +33,8 @@ func summaryFields() []summaryField {
 		{"append_ratio", "BenchmarkAppend/fsync=default", "append_ratio", 3},
 		{"dispatch_p50_ms", "BenchmarkDispatch/fsync=default", "p50_ms", 2},
 		{"dispatch_p99_ms", "BenchmarkDispatch/fsync=default", "p99_ms", 2},
+		{"dispatch_p50_ms_serve", "BenchmarkDispatch/fsync=default/serve", "p50_ms", 2},
+		{"dispatch_p99_ms_serve", "BenchmarkDispatch/fsync=default/serve", "p99_ms", 2},
 		{"steps_per_s", "BenchmarkThroughput/fsync=default/workers=4", "steps/s", 0},
 		{"limit_ratio", "BenchmarkThroughput/fsync=default/workers=4", "limit_ratio", 3},
 		{"cpu_ms_per_step", "BenchmarkThroughput/fsync=default/workers=4", "cpu_ms/step", 2},
@@ -46,7 +48,8 @@ func summaryFields() []summaryField {
 
 // Summary reads the output of `go test -bench` over this package and
 // returns "append_ratio=X dispatch_p50_ms=X dispatch_p99_ms=X
-// steps_per_s=X limit_ratio=X cpu_ms_per_step=X rebuild_events_per_s=X
+// dispatch_p50_ms_serve=X dispatch_p99_ms_serve=X steps_per_s=X
+// limit_ratio=X cpu_ms_per_step=X rebuild_events_per_s=X
 // rebuild_ratio=X pass_to_merge_p50_ms=X tool_overhead_us=X
 // orch_live_bytes_per_session=X" from the default-fsync results. It fails, wrapping ErrFailed, if the output
 // reports a failure, and names any figure it did not find.

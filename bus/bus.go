@@ -450,6 +450,9 @@ func natsOptions(cfg Config, log zerolog.Logger, cs *connState) ([]nats.Option, 
 			ev.Msg("NATS reported an error")
 		}),
 	}
+	if cfg.InProcess != nil {
+		opts = append(opts, nats.InProcessServer(cfg.InProcess))
+	}
 	if cfg.User != "" {
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 	}

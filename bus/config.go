@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // Defaults for Config's zero values.
@@ -32,6 +34,11 @@ const (
 type Config struct {
 	// URL is a comma-separated list of server URLs.
 	URL string
+	// InProcess, when set, is a server running in this process (an
+	// Embedded's InProcess): the connection goes to it through memory
+	// instead of a socket, with the same protocol and authentication, at
+	// about half the cost of a round trip. URL then only names it in logs.
+	InProcess nats.InProcessConnProvider
 	// Name is the connection name shown by the server (e.g. "agentworker").
 	Name string
 

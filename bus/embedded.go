@@ -130,6 +130,10 @@ type Embedded struct {
 // URL is the client URL of the server.
 func (e *Embedded) URL() string { return e.url }
 
+// InProcess is the server as Config.InProcess, for connections of this
+// process that go to it through memory.
+func (e *Embedded) InProcess() nats.InProcessConnProvider { return e.srv }
+
 // Server exposes the underlying server (for tests and the nats command).
 func (e *Embedded) Server() *server.Server { return e.srv }
 

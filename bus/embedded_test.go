@@ -13,6 +13,7 @@ import (
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
+	"github.com/loopbus/loopbus/schemas"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -325,5 +326,42 @@ func TestEmbeddedCluster(t *testing.T) {
 	})
 	if info.Cluster.Name != "test-cluster" {
 		t.Errorf("stream cluster %q, want test-cluster", info.Cluster.Name)
+	}
+}
+
+// TestInProcessConnection: with Config.InProcess the bus reaches the
+// server in this process through memory, never its URL (here one nothing
+// listens on), with the server's authentication all the same.
+func TestInProcessConnection(t *testing.T) {
+	t.Parallel()
+	srv, _ := startEmbedded(t, bus.EmbeddedConfig{DataDir: t.TempDir(), Token: "s3cret-token"})
+	cat, err := schemas.NewCatalogue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	// Refused, the in-process connection is closed, not answered with an
+	// error the client reads: it is retried until the timeout.
+	cfg := bus.Config{URL: "nats://127.0.0.1:1", InProcess: srv.InProcess(), Name: "inproc", ConnectTimeout: time.Second}
+	if b, err := bus.Connect(ctx, cfg, "test/inproc", cat, testnats.Logger(t)); err == nil {
+		b.Close()
+		t.Fatal("an in-process connection without the token was accepted")
+	}
+	cfg.Token, cfg.ConnectTimeout = "s3cret-token", 10*time.Second
+	b, err := bus.Connect(ctx, cfg, "test/inproc", cat, testnats.Logger(t))
+	if err != nil {
+		t.Fatalf("Connect in process: %v", err)
+	}
+	defer b.Close()
+	if got := b.Conn().ConnectedAddr(); got != "pipe" {
+		t.Errorf("connected to %q, want the in-process pipe", got)
+	}
+	p, err := b.Publish(ctx, jobStarted("s1", "e1"))
+	if err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	ev, err := b.GetEvent(ctx, p.Seq)
+	if err != nil || ev.ID != "e1" {
+		t.Fatalf("GetEvent(%d) = %s, %v; want e1", p.Seq, ev.ID, err)
 	}
 }

@@ -17,7 +17,8 @@ type Conn struct {
 
 // Open connects to cfg.URL when it is set; otherwise to the server that
 // serves the data directory of embedded, starting one in this process if
-// none runs (see bus.OpenDataDir). The bus publishes as source.
+// none runs (see bus.OpenDataDir), and then connecting to it through
+// memory (bus.Config.InProcess). The bus publishes as source.
 func Open(ctx context.Context, cfg bus.Config, embedded bus.EmbeddedConfig, source string, log zerolog.Logger) (*Conn, error) {
 	c := &Conn{}
 	if cfg.URL == "" {
@@ -26,6 +27,9 @@ func Open(ctx context.Context, cfg bus.Config, embedded bus.EmbeddedConfig, sour
 			return nil, err
 		}
 		cfg.URL, c.srv = url, srv
+		if srv != nil {
+			cfg.InProcess = srv.InProcess()
+		}
 	}
 	cat, err := schemas.NewCatalogue()
 	if err == nil {

@@ -207,7 +207,7 @@ type Config struct {
 	// Embedded is the embedded server; its DataDir is required.
 	Embedded bus.EmbeddedConfig
 	// Bus is the connection of the services; its URL is the embedded
-	// server's.
+	// server's, and it goes to it through memory (bus.Config.InProcess).
 	Bus bus.Config
 	// Services run beside the server; a set that runs no service at all
 	// (metrics aside) means every service, with 4 job slots, and the
@@ -239,7 +239,7 @@ func Start(ctx context.Context, cfg Config, log zerolog.Logger) (*Node, error) {
 		return nil, err
 	}
 	bc := cfg.Bus
-	bc.URL = srv.URL()
+	bc.URL, bc.InProcess = srv.URL(), srv.InProcess()
 	if bc.Name == "" {
 		bc.Name = "serve"
 	}

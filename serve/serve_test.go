@@ -115,6 +115,14 @@ func TestOpenSharesTheDataDirectoryServer(t *testing.T) {
 	if second.OwnsServer() {
 		t.Fatal("the second Open started another server on the same data directory")
 	}
+	// The owner reaches its own server through memory, the other command
+	// through the server's socket.
+	if got := first.Bus.Conn().ConnectedAddr(); got != "pipe" {
+		t.Errorf("the owner is connected to %q, want its server in process", got)
+	}
+	if got := second.Bus.Conn().ConnectedAddr(); !strings.HasPrefix(got, "127.0.0.1:") {
+		t.Errorf("the other command is connected to %q, want the server's socket", got)
+	}
 	// The owner waits for the other command before it stops the server.
 	waiting := make(chan struct{})
 	closed := make(chan struct{})

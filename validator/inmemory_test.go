@@ -81,7 +81,7 @@ func TestNoWorkspaceWithoutCommand(t *testing.T) {
 		t.Fatalf("verdict %s, want %s: %s", ev.Type, schemas.TypeValidationPassed, mustJSON(t, v))
 	}
 	for name, want := range map[string]string{"summary.json": big, "notes.md": "notes"} {
-		paths, _ := filepath.Glob(filepath.Join(workDir, session, "summary-1-*", "out", name))
+		paths, _ := filepath.Glob(filepath.Join(workDir, session+".summary-1-*", "out", name))
 		if len(paths) != 1 {
 			t.Fatalf("kept workspaces of the step with a command hold %d out/%s, want 1", len(paths), name)
 		}

@@ -35,10 +35,11 @@ type Bus interface {
 	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
 	GetEvent(ctx context.Context, seq uint64) (schemas.Event, error)
 	// GetArtifact copies an artifact to w, checking its size and digest
-	// (see bus.Bus.GetArtifact): outputs are checked in memory.
+	// (see bus.Bus.GetArtifact): outputs are checked in memory, and a
+	// validate command's inputs and definition files written to its
+	// workspace.
 	GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Writer) error
-	// GetArtifactFile writes an artifact to a file: the inputs and
-	// definition files of a validate command.
+	// GetArtifactFile writes an artifact to a file: git bundles.
 	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
 	// OwnID makes a derived event id unguessable to other keys (see
 	// bus.Bus.OwnID).

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,9 +21,9 @@ import (
 // large. The message says which and what to do.
 var ErrUnsafeOutput = errors.New("unusable output")
 
-// Fetcher writes an artifact's bytes to a local file, checking its digest.
+// Fetcher writes an artifact's bytes to w, checking its digest.
 type Fetcher interface {
-	GetArtifactFile(ctx context.Context, ref schemas.ArtifactRef, path string) error
+	GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Writer) error
 }
 
 // Workspace is one job's directory: Root with In/ (inputs), Out/ (outputs),
@@ -31,11 +32,14 @@ type Workspace struct {
 	Root, In, Out, PromptFile, FeedbackFile string
 }
 
-// Create makes a new, empty workspace under base/session, named after name
-// plus a random suffix. It never reuses or removes an existing directory:
-// workers on one machine (or ones serving different streams that happen to
-// use the same session id) cannot touch each other's workspaces. session
-// and name must be safe tokens.
+// Create makes a new, empty workspace directly under base (made if
+// missing), named session.name-RANDOM: session ids hold no dot, so the
+// name is unambiguous and never one of base's other entries (the repository
+// cache, repos/). Nothing per session is left behind once the workspace is
+// removed. Create never reuses or removes an existing directory: workers
+// on one machine (or ones serving different streams that happen to use the
+// same session id) cannot touch each other's workspaces. session and name
+// must be safe tokens.
 func Create(base, session, name string) (*Workspace, error) {
 	if err := schemas.ValidateSessionID(session); err != nil {
 		return nil, err
@@ -47,11 +51,14 @@ func Create(base, session, name string) (*Workspace, error) {
 	if err != nil {
 		return nil, err
 	}
-	parent := filepath.Join(abs, session)
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return nil, fmt.Errorf("workspace: %w", err)
+	// base exists but for the first job: it is made only when missing,
+	// not looked up for every job.
+	root, err := os.MkdirTemp(abs, session+"."+name+"-")
+	if errors.Is(err, os.ErrNotExist) {
+		if err = os.MkdirAll(abs, 0o700); err == nil {
+			root, err = os.MkdirTemp(abs, session+"."+name+"-")
+		}
 	}
-	root, err := os.MkdirTemp(parent, name+"-")
 	if err != nil {
 		return nil, fmt.Errorf("workspace: %w", err)
 	}
@@ -80,11 +87,30 @@ func (w *Workspace) Fetch(ctx context.Context, f Fetcher, refs []schemas.Artifac
 		}
 	}
 	for _, r := range refs {
-		if err := f.GetArtifactFile(ctx, r, filepath.Join(dir, r.Name)); err != nil {
+		if err := fetch(ctx, f, r, filepath.Join(dir, r.Name), 0o600); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// fetch writes ref's bytes to path, made with mode (or truncated: a later
+// input of the same name wins). The workspace is new and nothing runs in
+// it yet, so the file is written in place, not renamed into place; a
+// failed fetch removes it, and the job fails before anything reads it.
+func fetch(ctx context.Context, f Fetcher, ref schemas.ArtifactRef, path string, mode os.FileMode) error {
+	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, mode)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	err = f.GetArtifact(ctx, ref, file)
+	if cerr := file.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("workspace: %w", cerr)
+	}
+	if err != nil {
+		_ = os.Remove(path)
+	}
+	return err
 }
 
 // WriteFiles writes a request's inline files to in/. Every name is
@@ -120,13 +146,14 @@ func (w *Workspace) FetchDefinition(ctx context.Context, f Fetcher, dir string, 
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, fmt.Errorf("workspace: %w", err)
 		}
-		if err := f.GetArtifactFile(ctx, df.Artifact, path); err != nil {
-			return nil, err
-		}
 		mode := os.FileMode(0o600)
 		if df.Executable {
 			mode = 0o700
 		}
+		if err := fetch(ctx, f, df.Artifact, path, mode); err != nil {
+			return nil, err
+		}
+		// The mode whatever the umask took away.
 		if err := os.Chmod(path, mode); err != nil {
 			return nil, fmt.Errorf("workspace: %w", err)
 		}

@@ -38,8 +38,8 @@ func TestCreateLayout(t *testing.T) {
 		t.Fatalf("Create: %v", err)
 	}
 	root := w.Root
-	if filepath.Dir(root) != filepath.Join(base, "s1") || !strings.HasPrefix(filepath.Base(root), "summary-1-1-") {
-		t.Fatalf("root %s: want a new directory summary-1-1-* under %s", root, filepath.Join(base, "s1"))
+	if filepath.Dir(root) != base || !strings.HasPrefix(filepath.Base(root), "s1.summary-1-1-") {
+		t.Fatalf("root %s: want a new directory s1.summary-1-1-* under %s", root, base)
 	}
 	want := workspace.Workspace{
 		Root: root, In: filepath.Join(root, "in"), Out: filepath.Join(root, "out"),
@@ -60,6 +60,30 @@ func TestCreateLayout(t *testing.T) {
 		if len(entries) != 0 {
 			t.Errorf("%s is not empty: %v", d, entries)
 		}
+	}
+}
+
+// TestRemoveLeavesNothing: once its workspaces are removed, a session
+// leaves nothing in base (a worker runs for many sessions), and a base
+// that does not exist yet is made.
+func TestRemoveLeavesNothing(t *testing.T) {
+	base := filepath.Join(t.TempDir(), "work")
+	for _, session := range []string{"s1", "s2", "repos"} {
+		w, err := workspace.Create(base, session, "a-1-1")
+		if err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		writeFile(t, filepath.Join(w.Out, "a.txt"), "a")
+		if err := w.Remove(); err != nil {
+			t.Fatalf("Remove: %v", err)
+		}
+	}
+	entries, err := os.ReadDir(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Fatalf("base holds %v after every workspace was removed", entries)
 	}
 }
 
@@ -164,12 +188,14 @@ type fakeFetcher struct {
 	err   error
 }
 
-func (f *fakeFetcher) GetArtifactFile(_ context.Context, ref schemas.ArtifactRef, path string) error {
-	f.paths = append(f.paths, path)
+func (f *fakeFetcher) GetArtifact(_ context.Context, ref schemas.ArtifactRef, w io.Writer) error {
+	f.paths = append(f.paths, w.(*os.File).Name())
 	if f.err != nil {
+		_, _ = io.WriteString(w, "partial")
 		return f.err
 	}
-	return os.WriteFile(path, []byte("bytes of "+ref.Object), 0o600)
+	_, err := io.WriteString(w, "bytes of "+ref.Object)
+	return err
 }
 
 func TestFetch(t *testing.T) {
@@ -213,6 +239,12 @@ func TestFetch(t *testing.T) {
 			for _, p := range f.paths {
 				if filepath.Dir(p) != w.In {
 					t.Errorf("fetcher asked to write %s, outside %s", p, w.In)
+				}
+			}
+			if tt.wantErr != nil {
+				// A failed fetch leaves no file, partial or whole.
+				if left, _ := os.ReadDir(w.In); len(left) != 0 {
+					t.Errorf("a failed Fetch left %v in in/", left)
 				}
 			}
 			for i, name := range tt.want {

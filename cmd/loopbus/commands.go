@@ -475,7 +475,7 @@ func newServeCmd(g *globals) *cobra.Command {
 					return err
 				}
 				defer srv.Shutdown()
-				g.natsURL = srv.URL()
+				g.natsURL, g.inProcess = srv.URL(), srv.InProcess()
 				log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
 			}
 			set := serve.All(workers)

@@ -17,6 +17,7 @@ import (
 	"github.com/loopbus/loopbus/config"
 	"github.com/loopbus/loopbus/serve"
 	"github.com/mattn/go-isatty"
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
@@ -100,9 +101,12 @@ type globals struct {
 	// given (by flag, environment or config file).
 	retentionSet bool
 
-	natsURL  string
-	dataDir  string
-	logLevel string
+	natsURL string
+	// inProcess is the server this process runs (serve), which its own
+	// connections reach through memory.
+	inProcess nats.InProcessConnProvider
+	dataDir   string
+	logLevel  string
 
 	user, password, token, creds, nkey string
 	tlsCA, tlsCert, tlsKey             string
@@ -191,7 +195,7 @@ func (g *globals) logger(defaultLevel zerolog.Level) zerolog.Logger {
 // change retention; commands a person waits on give up after a while.
 func (g *globals) busConfig(name string, service bool) bus.Config {
 	cfg := bus.Config{
-		URL: g.natsURL, Name: name,
+		URL: g.natsURL, InProcess: g.inProcess, Name: name,
 		User: g.user, Password: g.password, Token: g.token, CredsFile: g.creds, NKeyFile: g.nkey,
 		TLSCA: g.tlsCA, TLSCert: g.tlsCert, TLSKey: g.tlsKey,
 		SignKeyFile: g.signKey, TrustFile: g.trust,

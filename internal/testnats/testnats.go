@@ -34,13 +34,19 @@ func Connect(t testing.TB, url, source string) *bus.Bus {
 // ConnectLogged is Connect with the bus logging to log.
 func ConnectLogged(t testing.TB, url, source string, log zerolog.Logger) *bus.Bus {
 	t.Helper()
+	return ConnectConfig(t, bus.Config{URL: url, Name: source}, source, log)
+}
+
+// ConnectConfig is Connect with a bus configuration of the caller's.
+func ConnectConfig(t testing.TB, cfg bus.Config, source string, log zerolog.Logger) *bus.Bus {
+	t.Helper()
 	cat, err := schemas.NewCatalogue()
 	if err != nil {
 		t.Fatalf("catalogue: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: source}, source, cat, log)
+	b, err := bus.Connect(ctx, cfg, source, cat, log)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
