@@ -767,12 +767,14 @@ func outputFault(err error) bool {
 // checkOutput makes sure output name can be stored: a safe regular file
 // within the size limit that contains no secret value.
 func (s *Service) checkOutput(ws *workspace.Workspace, name string, sec *workspace.Secrets) error {
-	f, _, err := ws.OpenOutput(name, s.cfg.MaxOutputBytes)
+	f, size, err := ws.OpenOutput(name, s.cfg.MaxOutputBytes)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	found, err := sec.Find(io.LimitReader(f, s.cfg.MaxOutputBytes))
+	// The size it had when opened: storeOutput guards what it stores,
+	// should the file have grown since.
+	found, err := sec.Find(io.LimitReader(f, size))
 	if err != nil {
 		return fmt.Errorf("%w: output %s: %v", workspace.ErrUnsafeOutput, name, err)
 	}

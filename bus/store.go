@@ -172,12 +172,12 @@ func (b *Bus) PutArtifact(ctx context.Context, object, name string, r io.Reader)
 	}
 
 	cp := chunkPut{b: b, start: time.Now()}
-	cur := make([]byte, ArtifactChunkSize)
-	n, err := readChunk(r, cur)
+	// The first chunk's buffer grows with what is read: most artifacts
+	// are far smaller than a chunk.
+	cur, err := io.ReadAll(io.LimitReader(r, ArtifactChunkSize))
 	if err != nil {
 		return fail(err)
 	}
-	cur = cur[:n]
 	// A full chunk may be followed by more: then it goes out as chunk 0.
 	for len(cur) == ArtifactChunkSize {
 		next := cp.buffer()

@@ -215,10 +215,18 @@ func (s *Secrets) partialSuffix(text string) int {
 }
 
 // Find reads r to its end and returns the name of the first secret whose
-// value it contains, or "" when it contains none.
+// value it contains, or "" when it contains none. With no secrets it
+// reads nothing.
 func (s *Secrets) Find(r io.Reader) (string, error) {
+	if s.Len() == 0 {
+		return "", nil
+	}
 	sc := &scanner{s: s}
-	buf := make([]byte, 64<<10)
+	size := int64(findBuffer)
+	if lr, ok := r.(*io.LimitedReader); ok {
+		size = max(min(size, lr.N+1), 1) // +1: the read that sees the end
+	}
+	buf := make([]byte, size)
 	for {
 		n, err := r.Read(buf)
 		if name := sc.scan(buf[:n]); name != "" {
@@ -250,6 +258,9 @@ func SecretInOutput(output, name string) error {
 		ErrSecretInOutput, output, name)
 }
 
+// findBuffer is the most Find reads at once.
+const findBuffer = 64 << 10
+
 // scanner finds secret values in a byte stream fed in pieces, keeping the
 // last MaxLen-1 bytes so a value split between pieces is found.
 type scanner struct {
@@ -258,18 +269,34 @@ type scanner struct {
 }
 
 // scan adds p to the stream and returns the name of a secret found in it.
+// p is searched where it lies; only a value that may straddle the kept
+// bytes and p is looked for in a copy of the two joined, which is shorter
+// than two values.
 func (sc *scanner) scan(p []byte) string {
 	if sc.s.Len() == 0 || len(p) == 0 {
 		return ""
 	}
-	window := append(sc.keep, p...)
+	keep := sc.s.maxLen - 1
+	if len(sc.keep) > 0 {
+		joint := append(sc.keep, p[:min(len(p), keep)]...)
+		for _, sec := range sc.s.list {
+			if bytes.Contains(joint, []byte(sec.value)) {
+				return sec.name
+			}
+		}
+		sc.keep = joint[:len(sc.keep)] // joint may have moved it
+	}
 	for _, sec := range sc.s.list {
-		if bytes.Contains(window, []byte(sec.value)) {
+		if bytes.Contains(p, []byte(sec.value)) {
 			return sec.name
 		}
 	}
-	k := min(len(window), sc.s.maxLen-1)
-	sc.keep = append(sc.keep[:0], window[len(window)-k:]...)
+	if len(p) >= keep {
+		sc.keep = append(sc.keep[:0], p[len(p)-keep:]...)
+	} else {
+		w := append(sc.keep, p...)
+		sc.keep = append(sc.keep[:0], w[len(w)-min(len(w), keep):]...)
+	}
 	return ""
 }
 

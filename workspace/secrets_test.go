@@ -238,6 +238,7 @@ func TestFindAndReader(t *testing.T) {
 		{name: "at end", content: strings.Repeat("x", 200000) + value, want: "API_TOKEN"},
 		{name: "across the 64 KiB read boundary", content: strings.Repeat("x", 64<<10-5) + value + "y", want: "API_TOKEN"},
 		{name: "other", content: "another-secret-value", want: "OTHER_TOKEN"},
+		{name: "the longest value, one byte before the read boundary", content: strings.Repeat("x", 64<<10-1) + "another-secret-value" + "y", want: "OTHER_TOKEN"},
 		{name: "almost", content: value[:len(value)-1] + "!" + value[1:], want: ""},
 	}
 	for _, tt := range tests {
@@ -248,6 +249,8 @@ func TestFindAndReader(t *testing.T) {
 			}{
 				{"whole", strings.NewReader(tt.content)},
 				{"one byte at a time", iotest.OneByteReader(strings.NewReader(tt.content))},
+				{"seven bytes at a time", &pieces{r: strings.NewReader(tt.content), n: 7}},
+				{"limited to its size", io.LimitReader(strings.NewReader(tt.content), int64(len(tt.content)))},
 			} {
 				got, err := s.Find(r.r)
 				if err != nil || got != tt.want {
@@ -279,4 +282,17 @@ func TestFindAndReader(t *testing.T) {
 	if got, err := s.Find(iotest.ErrReader(io.ErrUnexpectedEOF)); !errors.Is(err, io.ErrUnexpectedEOF) || got != "" {
 		t.Errorf("Find on a failing reader = %q, %v", got, err)
 	}
+	// With no secrets there is nothing to look for: nothing is read.
+	none := mustSecrets(t)
+	if got, err := none.Find(iotest.ErrReader(io.ErrUnexpectedEOF)); err != nil || got != "" {
+		t.Errorf("Find without secrets = %q, %v; want nothing read", got, err)
+	}
 }
+
+// pieces reads at most n bytes at a time.
+type pieces struct {
+	r io.Reader
+	n int
+}
+
+func (p *pieces) Read(b []byte) (int, error) { return p.r.Read(b[:min(len(b), p.n)]) }

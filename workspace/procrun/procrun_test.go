@@ -1,6 +1,7 @@
 package procrun
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -563,6 +564,57 @@ func TestSweepScope(t *testing.T) {
 	for _, tt := range tests {
 		if got := skippable(tt.leader, tt.forks, tt.now, tt.last, tt.pidMax); got != tt.want {
 			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestProcReads: the /proc readers agree with a plain read and split of
+// the same files, for every process this user can see, and a file larger
+// than the buffer is read whole.
+func TestProcReads(t *testing.T) {
+	names, err := procEntries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, name := range names {
+		pid, err := strconv.Atoi(name)
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + name + "/stat")
+		got, ok := startTicks(pid)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		fields := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
+		want, werr := strconv.ParseUint(string(fields[19]), 10, 64)
+		if !ok || werr != nil || got != want {
+			t.Errorf("startTicks(%d) = %d, %v; the file says %d", pid, got, ok, want)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("no process checked")
+	}
+	want, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := readProc("/proc/self/status", make([]byte, 8))
+	if !ok || !bytes.HasPrefix(got, want[:bytes.IndexByte(want, '\n')]) || len(got) < len(want)/2 {
+		t.Errorf("readProc with a small buffer = %q, %v", got, ok)
+	}
+	if n, ok := readInt("/proc/sys/kernel/pid_max"); !ok || n < 300 {
+		t.Errorf("readInt(pid_max) = %d, %v", n, ok)
+	}
+	for _, tt := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{{"0", 0, true}, {"12345", 12345, true}, {"", 0, false}, {"-1", 0, false}, {"1x", 0, false}, {"99999999999999999999", 0, false}} {
+		if got, ok := parseUint([]byte(tt.in)); got != tt.want || ok != tt.ok {
+			t.Errorf("parseUint(%q) = %d, %v", tt.in, got, ok)
 		}
 	}
 }

@@ -13,14 +13,17 @@ import (
 // the stdout and stderr copiers can share one to build a combined tail.
 type ring struct {
 	mu    sync.Mutex
-	buf   []byte // fixed capacity; len(buf) == size
+	size  int    // the capacity
+	buf   []byte // nil until the first byte is written, then len(buf) == size
 	w     int    // next write position
 	full  bool   // buf has wrapped at least once
 	total int64  // bytes ever written
 }
 
+// newRing returns a ring of size bytes; they are allocated by the first
+// write, so a process that prints nothing costs none.
 func newRing(size int) *ring {
-	return &ring{buf: make([]byte, size)}
+	return &ring{size: size}
 }
 
 // Write records p, dropping the oldest bytes beyond the capacity. It never
@@ -30,9 +33,12 @@ func (r *ring) Write(p []byte) (int, error) {
 	defer r.mu.Unlock()
 	n := len(p)
 	r.total += int64(n)
-	size := len(r.buf)
-	if size == 0 {
+	size := r.size
+	if size == 0 || n == 0 {
 		return n, nil
+	}
+	if r.buf == nil {
+		r.buf = make([]byte, size)
 	}
 	if len(p) >= size {
 		copy(r.buf, p[len(p)-size:])
@@ -113,21 +119,28 @@ func (s sink) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// sinkReadBuffer is the buffer ReadFrom reads through.
-const sinkReadBuffer = 8 << 10
+// sinkReadBuffer is the buffer ReadFrom reads through, once a read has
+// filled sinkFirstBuffer.
+const (
+	sinkFirstBuffer = 512
+	sinkReadBuffer  = 8 << 10
+)
 
-// ReadFrom copies r into the sink through a buffer of sinkReadBuffer
-// bytes: exec's copying goroutines (io.Copy) would otherwise take 32 KiB
-// each, for stdout and stderr, for every process run, most of which
-// print a few lines.
+// ReadFrom copies r into the sink through a buffer of sinkFirstBuffer
+// bytes, then, once a read fills it, of sinkReadBuffer: exec's copying
+// goroutines (io.Copy) would otherwise take 32 KiB each, for stdout and
+// stderr, for every process run, most of which print a few lines or none.
 func (s sink) ReadFrom(r io.Reader) (int64, error) {
-	buf := make([]byte, sinkReadBuffer)
+	buf := make([]byte, sinkFirstBuffer)
 	var n int64
 	for {
 		k, err := r.Read(buf)
 		if k > 0 {
 			_, _ = s.Write(buf[:k])
 			n += int64(k)
+		}
+		if k == len(buf) && len(buf) < sinkReadBuffer {
+			buf = make([]byte, sinkReadBuffer)
 		}
 		if err == io.EOF {
 			return n, nil

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"math"
 	"os"
 	"strconv"
 	"syscall"
@@ -75,8 +76,9 @@ func skippable(leader int, forks, now uint64, last, pidMax int) int {
 // forkCount is the number of processes and threads created since boot
 // ("processes" in /proc/stat).
 func forkCount() (uint64, bool) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
+	var buf [16 << 10]byte
+	b, ok := readProc("/proc/stat", buf[:])
+	if !ok {
 		return 0, false
 	}
 	i := bytes.Index(b, []byte("\nprocesses "))
@@ -87,17 +89,63 @@ func forkCount() (uint64, bool) {
 	if j := bytes.IndexByte(line, '\n'); j >= 0 {
 		line = line[:j]
 	}
-	n, err := strconv.ParseUint(string(bytes.TrimSpace(line)), 10, 64)
-	return n, err == nil
+	return parseUint(bytes.TrimSpace(line))
 }
 
 func readInt(path string) (int, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
+	var buf [64]byte
+	b, ok := readProc(path, buf[:])
+	if !ok {
 		return 0, false
 	}
-	n, err := strconv.Atoi(string(bytes.TrimSpace(b)))
-	return n, err == nil
+	n, ok := parseUint(bytes.TrimSpace(b))
+	return int(n), ok && n <= math.MaxInt32
+}
+
+// readProc returns the contents of a file of /proc, read into buf when
+// they fit, else into a new buffer. /proc's files say they are empty and
+// are made as they are read: os.ReadFile would start small and grow its
+// buffer several times for each, and a run reads several.
+func readProc(path string, buf []byte) ([]byte, bool) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, false
+	}
+	n := 0
+	for n < len(buf) {
+		k, err := syscall.Read(fd, buf[n:])
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			_ = syscall.Close(fd)
+			return nil, false
+		}
+		if k == 0 {
+			_ = syscall.Close(fd)
+			return buf[:n], true
+		}
+		n += k
+	}
+	_ = syscall.Close(fd)
+	b, err := os.ReadFile(path) // larger than buf
+	return b, err == nil
+}
+
+// parseUint parses decimal digits (at most 19, so it cannot overflow)
+// without making a string of them.
+func parseUint(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 19 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n, true
 }
 
 // sweep kills, with SIGKILL, every process of this user that started no
@@ -176,8 +224,9 @@ func kill(pid int, marker []byte) bool {
 // startTicks returns when pid started, in clock ticks since boot (field 22
 // of /proc/PID/stat).
 func startTicks(pid int) (uint64, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	var buf [1 << 10]byte
+	b, ok := readProc("/proc/"+strconv.Itoa(pid)+"/stat", buf[:])
+	if !ok {
 		return 0, false
 	}
 	// The command name, in parentheses, may hold spaces: fields count from
@@ -186,12 +235,21 @@ func startTicks(pid int) (uint64, bool) {
 	if i < 0 {
 		return 0, false
 	}
-	fields := bytes.Fields(b[i+1:])
-	if len(fields) < 20 {
-		return 0, false
+	rest := b[i+1:]
+	for field := 3; ; field++ {
+		rest = bytes.TrimLeft(rest, " ")
+		end := bytes.IndexAny(rest, " \n")
+		if end < 0 {
+			end = len(rest)
+		}
+		if end == 0 {
+			return 0, false // fewer fields
+		}
+		if field == 22 {
+			return parseUint(rest[:end])
+		}
+		rest = rest[end:]
 	}
-	n, err := strconv.ParseUint(string(fields[19]), 10, 64)
-	return n, err == nil
 }
 
 // hasVar reports whether env (NUL-separated KEY=VALUE entries) holds
