@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -530,5 +531,40 @@ func TestFetchDefinition(t *testing.T) {
 		if !errors.Is(err, schemas.ErrBadName) || len(f.paths) != 0 {
 			t.Errorf("path %q: err %v, %d fetches; want ErrBadName and none", bad, err, len(f.paths))
 		}
+	}
+}
+
+// BenchmarkLifecycle is a job's workspace from start to end, as a worker
+// uses it for a step with one input and one output: made, the input and
+// the prompt and feedback written, the output opened, removed. One
+// session's jobs follow each other in one work dir.
+func BenchmarkLifecycle(b *testing.B) {
+	base := b.TempDir()
+	f := &fakeFetcher{}
+	refs := []schemas.ArtifactRef{{Name: "a.txt", Object: "o1"}}
+	b.ReportAllocs()
+	for i := range b.N {
+		w, err := workspace.Create(base, "s"+strconv.Itoa(i/3), "step-1-1")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := w.Fetch(context.Background(), f, refs, w.In); err != nil {
+			b.Fatal(err)
+		}
+		if err := w.WriteText("the prompt", ""); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(w.Out, "b.txt"), nil, 0o600); err != nil {
+			b.Fatal(err)
+		}
+		out, _, err := w.OpenOutput("b.txt", 1<<20)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out.Close()
+		if err := w.Remove(); err != nil {
+			b.Fatal(err)
+		}
+		f.paths = f.paths[:0]
 	}
 }
