@@ -27,8 +27,8 @@ import (
 )
 
 // authServer starts a JetStream server with opts (host, port and store
-// are filled in) and returns its client URL.
-func authServer(t *testing.T, opts *server.Options) string {
+// are filled in).
+func authServer(t *testing.T, opts *server.Options) *server.Server {
 	t.Helper()
 	opts.Host, opts.Port = "127.0.0.1", -1
 	opts.JetStream, opts.StoreDir = true, t.TempDir()
@@ -43,7 +43,7 @@ func authServer(t *testing.T, opts *server.Options) string {
 		t.Fatal("nats server not ready")
 	}
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv.ClientURL()
+	return srv
 }
 
 // writeFile writes a secret file (mode 0600) under dir and returns its path.
@@ -226,43 +226,53 @@ func TestConnectAuth(t *testing.T) {
 		}, cfg: bus.Config{User: "alice", Password: password, TLSCA: certs.ca, TLSCert: certs.clientCert, TLSKey: certs.clientKey}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			cfg := tt.cfg
-			cfg.URL = authServer(t, tt.server())
-			// No ConnectTimeout: a refusal must end Connect by itself, not
-			// by retrying until the context ends.
-			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-			defer cancel()
-			b, err := bus.Connect(ctx, cfg, "test/auth", catalogue(t), zerolog.Nop())
-			if tt.wantErr == "" {
-				if err != nil {
-					t.Fatalf("Connect: %v", err)
+		for _, inProcess := range []bool{false, true} {
+			name := tt.name
+			if inProcess {
+				name += " in process"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				cfg := tt.cfg
+				srv := authServer(t, tt.server())
+				cfg.URL = srv.ClientURL()
+				if inProcess {
+					cfg.InProcess = srv // the same checks, the same answers
 				}
-				defer b.Close()
-				// Provisioned and usable over this connection.
-				if _, err := b.Publish(ctx, jobStarted("auth-1", "e1")); err != nil {
-					t.Fatalf("Publish: %v", err)
+				// No ConnectTimeout: a refusal must end Connect by itself, not
+				// by retrying until the context ends.
+				ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+				defer cancel()
+				b, err := bus.Connect(ctx, cfg, "test/auth", catalogue(t), zerolog.Nop())
+				if tt.wantErr == "" {
+					if err != nil {
+						t.Fatalf("Connect: %v", err)
+					}
+					defer b.Close()
+					// Provisioned and usable over this connection.
+					if _, err := b.Publish(ctx, jobStarted("auth-1", "e1")); err != nil {
+						t.Fatalf("Publish: %v", err)
+					}
+					return
 				}
-				return
-			}
-			if err == nil {
-				b.Close()
-				t.Fatalf("Connect succeeded, want an error containing %q", tt.wantErr)
-			}
-			t.Logf("error: %v", err)
-			if errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("Connect retried until the deadline instead of failing at once: %v", err)
-			}
-			if !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(tt.wantErr)) {
-				t.Errorf("error %q does not contain %q", err, tt.wantErr)
-			}
-			for _, s := range tt.secrets {
-				if strings.Contains(err.Error(), strings.TrimSpace(s)) {
-					t.Errorf("error leaks a secret: %v", err)
+				if err == nil {
+					b.Close()
+					t.Fatalf("Connect succeeded, want an error containing %q", tt.wantErr)
 				}
-			}
-		})
+				t.Logf("error: %v", err)
+				if errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("Connect retried until the deadline instead of failing at once: %v", err)
+				}
+				if !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(tt.wantErr)) {
+					t.Errorf("error %q does not contain %q", err, tt.wantErr)
+				}
+				for _, s := range tt.secrets {
+					if strings.Contains(err.Error(), strings.TrimSpace(s)) {
+						t.Errorf("error leaks a secret: %v", err)
+					}
+				}
+			})
+		}
 	}
 }
 
@@ -303,7 +313,7 @@ func TestConnectPermissions(t *testing.T) {
 		user("reader", lookup...),
 		user("blind", "loopbus.evt.>"),
 		user("worker", append([]string{"loopbus.evt.*.job.started"}, lookup...)...),
-	}})
+	}}).ClientURL()
 	cat := catalogue(t)
 	connect := func(t *testing.T, name string, log zerolog.Logger) (*bus.Bus, error) {
 		t.Helper()

@@ -451,7 +451,7 @@ func natsOptions(cfg Config, log zerolog.Logger, cs *connState) ([]nats.Option, 
 		}),
 	}
 	if cfg.InProcess != nil {
-		opts = append(opts, nats.InProcessServer(cfg.InProcess))
+		opts = append(opts, nats.InProcessServer(inProcess{cfg.InProcess}))
 	}
 	if cfg.User != "" {
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))

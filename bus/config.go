@@ -36,8 +36,12 @@ type Config struct {
 	URL string
 	// InProcess, when set, is a server running in this process (an
 	// Embedded's InProcess): the connection goes to it through memory
-	// instead of a socket, with the same protocol and authentication, at
-	// about half the cost of a round trip. URL then only names it in logs.
+	// instead of a socket, with the same protocol, authentication and
+	// refusals (docs/PERFORMANCE.md has what it saves). URL still says
+	// whether to use TLS (tls://) and is the URL ServerURL reports. The
+	// connection is to that one server: once it is shut down the bus
+	// reconnects to nothing, even to a server started again on the same
+	// data directory.
 	InProcess nats.InProcessConnProvider
 	// Name is the connection name shown by the server (e.g. "agentworker").
 	Name string

@@ -131,7 +131,7 @@ type Embedded struct {
 func (e *Embedded) URL() string { return e.url }
 
 // InProcess is the server as Config.InProcess, for connections of this
-// process that go to it through memory.
+// process that go to it through memory, for as long as it runs.
 func (e *Embedded) InProcess() nats.InProcessConnProvider { return e.srv }
 
 // Server exposes the underlying server (for tests and the nats command).

@@ -340,14 +340,16 @@ func TestInProcessConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t)
-	// Refused, the in-process connection is closed, not answered with an
-	// error the client reads: it is retried until the timeout.
-	cfg := bus.Config{URL: "nats://127.0.0.1:1", InProcess: srv.InProcess(), Name: "inproc", ConnectTimeout: time.Second}
+	// Refused, it fails at once, as over the socket (no ConnectTimeout:
+	// only the refusal can end Connect).
+	cfg := bus.Config{URL: "nats://127.0.0.1:1", InProcess: srv.InProcess(), Name: "inproc"}
 	if b, err := bus.Connect(ctx, cfg, "test/inproc", cat, testnats.Logger(t)); err == nil {
 		b.Close()
 		t.Fatal("an in-process connection without the token was accepted")
+	} else if !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("refused in process: %v, want the server's refusal", err)
 	}
-	cfg.Token, cfg.ConnectTimeout = "s3cret-token", 10*time.Second
+	cfg.Token = "s3cret-token"
 	b, err := bus.Connect(ctx, cfg, "test/inproc", cat, testnats.Logger(t))
 	if err != nil {
 		t.Fatalf("Connect in process: %v", err)

@@ -243,7 +243,7 @@ func TestFetch(t *testing.T) {
 				}
 			}
 			if tt.wantErr != nil {
-				// A failed fetch leaves no file, partial or whole.
+				// A failed fetch removes the file it was writing.
 				if left, _ := os.ReadDir(w.In); len(left) != 0 {
 					t.Errorf("a failed Fetch left %v in in/", left)
 				}
