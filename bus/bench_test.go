@@ -106,3 +106,47 @@ func BenchmarkDecision(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkConn publishes one event and waits for its ack, over the
+// server's socket and through memory (Config.InProcess, as `loopbus
+// serve` connects to its own server), alternating in rounds of 100, on a
+// server that flushes periodically (the socket is then most of a publish).
+func BenchmarkConn(b *testing.B) {
+	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: b.TempDir(), RelaxedSync: true}, testnats.Logger(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.Shutdown)
+	conns := map[string]*bus.Bus{
+		"socket":     testnats.Connect(b, srv.URL(), "bench/socket"),
+		"in_process": testnats.ConnectConfig(b, bus.Config{URL: srv.URL(), Name: "bench/in-process", InProcess: srv.InProcess()}, "bench/in-process", testnats.Logger(b)),
+	}
+	evs := make([]schemas.Event, 2*b.N)
+	for i := range evs {
+		evs[i] = benchEvent(i)
+	}
+	ctx := context.Background()
+	spent := map[string]time.Duration{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i += 100 {
+		for _, kind := range []string{"socket", "in_process"} {
+			start := time.Now()
+			for j := i; j < min(i+100, b.N); j++ {
+				k := 2 * j
+				if kind == "in_process" {
+					k++
+				}
+				if _, err := conns[kind].Publish(ctx, evs[k]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			spent[kind] += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	for kind, d := range spent {
+		b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), kind+"_ns/event")
+	}
+	b.ReportMetric(float64(spent["in_process"])/float64(spent["socket"]), "in_process/socket")
+	b.ReportMetric(0, "ns/op")
+}
