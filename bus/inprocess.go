@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -45,10 +46,9 @@ type queuedConn struct {
 	done    chan struct{} // closed when send returns
 }
 
-// closeFlush bounds how long Close waits for the queue to be sent: as
-// long as a socket's close lingers is not needed, a server that reads
-// nothing more gets its pipe closed.
-const closeFlush = 2 * time.Second
+// closeFlush bounds how long Close waits for the queue to be sent before
+// it closes the pipe anyway.
+const closeFlush = 500 * time.Millisecond
 
 func newQueuedConn(c net.Conn) *queuedConn {
 	q := &queuedConn{Conn: c, done: make(chan struct{})}
@@ -57,7 +57,8 @@ func newQueuedConn(c net.Conn) *queuedConn {
 	return q
 }
 
-// Write queues p; it waits only while maxQueued bytes are queued.
+// Write queues p; it waits only while at least maxQueued bytes are
+// queued (so the queue holds at most maxQueued plus one write).
 func (q *queuedConn) Write(p []byte) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -88,8 +89,11 @@ func (q *queuedConn) send() {
 		if len(q.queue) == 0 {
 			return // closing, and all sent
 		}
+		// out is sent while Write fills the other buffer; spare is nil
+		// until out is done with, so the two never share an array.
 		out := q.queue
-		q.queue = q.spare[:0]
+		q.queue, q.spare = q.spare[:0], nil
+		q.cond.Broadcast() // room for writers waiting on a full queue
 		q.mu.Unlock()
 		_, err := q.Conn.Write(out)
 		q.mu.Lock()
@@ -106,12 +110,15 @@ func (q *queuedConn) send() {
 }
 
 // Close sends what is queued, as a socket's close does (for at most
-// closeFlush), then closes the pipe.
+// closeFlush), then closes the pipe. Meanwhile whatever the server writes
+// is read and dropped: a server blocked writing to this end (a refusal, a
+// TLS alert) could not read the rest of the queue otherwise.
 func (q *queuedConn) Close() error {
 	q.mu.Lock()
 	q.closing = true
 	q.cond.Broadcast()
 	q.mu.Unlock()
+	go func() { _, _ = io.Copy(io.Discard, q.Conn) }() // ends when the pipe is closed
 	t := time.NewTimer(closeFlush)
 	defer t.Stop()
 	select {

@@ -172,9 +172,7 @@ func (b *Bus) PutArtifact(ctx context.Context, object, name string, r io.Reader)
 	}
 
 	cp := chunkPut{b: b, start: time.Now()}
-	// The first chunk's buffer grows with what is read: most artifacts
-	// are far smaller than a chunk.
-	cur, err := io.ReadAll(io.LimitReader(r, ArtifactChunkSize))
+	cur, err := readFirstChunk(r)
 	if err != nil {
 		return fail(err)
 	}
@@ -239,6 +237,27 @@ func (b *Bus) PutArtifact(ctx context.Context, object, name string, r io.Reader)
 }
 
 // readChunk fills buf from r; it returns fewer bytes only at the end.
+// readFirstChunk reads up to a chunk from r into a buffer that grows with
+// what is read, in three steps: most artifacts are far smaller than a
+// chunk, and a full chunk's buffer is exactly a chunk (chunkPut reuses
+// it).
+func readFirstChunk(r io.Reader) ([]byte, error) {
+	var buf []byte
+	for _, size := range [...]int{512, 16 << 10, ArtifactChunkSize} {
+		next := make([]byte, size)
+		have := copy(next, buf)
+		n, err := readChunk(r, next[have:])
+		if err != nil {
+			return nil, err
+		}
+		buf = next[:have+n]
+		if have+n < size {
+			break
+		}
+	}
+	return buf, nil
+}
+
 func readChunk(r io.Reader, buf []byte) (int, error) {
 	n, err := io.ReadFull(r, buf)
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {

@@ -224,7 +224,7 @@ func (s *Secrets) Find(r io.Reader) (string, error) {
 	sc := &scanner{s: s}
 	size := int64(findBuffer)
 	if lr, ok := r.(*io.LimitedReader); ok {
-		size = max(min(size, lr.N+1), 1) // +1: the read that sees the end
+		size = max(min(size-1, lr.N), 0) + 1 // +1: the read that sees the end
 	}
 	buf := make([]byte, size)
 	for {

@@ -582,10 +582,13 @@ func TestProcReads(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + name + "/stat")
 		got, ok := startTicks(pid)
-		if err != nil {
+		b, err := os.ReadFile("/proc/" + name + "/stat")
+		if (!ok || err != nil) && pid != os.Getpid() {
 			continue // gone meanwhile
+		}
+		if err != nil {
+			t.Fatal(err)
 		}
 		fields := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
 		want, werr := strconv.ParseUint(string(fields[19]), 10, 64)

@@ -108,6 +108,9 @@ func readInt(path string) (int, bool) {
 // buffer several times for each, and a run reads several.
 func readProc(path string, buf []byte) ([]byte, bool) {
 	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	for errors.Is(err, syscall.EINTR) {
+		fd, err = syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return nil, false
 	}
