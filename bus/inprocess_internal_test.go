@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -51,11 +52,7 @@ func TestQueuedConn(t *testing.T) {
 	if _, err := q.Write([]byte("x")); err != nil {
 		t.Fatalf("first Write = %v, want it queued", err)
 	}
-	select { // the sender meets the closed end
-	case <-q.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the sender did not stop at the closed end")
-	}
+	awaitIdle(t, q) // the sender met the closed end
 	if _, err := q.Write([]byte("y")); !errors.Is(err, io.ErrClosedPipe) {
 		t.Errorf("Write after a failed send = %v, want the send's error", err)
 	}
@@ -149,6 +146,120 @@ func TestQueuedConnLargeThenSmall(t *testing.T) {
 	}
 	if got := read(500); !bytes.Equal(got, fill('c', 500)) {
 		t.Fatalf("read %q…, want the c's", got[:16])
+	}
+}
+
+// TestQueuedConnNoIdleGoroutine: once what was queued is sent, no
+// goroutine is left: nats.go drops a connection whose reconnect failed
+// without closing it.
+func TestQueuedConnNoIdleGoroutine(t *testing.T) {
+	client, server := net.Pipe()
+	q := newQueuedConn(client)
+	msg := []byte("CONNECT {}\r\nPING\r\n")
+	go func() {
+		_, _ = io.ReadFull(server, make([]byte, len(msg)))
+		server.Close()
+	}()
+	if _, err := q.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	awaitIdle(t, q)
+}
+
+// TestQueuedConnDeadlines: a write deadline bounds Write's wait for room
+// in the queue, and never the sending of what was queued before it
+// (tls.Conn's Close sets one to now before it closes the connection).
+func TestQueuedConnDeadlines(t *testing.T) {
+	client, server := net.Pipe()
+	q := newQueuedConn(client)
+	want := bytes.Repeat([]byte("PUB x 1\r\nA\r\n"), 100)
+	if _, err := q.Write(want); err != nil {
+		t.Fatal(err)
+	}
+	_ = q.SetWriteDeadline(time.Now()) // nobody reads yet
+	got := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(server)
+		got <- b
+	}()
+	q.Close()
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, want) {
+			t.Fatalf("the server read %d bytes of the %d queued before the deadline", len(b), len(want))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not finish")
+	}
+
+	// Nobody reads: the queue fills, and Write fails at its deadline.
+	client, _ = net.Pipe()
+	q = newQueuedConn(client)
+	defer q.Close()
+	errc := make(chan error, 1)
+	go func() {
+		p := make([]byte, 64<<10)
+		for {
+			_ = q.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+			if _, err := q.Write(p); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Write on a full queue = %v, want os.ErrDeadlineExceeded", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Write waited on a full queue past its deadline")
+	}
+}
+
+// TestQueuedConnCloseWhileServerWrites: Close still delivers the queue to
+// a server that first writes to this end (a refusal, a TLS alert) and
+// reads only once that write is taken.
+func TestQueuedConnCloseWhileServerWrites(t *testing.T) {
+	client, server := net.Pipe()
+	q := newQueuedConn(client)
+	want := []byte("PING\r\n")
+	got := make(chan []byte)
+	go func() {
+		if _, err := server.Write([]byte("-ERR 'Authorization Violation'\r\n")); err != nil {
+			got <- nil
+			return
+		}
+		b, _ := io.ReadAll(server)
+		got <- b
+	}()
+	if _, err := q.Write(want); err != nil {
+		t.Fatal(err)
+	}
+	q.Close()
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, want) {
+			t.Fatalf("the server read %q, want %q", b, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not finish")
+	}
+}
+
+// awaitIdle waits until q's sender has returned.
+func awaitIdle(t *testing.T, q *queuedConn) {
+	t.Helper()
+	q.mu.Lock()
+	idle := q.idle
+	q.mu.Unlock()
+	if idle == nil {
+		return
+	}
+	select {
+	case <-idle:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sender is still running")
 	}
 }
 
