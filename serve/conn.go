@@ -53,12 +53,23 @@ func (c *Conn) OwnsServer() bool { return c.srv != nil }
 // waiting once if it has to wait, until they leave or ctx ends; then it
 // stops the server.
 func (c *Conn) Close(ctx context.Context, waiting func()) {
+	cid, cidErr := c.Bus.Conn().GetClientID()
 	c.Bus.Close()
 	if c.srv == nil {
 		return
 	}
+	// The server sees this process's own connection go a moment after
+	// Close returns (in process: once its reader meets the closed pipe);
+	// the clients left after that are other commands'.
+	srv := c.srv.Server()
+	for cidErr == nil && srv.GetClient(cid) != nil && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 	told := false
-	for c.srv.Server().NumClients() > 0 && ctx.Err() == nil {
+	for srv.NumClients() > 0 && ctx.Err() == nil {
 		if !told && waiting != nil {
 			waiting()
 		}

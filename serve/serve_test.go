@@ -97,6 +97,25 @@ func TestStartAndClose(t *testing.T) {
 	}
 }
 
+// TestCloseAlone: a command alone on its data directory stops the server
+// without waiting for anyone or saying it does (its own connection, in
+// process, is gone once the server has seen it close).
+func TestCloseAlone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	emb := bus.EmbeddedConfig{DataDir: t.TempDir()}
+	for i := range 5 {
+		c, err := serve.Open(ctx, bus.Config{Name: "alone"}, emb, "test/alone", testnats.Logger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Bus.LastSeq(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c.Close(ctx, func() { t.Errorf("round %d: Close waited for other commands, with none running", i) })
+	}
+}
+
 func TestOpenSharesTheDataDirectoryServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
