@@ -27,7 +27,8 @@ func (ip inProcess) InProcessConn() (net.Conn, error) {
 const maxQueued = 1 << 20
 
 // queuedConn is a net.Conn whose writes are queued and sent by a goroutine
-// of its own, so that a write never waits for the other end to read.
+// that runs while there is something to send, so that a write never waits
+// for the other end to read.
 // net.Pipe, which in-process connections are, has no buffer at all, and
 // nats.go writes CONNECT and PING one after the other: a server that
 // refuses CONNECT writes its -ERR while the client still writes PING, and
