@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 // tamperingBus is a real bus whose deliveries are altered after decoding,
@@ -226,13 +228,70 @@ echo '{}' > report.json
 		t.Errorf("%d artifact.stored, want 1", n)
 	}
 	waitAcked(t, b)
-	// The workspace, odd names and all, is gone, and nothing of the
-	// session is left in the work dir.
+	// The workspace's files, odd names and all, are gone, and nothing of
+	// the session is left in the work dir: at most the emptied workspace,
+	// kept for the next job.
 	left, err := os.ReadDir(workDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(left) != 0 {
-		t.Errorf("workspace left behind: %v", left)
+	for _, e := range left {
+		if !strings.HasPrefix(e.Name(), workspace.IdlePrefix) {
+			t.Errorf("workspace left behind: %s", e.Name())
+			continue
+		}
+		var inside []string
+		_ = filepath.WalkDir(filepath.Join(workDir, e.Name()), func(path string, _ os.DirEntry, _ error) error {
+			inside = append(inside, path)
+			return nil
+		})
+		if len(inside) != 3 { // the directory, in/ and out/
+			t.Errorf("kept workspace holds %v, want only empty in/ and out/", inside)
+		}
+	}
+}
+
+// TestNextJobSeesCleanWorkspace: the worker keeps emptied workspaces for
+// the next job; what one job's agent left (files anywhere, directories,
+// a read-only file, a link) is never seen by the next, and the modes it
+// changed are not kept.
+func TestNextJobSeesCleanWorkspace(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	workDir := t.TempDir()
+	startWorker(t, b, agentworker.Config{ID: "w1", WorkDir: workDir, Concurrency: 1})
+	messy := writeScript(t, `set -eu
+cd "$LOOPBUS_WORKSPACE"
+echo left > stray.txt
+mkdir -p out/deep/er in/more
+echo left > out/deep/er/f
+echo left > in/more/g
+echo left > out/extra.txt
+ln -s / out/root
+echo left > ro && chmod 0400 ro
+echo done > out/report.txt
+`)
+	look := writeScript(t, `set -eu
+cd "$LOOPBUS_WORKSPACE"
+seen=$(ls -A . ; echo --; ls -A in ; echo --; ls -A out ; echo --; stat -c %a . in out)
+printf '%s\n' "$seen" > out/look.txt
+`)
+	for i, step := range []struct {
+		argv []string
+		out  string
+	}{{messy, "report.txt"}, {look, "look.txt"}, {messy, "report.txt"}, {look, "look.txt"}} {
+		jr := request("s1.job"+strconv.Itoa(i), "job"+strconv.Itoa(i), 1, step.argv, step.out)
+		publishRequest(t, b, jr)
+		all, res := waitResult(t, b, jr.JobID)
+		jc, ok := res.Data.(*schemas.JobCompleted)
+		if !ok || len(jc.Artifacts) != 1 {
+			t.Fatalf("job %d: result %s; events:%s", i, res.Type, describe(ofJob(all, jr.JobID)))
+		}
+		if step.out != "look.txt" {
+			continue
+		}
+		want := "feedback.md\nin\nout\nprompt.md\n--\n--\n--\n700\n700\n700\n"
+		if got := string(fetch(t, b, jc.Artifacts[0])); got != want {
+			t.Errorf("job %d saw its workspace as\n%s\nwant\n%s", i, got, want)
+		}
 	}
 }

@@ -227,6 +227,9 @@ type Service struct {
 	caches *gitrepo.Caches
 	// cancels are the job.cancelled followed so far.
 	cancels *cancelMemory
+	// workspaces are the jobs' workspaces, emptied and kept for the next
+	// while Run runs.
+	workspaces *workspace.Pool
 }
 
 // New returns a worker.
@@ -250,9 +253,13 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	pool, err := workspace.NewPool(cfg.WorkDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	s := &Service{cfg: cfg, bus: b, log: log, now: now, lanes: table, has: map[string]bool{},
 		running: map[string]*runningJob{}, refused: map[string]bool{}, caches: gitrepo.NewCaches(cfg.RepoCache),
-		cancels: newCancelMemory(followedCancelLimit)}
+		cancels: newCancelMemory(followedCancelLimit), workspaces: pool}
 	for _, l := range cfg.Lanes {
 		s.has[l] = true
 	}
@@ -277,6 +284,11 @@ const maxDeliveries = 10000
 // Alongside, Run follows job.cancelled from its start on and kills the
 // agents of cancelled jobs (see followCancellations).
 func (s *Service) Run(ctx context.Context) error {
+	defer func() {
+		if err := s.workspaces.Close(); err != nil {
+			s.log.Warn().Err(err).Msg("removing idle workspaces")
+		}
+	}()
 	from, err := s.followStart(ctx)
 	if err != nil || ctx.Err() != nil {
 		return err
@@ -520,7 +532,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 		return fail("refusing the job request: "+err.Error(), -1, 0, "")
 	}
 
-	ws, err := workspace.Create(s.cfg.WorkDir, req.Session, fmt.Sprintf("%s-%s-%d", jr.Step, strconv.Itoa(jr.Iteration), d.NumDelivered))
+	ws, err := s.workspaces.Create(req.Session, fmt.Sprintf("%s-%s-%d", jr.Step, strconv.Itoa(jr.Iteration), d.NumDelivered))
 	if err != nil {
 		return err
 	}

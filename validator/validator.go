@@ -108,6 +108,9 @@ type Service struct {
 	now func() time.Time
 
 	caches *gitrepo.Caches
+	// workspaces are the validate commands' workspaces, emptied and
+	// kept for the next while Run runs.
+	workspaces *workspace.Pool
 }
 
 // New returns a validator.
@@ -138,7 +141,11 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if _, err := workspace.NewSecrets(cfg.Env, cfg.SecretEnv); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return &Service{cfg: cfg, bus: b, log: log, now: now, caches: gitrepo.NewCaches(cfg.RepoCache)}, nil
+	pool, err := workspace.NewPool(cfg.WorkDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return &Service{cfg: cfg, bus: b, log: log, now: now, caches: gitrepo.NewCaches(cfg.RepoCache), workspaces: pool}, nil
 }
 
 // ConsumerName is the durable consumer validator replicas share.
@@ -147,6 +154,11 @@ const ConsumerName = "validator"
 // Run validates completed jobs until ctx ends. A job.completed is
 // acknowledged after its verdict is published.
 func (s *Service) Run(ctx context.Context) error {
+	defer func() {
+		if err := s.workspaces.Close(); err != nil {
+			s.log.Warn().Err(err).Msg("removing idle workspaces")
+		}
+	}()
 	s.log.Info().Msg("validator ready")
 	return s.bus.Consume(ctx, bus.ConsumerConfig{
 		Durable:     ConsumerName,
@@ -237,7 +249,7 @@ func (s *Service) check(ctx context.Context, session string, jr *schemas.JobRequ
 	var ws *workspace.Workspace
 	if len(jr.Validate) > 0 {
 		var err error
-		if ws, err = workspace.Create(s.cfg.WorkDir, session, fmt.Sprintf("%s-%d", jr.Step, jr.Iteration)); err != nil {
+		if ws, err = s.workspaces.Create(session, fmt.Sprintf("%s-%d", jr.Step, jr.Iteration)); err != nil {
 			return nil, nil, err
 		}
 		if !s.cfg.KeepWorkspaces {

@@ -30,6 +30,8 @@ type Fetcher interface {
 // the prompt file and the feedback file.
 type Workspace struct {
 	Root, In, Out, PromptFile, FeedbackFile string
+
+	pool *Pool // nil: Remove deletes it
 }
 
 // Create makes a new, empty workspace directly under base (made if
@@ -38,44 +40,61 @@ type Workspace struct {
 // cache, repos/). Nothing per session is left behind once the workspace is
 // removed. Create never reuses or removes an existing directory: workers
 // on one machine (or ones serving different streams that happen to use the
-// same session id) cannot touch each other's workspaces. session and name
-// must be safe tokens.
+// same session id) cannot touch each other's workspaces (a Pool reuses
+// only those it made itself). session and name must be safe tokens.
 func Create(base, session, name string) (*Workspace, error) {
-	if err := schemas.ValidateSessionID(session); err != nil {
-		return nil, err
-	}
-	if err := schemas.ValidateName(name); err != nil {
+	if err := checkNames(session, name); err != nil {
 		return nil, err
 	}
 	abs, err := filepath.Abs(base)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("workspace: %w", err)
 	}
+	return create(abs, session+"."+name+"-")
+}
+
+// create makes a new workspace named prefix+RANDOM under the absolute
+// directory base (made if missing).
+func create(base, prefix string) (*Workspace, error) {
 	// base exists but for the first job: it is made only when missing,
 	// not looked up for every job.
-	root, err := os.MkdirTemp(abs, session+"."+name+"-")
+	root, err := os.MkdirTemp(base, prefix)
 	if errors.Is(err, os.ErrNotExist) {
-		if err = os.MkdirAll(abs, 0o700); err == nil {
-			root, err = os.MkdirTemp(abs, session+"."+name+"-")
+		if err = os.MkdirAll(base, 0o700); err == nil {
+			root, err = os.MkdirTemp(base, prefix)
 		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("workspace: %w", err)
 	}
-	w := &Workspace{
-		Root: root, In: filepath.Join(root, "in"), Out: filepath.Join(root, "out"),
-		PromptFile: filepath.Join(root, "prompt.md"), FeedbackFile: filepath.Join(root, "feedback.md"),
-	}
+	w := layout(root)
 	for _, d := range []string{w.In, w.Out} {
 		if err := os.Mkdir(d, 0o700); err != nil {
+			_ = os.RemoveAll(root)
 			return nil, fmt.Errorf("workspace: %w", err)
 		}
 	}
 	return w, nil
 }
 
-// Remove deletes the workspace.
-func (w *Workspace) Remove() error { return os.RemoveAll(w.Root) }
+// layout names the parts of the workspace at root.
+func layout(root string) *Workspace {
+	return &Workspace{
+		Root: root, In: filepath.Join(root, "in"), Out: filepath.Join(root, "out"),
+		PromptFile: filepath.Join(root, "prompt.md"), FeedbackFile: filepath.Join(root, "feedback.md"),
+	}
+}
+
+// Remove deletes the workspace, or, for one of a Pool, empties it and
+// gives it back to the pool.
+func (w *Workspace) Remove() error {
+	if w.pool != nil {
+		if kept, err := w.pool.put(w); kept {
+			return err
+		}
+	}
+	return os.RemoveAll(w.Root)
+}
 
 // Fetch writes each artifact into dir under its own name. Every name is
 // validated before anything is fetched, so nothing lands outside dir and a

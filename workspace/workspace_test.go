@@ -537,14 +537,30 @@ func TestFetchDefinition(t *testing.T) {
 // BenchmarkLifecycle is a job's workspace from start to end, as a worker
 // uses it for a step with one input and one output: made, the input and
 // the prompt and feedback written, the output opened, removed. One
-// session's jobs follow each other in one work dir.
+// session's jobs follow each other in one work dir: "new" makes and
+// removes every workspace (Create), "pool" empties and reuses them (Pool).
 func BenchmarkLifecycle(b *testing.B) {
-	base := b.TempDir()
+	b.Run("new", func(b *testing.B) {
+		base := b.TempDir()
+		lifecycles(b, func(session string) (*workspace.Workspace, error) { return workspace.Create(base, session, "step-1-1") })
+	})
+	b.Run("pool", func(b *testing.B) {
+		p, err := workspace.NewPool(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer p.Close()
+		lifecycles(b, func(session string) (*workspace.Workspace, error) { return p.Create(session, "step-1-1") })
+	})
+}
+
+// lifecycles runs b.N job lifecycles on workspaces made by create.
+func lifecycles(b *testing.B, create func(session string) (*workspace.Workspace, error)) {
 	f := &fakeFetcher{}
 	refs := []schemas.ArtifactRef{{Name: "a.txt", Object: "o1"}}
 	b.ReportAllocs()
 	for i := range b.N {
-		w, err := workspace.Create(base, "s"+strconv.Itoa(i/3), "step-1-1")
+		w, err := create("s" + strconv.Itoa(i/3))
 		if err != nil {
 			b.Fatal(err)
 		}
