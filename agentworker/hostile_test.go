@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -230,7 +231,8 @@ echo '{}' > report.json
 	waitAcked(t, b)
 	// The workspace's files, odd names and all, are gone, and nothing of
 	// the session is left in the work dir: at most the emptied workspace,
-	// kept for the next job.
+	// kept for the next job (in/, out/ and the prompt and feedback files,
+	// all empty).
 	left, err := os.ReadDir(workDir)
 	if err != nil {
 		t.Fatal(err)
@@ -241,12 +243,15 @@ echo '{}' > report.json
 			continue
 		}
 		var inside []string
-		_ = filepath.WalkDir(filepath.Join(workDir, e.Name()), func(path string, _ os.DirEntry, _ error) error {
-			inside = append(inside, path)
+		_ = filepath.WalkDir(filepath.Join(workDir, e.Name()), func(path string, d os.DirEntry, _ error) error {
+			inside = append(inside, filepath.Base(path))
+			if fi, err := d.Info(); err == nil && !d.IsDir() && fi.Size() != 0 {
+				t.Errorf("kept workspace: %s holds %d bytes", path, fi.Size())
+			}
 			return nil
 		})
-		if len(inside) != 3 { // the directory, in/ and out/
-			t.Errorf("kept workspace holds %v, want only empty in/ and out/", inside)
+		if want := []string{e.Name(), "feedback.md", "in", "out", "prompt.md"}; !slices.Equal(inside, want) {
+			t.Errorf("kept workspace holds %v, want %v", inside, want)
 		}
 	}
 }

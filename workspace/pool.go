@@ -7,9 +7,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -26,14 +26,16 @@ const IdlePrefix = ".idle-"
 const MaxIdle = 16
 
 // Pool makes workspaces under one base directory, as Create does, and
-// takes them back emptied for the next job: on a journalling file system
-// a directory costs several times more to make and remove than to empty,
-// and a worker makes three per job. A kept workspace is renamed to
-// IdlePrefix+RANDOM while it waits and to the next job's
-// session.name-RANDOM when it is taken, and is taken only if it still
-// holds nothing but its empty in/ and out/ with the modes Create gives
-// them; anything else is removed and a new one made. Close removes what
-// the pool keeps. A Pool is safe for concurrent use.
+// takes them back emptied for the next job: making a file or directory
+// costs the file system several times more than emptying one (and, on
+// ext4 without a journal, more the more it removed lately), and a job's
+// workspace is three directories and two files before any input. A kept
+// workspace is renamed to IdlePrefix+RANDOM while it waits and to the next
+// job's session.name-RANDOM when it is taken, and is taken only if it
+// still holds nothing but its empty in/ and out/ and its emptied prompt
+// and feedback files, with the modes Create and WriteText give them;
+// anything else is removed and a new one made. Close removes what the
+// pool keeps. A Pool is safe for concurrent use.
 type Pool struct {
 	base string
 
@@ -166,11 +168,18 @@ func rename(dir, prefix string) (string, error) {
 	return "", fmt.Errorf("workspace: no free name %s*", prefix)
 }
 
+// isKept reports whether name is one of the files a kept workspace may
+// hold besides in/ and out/: the prompt and feedback files, emptied.
+// Reusing their inodes spares the file system two more files made and
+// removed per job.
+func isKept(name string) bool { return name == "prompt.md" || name == "feedback.md" }
+
 // empty removes everything in the workspace at root but in/ and out/,
-// and everything in those, without following links. It reports whether
-// root, in/ and out/ are left directories of mode 0700 (an agent may
-// have replaced or re-moded any of them); Create checks again that they
-// are empty when it takes the workspace.
+// and everything in those, without following links, and empties the
+// prompt and feedback files if they are still files of their own (else
+// removes them). It reports whether root, in/ and out/ are left
+// directories of mode 0700 (an agent may have replaced or re-moded any of
+// them); Create checks again, with clean, when it takes the workspace.
 func empty(root string) bool {
 	r, err := os.OpenRoot(root)
 	if err != nil {
@@ -181,38 +190,62 @@ func empty(root string) bool {
 	if !ok || !privateDir(r, ".") {
 		return false
 	}
-	kept := 0
+	dirs := 0
 	for _, name := range names {
-		if name != "in" && name != "out" {
+		switch {
+		case name == "in" || name == "out":
+			if !privateDir(r, name) || !emptyDir(r, name) {
+				return false
+			}
+			dirs++
+		case isKept(name) && truncate(r, name):
+		default:
 			if r.RemoveAll(name) != nil {
 				return false
 			}
-			continue
 		}
-		if !privateDir(r, name) {
-			return false
-		}
-		sub, err := r.OpenRoot(name)
-		if err != nil {
-			return false
-		}
-		inner, ok := list(sub, ".")
-		for _, n := range inner {
-			if ok && sub.RemoveAll(n) != nil {
-				ok = false
-			}
-		}
-		_ = sub.Close()
-		if !ok {
-			return false
-		}
-		kept++
 	}
-	return kept == 2
+	return dirs == 2
 }
 
-// clean reports whether the workspace at root holds exactly in/ and out/,
-// both empty, and root, in/ and out/ are directories of mode 0700.
+// emptyDir removes everything in the directory name of r.
+func emptyDir(r *os.Root, name string) bool {
+	sub, err := r.OpenRoot(name)
+	if err != nil {
+		return false
+	}
+	defer sub.Close()
+	inner, ok := list(sub, ".")
+	for _, n := range inner {
+		if ok && sub.RemoveAll(n) != nil {
+			ok = false
+		}
+	}
+	return ok
+}
+
+// truncate empties the file name of r and reports whether it did: only
+// a regular file of mode 0600 with no other name (a hard link would make
+// the file someone else's too) is emptied.
+func truncate(r *os.Root, name string) bool {
+	f, err := r.OpenFile(name, os.O_WRONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	return err == nil && ownFile(fi) && fi.Mode().Perm() == 0o600 && f.Truncate(0) == nil
+}
+
+// ownFile reports whether fi is a regular file with one name.
+func ownFile(fi os.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && fi.Mode().IsRegular() && st.Nlink == 1
+}
+
+// clean reports whether the workspace at root holds in/ and out/, both
+// empty, and at most the emptied prompt and feedback files, and root,
+// in/ and out/ are directories of mode 0700.
 func clean(root string) bool {
 	r, err := os.OpenRoot(root)
 	if err != nil {
@@ -220,11 +253,19 @@ func clean(root string) bool {
 	}
 	defer r.Close()
 	names, ok := list(r, ".")
-	if !ok || len(names) != 2 || !slices.Contains(names, "in") || !slices.Contains(names, "out") || !privateDir(r, ".") {
+	if !ok || !privateDir(r, ".") {
 		return false
 	}
+	dirs := 0
 	for _, name := range names {
-		if !privateDir(r, name) {
+		if isKept(name) {
+			fi, err := r.Lstat(name)
+			if err != nil || !ownFile(fi) || fi.Mode().Perm() != 0o600 || fi.Size() != 0 {
+				return false
+			}
+			continue
+		}
+		if name != "in" && name != "out" || !privateDir(r, name) {
 			return false
 		}
 		f, err := r.Open(name)
@@ -236,8 +277,9 @@ func clean(root string) bool {
 		if !errors.Is(err, io.EOF) {
 			return false
 		}
+		dirs++
 	}
-	return true
+	return dirs == 2
 }
 
 // privateDir reports whether name in r is a directory (not a link) of

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/loopbus/loopbus/workspace"
@@ -64,14 +65,25 @@ func hold(t *testing.T, dir string) os.FileInfo {
 }
 
 // assertFresh fails unless w is laid out as a new workspace of session
-// and name under base: empty in/ and out/ of mode 0700 and nothing else.
+// and name under base: empty in/ and out/ of mode 0700 and at most empty
+// prompt and feedback files of mode 0600, with no other name.
 func assertFresh(t *testing.T, w *workspace.Workspace, base, session, name string) {
 	t.Helper()
 	if filepath.Dir(w.Root) != base || !strings.HasPrefix(filepath.Base(w.Root), session+"."+name+"-") {
 		t.Fatalf("root %s: want %s.%s-* under %s", w.Root, session, name, base)
 	}
-	if got := entries(t, w.Root); !slices.Equal(got, []string{"in", "out"}) {
-		t.Fatalf("workspace holds %v, want only in and out", got)
+	got := slices.DeleteFunc(entries(t, w.Root), func(n string) bool {
+		if n != "prompt.md" && n != "feedback.md" {
+			return false
+		}
+		fi, err := os.Lstat(filepath.Join(w.Root, n))
+		if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 || fi.Size() != 0 || fi.Sys().(*syscall.Stat_t).Nlink != 1 {
+			t.Fatalf("%s: %v (%v), want an empty file of mode 0600 with one name", n, fi, err)
+		}
+		return true
+	})
+	if !slices.Equal(got, []string{"in", "out"}) {
+		t.Fatalf("workspace holds %v besides the prompt and feedback files, want only in and out", got)
 	}
 	for _, d := range []string{w.Root, w.In, w.Out} {
 		fi, err := os.Lstat(d)
@@ -123,8 +135,8 @@ func TestPoolReusesEmptiedWorkspace(t *testing.T) {
 	if len(left) != 1 || !strings.HasPrefix(left[0], workspace.IdlePrefix) {
 		t.Fatalf("work dir holds %v, want one %s* directory", left, workspace.IdlePrefix)
 	}
-	if got := entries(t, filepath.Join(base, left[0])); !slices.Equal(got, []string{"in", "out"}) {
-		t.Fatalf("kept workspace holds %v, want only empty in and out", got)
+	if got := entries(t, filepath.Join(base, left[0])); !slices.Equal(got, []string{"feedback.md", "in", "out", "prompt.md"}) {
+		t.Fatalf("kept workspace holds %v, want in, out and the emptied prompt and feedback files", got)
 	}
 	if got := entries(t, outside); !slices.Equal(got, []string{"keep"}) {
 		t.Fatalf("outside the workspace: %v, want keep untouched", got)
@@ -174,11 +186,16 @@ func TestPoolReusesEmptiedWorkspace(t *testing.T) {
 func TestPoolRefusesTamperedWorkspace(t *testing.T) {
 	outside := t.TempDir()
 	writeFile(t, filepath.Join(outside, "keep"), "not the workspace's")
+	victim := filepath.Join(t.TempDir(), "victim")
+	writeFile(t, victim, "someone else's")
 	cases := []struct {
 		name   string
 		tamper func(t *testing.T, w *workspace.Workspace)
 		// idle runs on the kept workspace while it waits (nil: none).
 		idle func(t *testing.T, dir string)
+		// reused: only the tampered file is removed; the workspace is
+		// kept and handed out again.
+		reused bool
 	}{
 		{name: "in re-moded", tamper: func(t *testing.T, w *workspace.Workspace) { chmod(t, w.In, 0o755) }},
 		{name: "root re-moded", tamper: func(t *testing.T, w *workspace.Workspace) { chmod(t, w.Root, 0o777) }},
@@ -196,11 +213,39 @@ func TestPoolRefusesTamperedWorkspace(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
+		{name: "prompt a hard link", reused: true, tamper: func(t *testing.T, w *workspace.Workspace) {
+			if err := os.Remove(w.PromptFile); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Link(victim, w.PromptFile); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "feedback a link", reused: true, tamper: func(t *testing.T, w *workspace.Workspace) {
+			if err := os.Remove(w.FeedbackFile); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Join(outside, "keep"), w.FeedbackFile); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "prompt re-moded", reused: true, tamper: func(t *testing.T, w *workspace.Workspace) { chmod(t, w.PromptFile, 0o644) }},
+		{name: "feedback a directory", reused: true, tamper: func(t *testing.T, w *workspace.Workspace) {
+			if err := os.Remove(w.FeedbackFile); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(filepath.Join(w.FeedbackFile, "x"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "prompt written while kept", idle: func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, "prompt.md"), "stale prompt")
+		}},
 		{name: "written while kept", idle: func(t *testing.T, dir string) {
 			writeFile(t, filepath.Join(dir, "out", "b.txt"), "stale output")
 		}},
 		{name: "entry added while kept", idle: func(t *testing.T, dir string) {
-			writeFile(t, filepath.Join(dir, "prompt.md"), "stale prompt")
+			writeFile(t, filepath.Join(dir, "notes"), "stale")
 		}},
 		{name: "re-moded while kept", idle: func(t *testing.T, dir string) { chmod(t, dir, 0o755) }},
 	}
@@ -217,22 +262,36 @@ func TestPoolRefusesTamperedWorkspace(t *testing.T) {
 			if err := w.Remove(); err != nil {
 				t.Fatalf("Remove: %v", err)
 			}
-			if tt.idle != nil {
+			if tt.idle != nil || tt.reused {
 				left := entries(t, base)
 				if len(left) != 1 || !strings.HasPrefix(left[0], workspace.IdlePrefix) {
 					t.Fatalf("work dir holds %v, want one kept workspace", left)
 				}
-				tt.idle(t, filepath.Join(base, left[0]))
+				if tt.idle != nil {
+					tt.idle(t, filepath.Join(base, left[0]))
+				}
 			} else if left := entries(t, base); len(left) != 0 {
 				t.Fatalf("tampered workspace kept: work dir holds %v", left)
 			}
 			w2 := poolCreate(t, p, "s2", "b-1-1")
 			assertFresh(t, w2, base, "s2", "b-1-1")
-			if after, err := os.Stat(w2.Root); err != nil || os.SameFile(before, after) {
-				t.Errorf("the tampered workspace was handed out again (%v)", err)
+			after, err := os.Stat(w2.Root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if reused := os.SameFile(before, after); reused != tt.reused {
+				t.Errorf("workspace handed out again: %v, want %v", reused, tt.reused)
 			}
 			if got := entries(t, base); len(got) != 1 {
 				t.Errorf("work dir holds %v, want only the new workspace", got)
+			}
+			if err := w2.WriteText("the next prompt", "the next feedback"); err != nil {
+				t.Fatalf("WriteText: %v", err)
+			}
+			for path, want := range map[string]string{filepath.Join(outside, "keep"): "not the workspace's", victim: "someone else's", w2.PromptFile: "the next prompt", w2.FeedbackFile: "the next feedback"} {
+				if b, err := os.ReadFile(path); err != nil || string(b) != want {
+					t.Errorf("%s holds %q (%v), want %q", path, b, err, want)
+				}
 			}
 			if got := entries(t, outside); !slices.Equal(got, []string{"keep"}) {
 				t.Errorf("outside the workspace: %v, want keep untouched", got)
@@ -321,5 +380,25 @@ func TestPoolRefusesUnsafeNames(t *testing.T) {
 	}
 	if _, err := os.Stat(base); !os.IsNotExist(err) {
 		t.Errorf("refused names made the work dir (%v)", err)
+	}
+}
+
+// TestWriteTextRefusesLinks: the prompt and feedback files are written
+// only if they are the workspace's own (a kept workspace has them
+// already): never through a link to another file.
+func TestWriteTextRefusesLinks(t *testing.T) {
+	for _, link := range []func(oldname, newname string) error{os.Link, os.Symlink} {
+		w := create(t)
+		victim := filepath.Join(t.TempDir(), "victim")
+		writeFile(t, victim, "someone else's")
+		if err := link(victim, w.PromptFile); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.WriteText("the prompt", ""); err == nil {
+			t.Errorf("WriteText through a link to another file: no error")
+		}
+		if b, err := os.ReadFile(victim); err != nil || string(b) != "someone else's" {
+			t.Errorf("the linked file holds %q (%v), want it untouched", b, err)
+		}
 	}
 }

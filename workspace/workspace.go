@@ -192,10 +192,34 @@ func (w *Workspace) FetchDefinition(ctx context.Context, f Fetcher, dir string, 
 
 // WriteText writes the prompt and feedback files.
 func (w *Workspace) WriteText(prompt, feedback string) error {
-	if err := os.WriteFile(w.PromptFile, []byte(prompt), 0o600); err != nil {
+	if err := writeOwn(w.PromptFile, prompt); err != nil {
 		return err
 	}
-	return os.WriteFile(w.FeedbackFile, []byte(feedback), 0o600)
+	return writeOwn(w.FeedbackFile, feedback)
+}
+
+// writeOwn makes path hold text: a new file of mode 0600, or one a Pool
+// kept, which is written only if it is still a regular file with no
+// other name (not a link to someone else's file).
+func writeOwn(path, text string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	fi, err := f.Stat()
+	if err == nil && !ownFile(fi) {
+		err = fmt.Errorf("workspace: %s is not a file of the workspace's own", path)
+	}
+	if err == nil && fi.Size() > 0 {
+		err = f.Truncate(0)
+	}
+	if err == nil {
+		_, err = f.WriteString(text)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // BaseEnv returns this process's environment without its own LOOPBUS_*
