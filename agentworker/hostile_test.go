@@ -258,8 +258,8 @@ echo '{}' > report.json
 
 // TestNextJobSeesCleanWorkspace: the worker keeps emptied workspaces for
 // the next job; what one job's agent left (files anywhere, directories,
-// a read-only file, a link) is never seen by the next, and the modes it
-// changed are not kept.
+// a read-only file, a link) is never seen by the next, and a workspace
+// whose in/ it opened to others is not handed out again.
 func TestNextJobSeesCleanWorkspace(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	workDir := t.TempDir()
@@ -275,6 +275,12 @@ ln -s / out/root
 echo left > ro && chmod 0400 ro
 echo done > out/report.txt
 `)
+	opened := writeScript(t, `set -eu
+cd "$LOOPBUS_WORKSPACE"
+echo left > in/more
+chmod 0755 in
+echo done > out/report.txt
+`)
 	look := writeScript(t, `set -eu
 cd "$LOOPBUS_WORKSPACE"
 seen=$(ls -A . ; echo --; ls -A in ; echo --; ls -A out ; echo --; stat -c %a . in out)
@@ -283,7 +289,7 @@ printf '%s\n' "$seen" > out/look.txt
 	for i, step := range []struct {
 		argv []string
 		out  string
-	}{{messy, "report.txt"}, {look, "look.txt"}, {messy, "report.txt"}, {look, "look.txt"}} {
+	}{{messy, "report.txt"}, {look, "look.txt"}, {opened, "report.txt"}, {look, "look.txt"}} {
 		jr := request("s1.job"+strconv.Itoa(i), "job"+strconv.Itoa(i), 1, step.argv, step.out)
 		publishRequest(t, b, jr)
 		all, res := waitResult(t, b, jr.JobID)

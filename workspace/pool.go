@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace/procrun"
 )
 
 // IdlePrefix starts the names of the emptied workspaces a Pool keeps in
@@ -29,20 +30,53 @@ const MaxIdle = 16
 // takes them back emptied for the next job: making a file or directory
 // costs the file system several times more than emptying one (and, on
 // ext4 without a journal, more the more it removed lately), and a job's
-// workspace is three directories and two files before any input. A kept
-// workspace is renamed to IdlePrefix+RANDOM while it waits and to the next
-// job's session.name-RANDOM when it is taken, and is taken only if it
-// still holds nothing but its empty in/ and out/ and its emptied prompt
-// and feedback files, with the modes Create and WriteText give them;
-// anything else is removed and a new one made. Close removes what the
-// pool keeps. A Pool is safe for concurrent use.
+// workspace is three directories and two files before any input.
+//
+// A workspace is taken back only if no process created since it was
+// handed out still works in it (see procrun.Inside: one that escaped the
+// run's sweep would otherwise write into the next job's files), and only
+// if it is still the directory the pool made (not a link or another
+// directory put in its place) with in/ and out/ directories of mode 0700
+// on the same device; the prompt and feedback files are kept, emptied,
+// when they are regular files of mode 0600 with no other name. Everything
+// else in it is removed, without following links. A kept workspace is
+// renamed to IdlePrefix+RANDOM while it waits and to the next job's
+// session.name-RANDOM when it is taken, and is handed out only if it is
+// still that directory and holds nothing but its empty in/ and out/ and
+// emptied prompt and feedback files; anything else is removed and a new
+// one made. Close removes what the pool keeps. A Pool is safe for
+// concurrent use.
+//
+// A process that escaped the sweep and left the workspace, or another
+// process of the same user, can still reach a later job's workspace by
+// its name, as it can reach any workspace under base: the pool adds no
+// way in.
 type Pool struct {
 	base string
 
 	mu      sync.Mutex
-	idle    []string
+	idle    []idleWorkspace
 	closed  bool
 	noReuse bool // the file system cannot rename without replacing
+}
+
+// idleWorkspace is a kept workspace: its path and the directory's
+// identity.
+type idleWorkspace struct {
+	path string
+	id   fileID
+}
+
+// fileID identifies a file: device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// idOf returns fi's identity.
+func idOf(fi os.FileInfo) (fileID, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, false
+	}
+	return fileID{dev: st.Dev, ino: st.Ino}, true
 }
 
 // NewPool returns a pool of workspaces under base. Nothing is made until
@@ -64,30 +98,44 @@ func (p *Pool) Create(session, name string) (*Workspace, error) {
 	}
 	prefix := session + "." + name + "-"
 	for {
-		idle := p.take()
-		if idle == "" {
+		idle, ok := p.take()
+		if !ok {
 			break
 		}
-		root, err := rename(idle, filepath.Join(p.base, prefix))
+		root, err := rename(idle.path, filepath.Join(p.base, prefix))
 		if err != nil {
 			p.unsupported(err)
-			_ = os.RemoveAll(idle)
+			_ = os.RemoveAll(idle.path)
 			continue
 		}
-		if clean(root) {
-			w := layout(root)
-			w.pool = p
-			return w, nil
+		if clean(root, idle.id) {
+			return p.handOut(root, idle.id), nil
 		}
-		// Something wrote into it while it waited, or changed its modes.
+		// Something wrote into it while it waited, changed its modes or
+		// put something else in its place: removed (a link, not what it
+		// points to).
 		_ = os.RemoveAll(root)
 	}
 	w, err := create(p.base, prefix)
 	if err != nil {
 		return nil, err
 	}
-	w.pool = p
-	return w, nil
+	fi, err := os.Lstat(w.Root)
+	id, ok := fileID{}, false
+	if err == nil {
+		id, ok = idOf(fi)
+	}
+	if !ok {
+		return w, nil // never taken back: Remove deletes it
+	}
+	return p.handOut(w.Root, id), nil
+}
+
+// handOut returns the workspace at root, the directory id, as the pool's.
+func (p *Pool) handOut(root string, id fileID) *Workspace {
+	w := layout(root)
+	w.pool, w.id, w.mark = p, id, procrun.Now()
+	return w
 }
 
 // Close removes the workspaces the pool keeps; workspaces handed out and
@@ -99,28 +147,29 @@ func (p *Pool) Close() error {
 	p.mu.Unlock()
 	var errs []error
 	for _, d := range idle {
-		errs = append(errs, os.RemoveAll(d))
+		errs = append(errs, os.RemoveAll(d.path))
 	}
 	return errors.Join(errs...)
 }
 
-// take returns a kept workspace, or "" when there is none.
-func (p *Pool) take() string {
+// take returns a kept workspace, if there is one.
+func (p *Pool) take() (idleWorkspace, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.idle)
 	if n == 0 {
-		return ""
+		return idleWorkspace{}, false
 	}
 	d := p.idle[n-1]
 	p.idle = p.idle[:n-1]
-	return d
+	return d, true
 }
 
 // unsupported stops reuse for good when the file system cannot rename a
-// directory without replacing what is at the new name.
+// directory without replacing what is at the new name, or renaming so is
+// not allowed here.
 func (p *Pool) unsupported(err error) {
-	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
 		p.mu.Lock()
 		p.noReuse = true
 		p.mu.Unlock()
@@ -134,7 +183,7 @@ func (p *Pool) put(w *Workspace) (kept bool, err error) {
 	p.mu.Lock()
 	full := p.closed || p.noReuse || len(p.idle) >= MaxIdle
 	p.mu.Unlock()
-	if full || !empty(w.Root) {
+	if full || procrun.Inside(w.mark, w.Root) || !empty(w.Root, w.id) {
 		return false, nil
 	}
 	idle, err := rename(w.Root, filepath.Join(p.base, IdlePrefix))
@@ -147,7 +196,7 @@ func (p *Pool) put(w *Workspace) (kept bool, err error) {
 		p.mu.Unlock()
 		return true, os.RemoveAll(idle)
 	}
-	p.idle = append(p.idle, idle)
+	p.idle = append(p.idle, idleWorkspace{path: idle, id: w.id})
 	p.mu.Unlock()
 	return true, nil
 }
@@ -180,21 +229,21 @@ func isKept(name string) bool { return name == "prompt.md" || name == "feedback.
 // removes them). It reports whether root, in/ and out/ are left
 // directories of mode 0700 (an agent may have replaced or re-moded any of
 // them); Create checks again, with clean, when it takes the workspace.
-func empty(root string) bool {
-	r, err := os.OpenRoot(root)
-	if err != nil {
+func empty(root string, id fileID) bool {
+	r, ok := openOwn(root, id)
+	if !ok {
 		return false
 	}
 	defer r.Close()
 	names, ok := list(r, ".")
-	if !ok || !privateDir(r, ".") {
+	if !ok {
 		return false
 	}
 	dirs := 0
 	for _, name := range names {
 		switch {
 		case name == "in" || name == "out":
-			if !privateDir(r, name) || !emptyDir(r, name) {
+			if !privateDir(r, name, id.dev) || !emptyDir(r, name) {
 				return false
 			}
 			dirs++
@@ -246,14 +295,14 @@ func ownFile(fi os.FileInfo) bool {
 // clean reports whether the workspace at root holds in/ and out/, both
 // empty, and at most the emptied prompt and feedback files, and root,
 // in/ and out/ are directories of mode 0700.
-func clean(root string) bool {
-	r, err := os.OpenRoot(root)
-	if err != nil {
+func clean(root string, id fileID) bool {
+	r, ok := openOwn(root, id)
+	if !ok {
 		return false
 	}
 	defer r.Close()
 	names, ok := list(r, ".")
-	if !ok || !privateDir(r, ".") {
+	if !ok {
 		return false
 	}
 	dirs := 0
@@ -265,7 +314,7 @@ func clean(root string) bool {
 			}
 			continue
 		}
-		if name != "in" && name != "out" || !privateDir(r, name) {
+		if name != "in" && name != "out" || !privateDir(r, name, id.dev) {
 			return false
 		}
 		f, err := r.Open(name)
@@ -282,11 +331,38 @@ func clean(root string) bool {
 	return dirs == 2
 }
 
+// openOwn opens the workspace at root if it is the directory id, of
+// mode 0700: an agent may have put a link or another directory in its
+// place. The check is made on the directory opened, so what is done
+// through the returned Root is done in that directory.
+func openOwn(root string, id fileID) (*os.Root, bool) {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, false
+	}
+	fi, err := r.Stat(".")
+	if got, ok := idOf(fi); err != nil || !ok || got != id || !private(fi) {
+		_ = r.Close()
+		return nil, false
+	}
+	return r, true
+}
+
 // privateDir reports whether name in r is a directory (not a link) of
-// mode 0700.
-func privateDir(r *os.Root, name string) bool {
+// mode 0700 on device dev (not a mount).
+func privateDir(r *os.Root, name string, dev uint64) bool {
 	fi, err := r.Lstat(name)
-	return err == nil && fi.IsDir() && fi.Mode().Perm() == 0o700 && fi.Mode()&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky) == 0
+	if err != nil || !private(fi) {
+		return false
+	}
+	got, ok := idOf(fi)
+	return ok && got.dev == dev
+}
+
+// private reports whether fi is a directory of mode 0700 with no special
+// bits.
+func private(fi os.FileInfo) bool {
+	return fi.IsDir() && fi.Mode().Perm() == 0o700 && fi.Mode()&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky) == 0
 }
 
 // list returns the names in the directory name of r.

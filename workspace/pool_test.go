@@ -3,6 +3,7 @@ package workspace_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -399,6 +400,120 @@ func TestWriteTextRefusesLinks(t *testing.T) {
 		}
 		if b, err := os.ReadFile(victim); err != nil || string(b) != "someone else's" {
 			t.Errorf("the linked file holds %q (%v), want it untouched", b, err)
+		}
+	}
+}
+
+// TestPoolRefusesReplacedRoot: an agent (or a process left over) that
+// puts a link or another directory where the workspace was gets nothing
+// done through it: what it points to is untouched and never handed out.
+func TestPoolRefusesReplacedRoot(t *testing.T) {
+	// decoy looks like a kept workspace: empty in/ and out/ of mode 0700,
+	// and a file of someone else's.
+	decoy := func(t *testing.T) string {
+		d := filepath.Join(t.TempDir(), "decoy")
+		for _, sub := range []string{"in", "out"} {
+			if err := os.MkdirAll(filepath.Join(d, sub), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		chmod(t, d, 0o700)
+		writeFile(t, filepath.Join(d, "precious"), "someone else's")
+		return d
+	}
+	intact := func(t *testing.T, d string) {
+		t.Helper()
+		if got := entries(t, d); !slices.Equal(got, []string{"in", "out", "precious"}) {
+			t.Errorf("decoy holds %v, want in, out and precious untouched", got)
+		}
+	}
+	swap := func(t *testing.T, path, with string) {
+		t.Helper()
+		if err := os.Rename(path, path+".moved"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(with, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("at remove", func(t *testing.T) {
+		base := t.TempDir()
+		p := newPool(t, base)
+		w := poolCreate(t, p, "s1", "a-1-1")
+		fill(t, w, t.TempDir())
+		d := decoy(t)
+		swap(t, w.Root, d)
+		if err := w.Remove(); err != nil {
+			t.Fatalf("Remove: %v", err)
+		}
+		intact(t, d)
+		if got := entries(t, base); len(got) != 1 || !strings.HasSuffix(got[0], ".moved") {
+			t.Errorf("work dir holds %v, want only the agent's moved directory", got)
+		}
+		w2 := poolCreate(t, p, "s2", "b-1-1")
+		assertFresh(t, w2, base, "s2", "b-1-1")
+		intact(t, d)
+	})
+	t.Run("while kept", func(t *testing.T) {
+		base := t.TempDir()
+		p := newPool(t, base)
+		w := poolCreate(t, p, "s1", "a-1-1")
+		if err := w.Remove(); err != nil {
+			t.Fatal(err)
+		}
+		left := entries(t, base)
+		if len(left) != 1 || !strings.HasPrefix(left[0], workspace.IdlePrefix) {
+			t.Fatalf("work dir holds %v, want one kept workspace", left)
+		}
+		// A decoy that passes for a kept workspace in every other way.
+		d := decoy(t)
+		if err := os.Remove(filepath.Join(d, "precious")); err != nil {
+			t.Fatal(err)
+		}
+		swap(t, filepath.Join(base, left[0]), d)
+		w2 := poolCreate(t, p, "s2", "b-1-1")
+		assertFresh(t, w2, base, "s2", "b-1-1")
+		if err := w2.WriteText("session s2's prompt", ""); err != nil {
+			t.Fatal(err)
+		}
+		if got := entries(t, d); !slices.Equal(got, []string{"in", "out"}) {
+			t.Errorf("decoy holds %v, want in and out untouched", got)
+		}
+		if fi, err := os.Lstat(w2.Root); err != nil || !fi.IsDir() {
+			t.Errorf("handed out %s: %v (%v), want a directory of its own", w2.Root, fi, err)
+		}
+	})
+}
+
+// TestPoolRefusesWorkspaceInUse: a process created while the job ran
+// that still works in the workspace (one that escaped the run's sweep)
+// would write into the next job's files: such a workspace is removed,
+// not kept.
+func TestPoolRefusesWorkspaceInUse(t *testing.T) {
+	for _, sub := range []string{"", "out"} {
+		base := t.TempDir()
+		p := newPool(t, base)
+		w := poolCreate(t, p, "s1", "a-1-1")
+		cmd := exec.Command("sleep", "60")
+		cmd.Dir = filepath.Join(w.Root, sub)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Remove(); err != nil {
+			t.Fatalf("Remove: %v", err)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if got := entries(t, base); len(got) != 0 {
+			t.Errorf("process working in %q: work dir holds %v, want the workspace removed", sub, got)
+		}
+		// With the process gone, the next one is kept.
+		w2 := poolCreate(t, p, "s2", "b-1-1")
+		if err := w2.Remove(); err != nil {
+			t.Fatal(err)
+		}
+		if got := entries(t, base); len(got) != 1 || !strings.HasPrefix(got[0], workspace.IdlePrefix) {
+			t.Errorf("no process in it: work dir holds %v, want one kept workspace", got)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace/procrun"
 )
 
 // ErrUnsafeOutput: an output is missing, a link, not a regular file, or too
@@ -31,7 +32,9 @@ type Fetcher interface {
 type Workspace struct {
 	Root, In, Out, PromptFile, FeedbackFile string
 
-	pool *Pool // nil: Remove deletes it
+	pool *Pool        // nil: Remove deletes it
+	id   fileID       // Root's identity, for pool
+	mark procrun.Mark // processes before it was handed out, for pool
 }
 
 // Create makes a new, empty workspace directly under base (made if
@@ -114,9 +117,10 @@ func (w *Workspace) Fetch(ctx context.Context, f Fetcher, refs []schemas.Artifac
 }
 
 // fetch writes ref's bytes to path, made with mode (or truncated: a later
-// input of the same name wins). The workspace is new and nothing runs in
-// it yet, so the file is written in place, not renamed into place; a
-// failed fetch removes it, and the job fails before anything reads it.
+// input of the same name wins), never through a link. The workspace is
+// new or emptied (see Pool) and nothing of its job runs in it yet, so the
+// file is written in place, not renamed into place; a failed fetch
+// removes it, and the job fails before anything reads it.
 func fetch(ctx context.Context, f Fetcher, ref schemas.ArtifactRef, path string, mode os.FileMode) error {
 	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, mode)
 	if err != nil {
@@ -132,8 +136,8 @@ func fetch(ctx context.Context, f Fetcher, ref schemas.ArtifactRef, path string,
 	return err
 }
 
-// WriteFiles writes a request's inline files to in/. Every name is
-// validated before anything is written.
+// WriteFiles writes a request's inline files to in/, never through a
+// link. Every name is validated before anything is written.
 func (w *Workspace) WriteFiles(files []schemas.InlineFile) error {
 	for _, f := range files {
 		if err := schemas.ValidateName(f.Name); err != nil {
@@ -141,7 +145,7 @@ func (w *Workspace) WriteFiles(files []schemas.InlineFile) error {
 		}
 	}
 	for _, f := range files {
-		if err := os.WriteFile(filepath.Join(w.In, f.Name), []byte(f.Content), 0o600); err != nil {
+		if err := writeFile(filepath.Join(w.In, f.Name), f.Content); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 	}
@@ -196,6 +200,20 @@ func (w *Workspace) WriteText(prompt, feedback string) error {
 		return err
 	}
 	return writeOwn(w.FeedbackFile, feedback)
+}
+
+// writeFile writes content to path (made with mode 0600, or truncated),
+// refusing a link as path's last element.
+func writeFile(path, content string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(content)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // writeOwn makes path hold text: a new file of mode 0600, or one a Pool

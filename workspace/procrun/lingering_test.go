@@ -1,0 +1,44 @@
+package procrun
+
+import (
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+func TestInside(t *testing.T) {
+	dir := t.TempDir()
+	other := t.TempDir()
+	start := func(t *testing.T, d string) {
+		t.Helper()
+		cmd := exec.Command("sleep", "60")
+		cmd.Dir = d
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	}
+	before := Now()
+	if !before.ok {
+		t.Fatal("no mark: /proc unreadable")
+	}
+	if Inside(before, dir) {
+		t.Errorf("Inside: true with no process in %s", dir)
+	}
+	start(t, filepath.Join(dir))
+	if !Inside(before, dir) {
+		t.Errorf("Inside: false with a process started since the mark working in %s", dir)
+	}
+	if Inside(before, dir+"x") || Inside(before, other) {
+		t.Errorf("Inside: true for a directory no process works in (a prefix of a name is not a parent)")
+	}
+	if !Inside(before, filepath.Dir(dir)) {
+		t.Errorf("Inside: false for the parent of the directory a process works in")
+	}
+	if after := Now(); Inside(after, dir) {
+		t.Errorf("Inside: true for a process that was there before the mark")
+	}
+	if !Inside(Mark{}, other) {
+		t.Errorf("Inside with no mark: false, want true (cannot tell)")
+	}
+}
