@@ -54,7 +54,10 @@ const MaxIdle = 16
 type Pool struct {
 	base string
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// resolved is base with its links resolved, as the kernel shows
+	// processes' working directories; "" until base exists.
+	resolved string
 	idle    []idleWorkspace
 	closed  bool
 	noReuse bool // the file system cannot rename without replacing
@@ -138,6 +141,16 @@ func (p *Pool) handOut(root string, id fileID) *Workspace {
 	return w
 }
 
+// resolvedBase returns base with its links resolved, or "" if it cannot.
+func (p *Pool) resolvedBase() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resolved == "" {
+		p.resolved, _ = filepath.EvalSymlinks(p.base)
+	}
+	return p.resolved
+}
+
 // Close removes the workspaces the pool keeps; workspaces handed out and
 // removed after Close are deleted, not kept.
 func (p *Pool) Close() error {
@@ -183,7 +196,12 @@ func (p *Pool) put(w *Workspace) (kept bool, err error) {
 	p.mu.Lock()
 	full := p.closed || p.noReuse || len(p.idle) >= MaxIdle
 	p.mu.Unlock()
-	if full || procrun.Inside(w.mark, w.Root) || !empty(w.Root, w.id) {
+	if full || !empty(w.Root, w.id) {
+		return false, nil
+	}
+	// Checked after emptying, which moved none in; an escaped process
+	// shows its directory with the links in base's path resolved.
+	if base := p.resolvedBase(); base == "" || procrun.Inside(w.mark, filepath.Join(base, filepath.Base(w.Root))) {
 		return false, nil
 	}
 	idle, err := rename(w.Root, filepath.Join(p.base, IdlePrefix))

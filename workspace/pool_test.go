@@ -490,8 +490,14 @@ func TestPoolRefusesReplacedRoot(t *testing.T) {
 // would write into the next job's files: such a workspace is removed,
 // not kept.
 func TestPoolRefusesWorkspaceInUse(t *testing.T) {
-	for _, sub := range []string{"", "out"} {
-		base := t.TempDir()
+	// A work dir reached through a link: the kernel shows processes'
+	// directories with it resolved.
+	linked := filepath.Join(t.TempDir(), "work")
+	if err := os.Symlink(t.TempDir(), linked); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ base, sub string }{{t.TempDir(), ""}, {t.TempDir(), "out"}, {linked, ""}} {
+		base, sub := tt.base, tt.sub
 		p := newPool(t, base)
 		w := poolCreate(t, p, "s1", "a-1-1")
 		cmd := exec.Command("sleep", "60")
