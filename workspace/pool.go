@@ -58,9 +58,9 @@ type Pool struct {
 	// resolved is base with its links resolved, as the kernel shows
 	// processes' working directories; "" until base exists.
 	resolved string
-	idle    []idleWorkspace
-	closed  bool
-	noReuse bool // the file system cannot rename without replacing
+	idle     []idleWorkspace
+	closed   bool
+	noReuse  bool // the file system cannot rename without replacing
 }
 
 // idleWorkspace is a kept workspace: its path and the directory's
