@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,7 +14,6 @@ import (
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/schemas"
-	"github.com/loopbus/loopbus/workspace"
 )
 
 // tamperingBus is a real bus whose deliveries are altered after decoding,
@@ -229,41 +227,25 @@ echo '{}' > report.json
 		t.Errorf("%d artifact.stored, want 1", n)
 	}
 	waitAcked(t, b)
-	// The workspace's files, odd names and all, are gone, and nothing of
-	// the session is left in the work dir: at most the emptied workspace,
-	// kept for the next job (in/, out/ and the prompt and feedback files,
-	// all empty).
+	// The workspace, odd names and all, is gone, and nothing of the
+	// session is left in the work dir.
 	left, err := os.ReadDir(workDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range left {
-		if !strings.HasPrefix(e.Name(), workspace.IdlePrefix) {
-			t.Errorf("workspace left behind: %s", e.Name())
-			continue
-		}
-		var inside []string
-		_ = filepath.WalkDir(filepath.Join(workDir, e.Name()), func(path string, d os.DirEntry, _ error) error {
-			inside = append(inside, filepath.Base(path))
-			if fi, err := d.Info(); err == nil && !d.IsDir() && fi.Size() != 0 {
-				t.Errorf("kept workspace: %s holds %d bytes", path, fi.Size())
-			}
-			return nil
-		})
-		if want := []string{e.Name(), "feedback.md", "in", "out", "prompt.md"}; !slices.Equal(inside, want) {
-			t.Errorf("kept workspace holds %v, want %v", inside, want)
-		}
+	if len(left) != 0 {
+		t.Errorf("workspace left behind: %v", left)
 	}
 }
 
-// TestNextJobSeesCleanWorkspace: the worker keeps emptied workspaces for
-// the next job; what one job's agent left (files anywhere, directories,
+// TestNextJobSeesCleanWorkspace: a worker asked to reuse workspaces keeps
+// them emptied for the next job; what one job's agent left (files anywhere, directories,
 // a read-only file, a link) is never seen by the next, and a workspace
 // whose in/ it opened to others is not handed out again.
 func TestNextJobSeesCleanWorkspace(t *testing.T) {
 	b, _ := testnats.Bus(t)
 	workDir := t.TempDir()
-	startWorker(t, b, agentworker.Config{ID: "w1", WorkDir: workDir, Concurrency: 1})
+	startWorker(t, b, agentworker.Config{ID: "w1", WorkDir: workDir, Concurrency: 1, ReuseWorkspaces: true})
 	messy := writeScript(t, `set -eu
 cd "$LOOPBUS_WORKSPACE"
 echo left > stray.txt

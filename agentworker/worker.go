@@ -83,6 +83,12 @@ type Config struct {
 	RepoCache string
 	// KeepWorkspaces leaves workspaces on disk for debugging.
 	KeepWorkspaces bool
+	// ReuseWorkspaces empties a job's workspace when it ends and renames
+	// it for a later job instead of removing it (see workspace.Pool):
+	// cheaper for many short jobs, but only for agents that run
+	// unconfined, where a process left behind could reach any workspace
+	// by its name anyway.
+	ReuseWorkspaces bool
 	// MaxAttempts is how often a job may be started before it is failed as
 	// abandoned (its workers kept dying); default 3.
 	MaxAttempts int
@@ -253,7 +259,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	pool, err := workspace.NewPool(cfg.WorkDir)
+	pool, err := workspace.NewPool(cfg.WorkDir, cfg.ReuseWorkspaces)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

@@ -167,13 +167,28 @@ func percentile(xs []float64, p float64) float64 {
 // replicas (concurrency 1 each) and reports completed steps per second.
 // The sessions are submitted before the orchestrator starts; the clock
 // runs from its start to the last session.completed. Each service has a
-// connection of its own, as separate processes do.
+// connection of its own, as separate processes do. With fsync=default, 4
+// workers run once more with --reuse-workspaces (".../reuse").
 func BenchmarkThroughput(b *testing.B) {
+	type variant struct {
+		workers int
+		reuse   bool
+	}
 	for _, mode := range modes() {
-		for _, workers := range []int{1, 2, 4} {
-			b.Run(fmt.Sprintf("fsync=%s/workers=%d", mode.name, workers), func(b *testing.B) {
+		variants := []variant{{workers: 1}, {workers: 2}, {workers: 4}}
+		if mode.name == "default" {
+			variants = append(variants, variant{workers: 4, reuse: true})
+		}
+		for _, v := range variants {
+			name := fmt.Sprintf("fsync=%s/workers=%d", mode.name, v.workers)
+			if v.reuse {
+				name += "/reuse"
+			}
+			workers := v.workers
+			b.Run(name, func(b *testing.B) {
 				sessions := size(40, 300) * b.N
 				sys := newSystem(b, mode)
+				sys.reuse = v.reuse
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
 				for i := range sessions {

@@ -108,6 +108,9 @@ type system struct {
 	conns    []*bus.Bus
 	// shared is the services' connection in serve mode; nil otherwise.
 	shared *bus.Bus
+	// reuse makes the worker and the validator reuse workspaces
+	// (--reuse-workspaces).
+	reuse bool
 }
 
 func newSystem(tb testing.TB, mode syncMode) *system {
@@ -181,7 +184,7 @@ func (s *system) startOrchestrator() (stop func()) {
 
 func (s *system) startValidator() (stop func()) {
 	s.tb.Helper()
-	v, err := validator.New(validator.Config{WorkDir: s.tb.TempDir()}, s.service("bench/validator"), testnats.Logger(s.tb), time.Now)
+	v, err := validator.New(validator.Config{WorkDir: s.tb.TempDir(), ReuseWorkspaces: s.reuse}, s.service("bench/validator"), testnats.Logger(s.tb), time.Now)
 	if err != nil {
 		s.tb.Fatal(err)
 	}
@@ -195,7 +198,7 @@ func (s *system) startWorkers(n int) (stop func()) {
 	var stops []func()
 	for i := range n {
 		id := "w" + strconv.Itoa(i+1)
-		w, err := agentworker.New(agentworker.Config{ID: id, WorkDir: s.tb.TempDir()}, s.service("bench/"+id), testnats.Logger(s.tb), time.Now)
+		w, err := agentworker.New(agentworker.Config{ID: id, WorkDir: s.tb.TempDir(), ReuseWorkspaces: s.reuse}, s.service("bench/"+id), testnats.Logger(s.tb), time.Now)
 		if err != nil {
 			s.tb.Fatal(err)
 		}

@@ -38,6 +38,9 @@ func summaryFields() []summaryField {
 		{"steps_per_s", "BenchmarkThroughput/fsync=default/workers=4", "steps/s", 0},
 		{"limit_ratio", "BenchmarkThroughput/fsync=default/workers=4", "limit_ratio", 3},
 		{"cpu_ms_per_step", "BenchmarkThroughput/fsync=default/workers=4", "cpu_ms/step", 2},
+		{"steps_per_s_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "steps/s", 0},
+		{"limit_ratio_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "limit_ratio", 3},
+		{"cpu_ms_per_step_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "cpu_ms/step", 2},
 		{"rebuild_events_per_s", "BenchmarkRebuild/fsync=default", "events/s", 0},
 		{"rebuild_ratio", "BenchmarkRebuild/fsync=default", "rebuild_ratio", 3},
 		{"pass_to_merge_p50_ms", "BenchmarkMerge/fsync=default", "pass_to_merge_p50_ms", 1},
@@ -49,7 +52,8 @@ func summaryFields() []summaryField {
 // Summary reads the output of `go test -bench` over this package and
 // returns "append_ratio=X dispatch_p50_ms=X dispatch_p99_ms=X
 // dispatch_p50_ms_serve=X dispatch_p99_ms_serve=X steps_per_s=X
-// limit_ratio=X cpu_ms_per_step=X rebuild_events_per_s=X
+// limit_ratio=X cpu_ms_per_step=X steps_per_s_reuse=X limit_ratio_reuse=X
+// cpu_ms_per_step_reuse=X rebuild_events_per_s=X
 // rebuild_ratio=X pass_to_merge_p50_ms=X tool_overhead_us=X
 // orch_live_bytes_per_session=X" from the default-fsync results. It fails, wrapping ErrFailed, if the output
 // reports a failure, and names any figure it did not find.

@@ -43,6 +43,8 @@ type Services struct {
 	SecretEnv []string
 	// ValidatorAckWait: see validator.Config.AckWait.
 	ValidatorAckWait time.Duration
+	// ValidatorReuseWorkspaces: see validator.Config.ReuseWorkspaces.
+	ValidatorReuseWorkspaces bool
 	// Metrics, when its Listen address is set, adds a metrics service
 	// (named "metrics") that follows the stream from this process and
 	// serves /metrics there; the zero value serves none.
@@ -108,7 +110,7 @@ func (s Services) Build(b *bus.Bus, log zerolog.Logger, now func() time.Time) ([
 		out = append(out, Named{"orchestrator", o})
 	}
 	if s.Validator {
-		v, err := validator.New(validator.Config{SecretEnv: s.SecretEnv, AckWait: s.ValidatorAckWait}, b.WithSource(SourceName("validator")), sub("validator"), now)
+		v, err := validator.New(validator.Config{SecretEnv: s.SecretEnv, AckWait: s.ValidatorAckWait, ReuseWorkspaces: s.ValidatorReuseWorkspaces}, b.WithSource(SourceName("validator")), sub("validator"), now)
 		if err != nil {
 			return nil, err
 		}

@@ -74,6 +74,9 @@ type Config struct {
 	RepoCache string
 	// KeepWorkspaces leaves workspaces on disk for debugging.
 	KeepWorkspaces bool
+	// ReuseWorkspaces reuses validate commands' workspaces, as
+	// agentworker.Config.ReuseWorkspaces does jobs'.
+	ReuseWorkspaces bool
 	// DefaultTimeout bounds a validate command whose step sets none; 1m.
 	DefaultTimeout time.Duration
 	// Env is the base environment of validate commands; nil means this
@@ -141,7 +144,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if _, err := workspace.NewSecrets(cfg.Env, cfg.SecretEnv); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	pool, err := workspace.NewPool(cfg.WorkDir)
+	pool, err := workspace.NewPool(cfg.WorkDir, cfg.ReuseWorkspaces)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

@@ -26,11 +26,12 @@ const IdlePrefix = ".idle-"
 // ran at once, up to this many.
 const MaxIdle = 16
 
-// Pool makes workspaces under one base directory, as Create does, and
-// takes them back emptied for the next job: making a file or directory
-// costs the file system several times more than emptying one (and, on
-// ext4 without a journal, more the more it removed lately), and a job's
-// workspace is three directories and two files before any input.
+// Pool makes workspaces under one base directory, as Create does, and,
+// when asked to reuse them, takes them back emptied for the next job:
+// making a file or directory costs the file system several times more
+// than emptying one (and, on ext4 without a journal, more the more it
+// removed lately), and a job's workspace is three directories and two
+// files before any input.
 //
 // A workspace is taken back only if no process created since it was
 // handed out still works in it (see procrun.Inside: one that escaped the
@@ -47,10 +48,12 @@ const MaxIdle = 16
 // one made. Close removes what the pool keeps. A Pool is safe for
 // concurrent use.
 //
-// A process that escaped the sweep and left the workspace, or another
-// process of the same user, can still reach a later job's workspace by
-// its name, as it can reach any workspace under base: the pool adds no
-// way in.
+// Reuse is for agents that run unconfined, as the worker's user: a
+// process of theirs left behind can reach any workspace under base by its
+// name anyway. procrun.Inside catches processes left working in the
+// workspace by mistake; one bent on staying can keep the directory open
+// or see it through a sandbox's mount and would then see the next job's
+// files, which a new directory would not have shown it.
 type Pool struct {
 	base string
 
@@ -60,7 +63,7 @@ type Pool struct {
 	resolved string
 	idle     []idleWorkspace
 	closed   bool
-	noReuse  bool // the file system cannot rename without replacing
+	noReuse  bool // not asked to, or the file system cannot rename without replacing
 }
 
 // idleWorkspace is a kept workspace: its path and the directory's
@@ -82,14 +85,16 @@ func idOf(fi os.FileInfo) (fileID, bool) {
 	return fileID{dev: st.Dev, ino: st.Ino}, true
 }
 
-// NewPool returns a pool of workspaces under base. Nothing is made until
-// the first Create.
-func NewPool(base string) (*Pool, error) {
+// NewPool returns a pool of workspaces under base. With reuse false it
+// keeps none: Create makes a new workspace and Remove deletes it, as the
+// package's Create and Workspace.Remove do. Nothing is made until the
+// first Create.
+func NewPool(base string, reuse bool) (*Pool, error) {
 	abs, err := filepath.Abs(base)
 	if err != nil {
 		return nil, fmt.Errorf("workspace: %w", err)
 	}
-	return &Pool{base: abs}, nil
+	return &Pool{base: abs, noReuse: !reuse}, nil
 }
 
 // Create returns an empty workspace named session.name-RANDOM under the
@@ -120,8 +125,8 @@ func (p *Pool) Create(session, name string) (*Workspace, error) {
 		_ = os.RemoveAll(root)
 	}
 	w, err := create(p.base, prefix)
-	if err != nil {
-		return nil, err
+	if err != nil || !p.reusing() {
+		return w, err
 	}
 	fi, err := os.Lstat(w.Root)
 	id, ok := fileID{}, false
@@ -163,6 +168,13 @@ func (p *Pool) Close() error {
 		errs = append(errs, os.RemoveAll(d.path))
 	}
 	return errors.Join(errs...)
+}
+
+// reusing reports whether the pool keeps workspaces.
+func (p *Pool) reusing() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.noReuse && !p.closed
 }
 
 // take returns a kept workspace, if there is one.
@@ -350,16 +362,27 @@ func clean(root string, id fileID) bool {
 }
 
 // openOwn opens the workspace at root if it is the directory id, of
-// mode 0700: an agent may have put a link or another directory in its
-// place. The check is made on the directory opened, so what is done
-// through the returned Root is done in that directory.
+// mode 0700, and not a link to it: an agent may have put a link or
+// another directory in its place, or moved it away and linked to it. The
+// directory is opened without following a link and checked; the Root is
+// then opened on that open directory (through /proc/self/fd), so what is
+// done through it is done in the directory checked.
 func openOwn(root string, id fileID) (*os.Root, bool) {
-	r, err := os.OpenRoot(root)
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, false
 	}
-	fi, err := r.Stat(".")
+	dir := os.NewFile(uintptr(fd), root)
+	defer dir.Close()
+	fi, err := dir.Stat()
 	if got, ok := idOf(fi); err != nil || !ok || got != id || !private(fi) {
+		return nil, false
+	}
+	r, err := os.OpenRoot("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return nil, false
+	}
+	if opened, err := r.Stat("."); err != nil || !os.SameFile(opened, fi) {
 		_ = r.Close()
 		return nil, false
 	}

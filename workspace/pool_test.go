@@ -16,7 +16,7 @@ import (
 
 func newPool(t *testing.T, base string) *workspace.Pool {
 	t.Helper()
-	p, err := workspace.NewPool(base)
+	p, err := workspace.NewPool(base, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,6 +454,35 @@ func TestPoolRefusesReplacedRoot(t *testing.T) {
 		assertFresh(t, w2, base, "s2", "b-1-1")
 		intact(t, d)
 	})
+	t.Run("moved away and linked to", func(t *testing.T) {
+		// The directory itself, elsewhere: its identity is the one the
+		// pool recorded, but it is no longer in the work dir.
+		base := t.TempDir()
+		p := newPool(t, base)
+		w := poolCreate(t, p, "s1", "a-1-1")
+		fill(t, w, t.TempDir())
+		place := filepath.Join(t.TempDir(), "place")
+		if err := os.Rename(w.Root, place); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(place, w.Root); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Remove(); err != nil {
+			t.Fatalf("Remove: %v", err)
+		}
+		if got := entries(t, base); len(got) != 0 {
+			t.Errorf("work dir holds %v, want nothing kept", got)
+		}
+		if got := entries(t, place); !slices.Contains(got, "prompt.md") {
+			t.Errorf("the moved directory holds %v: it was emptied through the link", got)
+		}
+		w2 := poolCreate(t, p, "s2", "b-1-1")
+		assertFresh(t, w2, base, "s2", "b-1-1")
+		if fi, err := os.Lstat(w2.Root); err != nil || !fi.IsDir() {
+			t.Errorf("handed out %s: %v (%v), want a directory of its own", w2.Root, fi, err)
+		}
+	})
 	t.Run("while kept", func(t *testing.T) {
 		base := t.TempDir()
 		p := newPool(t, base)
@@ -520,6 +549,27 @@ func TestPoolRefusesWorkspaceInUse(t *testing.T) {
 		}
 		if got := entries(t, base); len(got) != 1 || !strings.HasPrefix(got[0], workspace.IdlePrefix) {
 			t.Errorf("no process in it: work dir holds %v, want one kept workspace", got)
+		}
+	}
+}
+
+// TestPoolWithoutReuse: a pool not asked to reuse makes a new workspace
+// for every job and deletes it after.
+func TestPoolWithoutReuse(t *testing.T) {
+	base := t.TempDir()
+	p, err := workspace.NewPool(base, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		w := poolCreate(t, p, "s1", fmt.Sprintf("a-%d", i))
+		assertFresh(t, w, base, "s1", fmt.Sprintf("a-%d", i))
+		fill(t, w, t.TempDir())
+		if err := w.Remove(); err != nil {
+			t.Fatal(err)
+		}
+		if got := entries(t, base); len(got) != 0 {
+			t.Fatalf("work dir holds %v after Remove, want nothing", got)
 		}
 	}
 }

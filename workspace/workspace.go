@@ -122,7 +122,7 @@ func (w *Workspace) Fetch(ctx context.Context, f Fetcher, refs []schemas.Artifac
 // file is written in place, not renamed into place; a failed fetch
 // removes it, and the job fails before anything reads it.
 func fetch(ctx context.Context, f Fetcher, ref schemas.ArtifactRef, path string, mode os.FileMode) error {
-	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, mode)
+	file, err := createOwn(path, mode)
 	if err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
@@ -202,10 +202,9 @@ func (w *Workspace) WriteText(prompt, feedback string) error {
 	return writeOwn(w.FeedbackFile, feedback)
 }
 
-// writeFile writes content to path (made with mode 0600, or truncated),
-// refusing a link as path's last element.
+// writeFile writes content to path (see createOwn).
 func writeFile(path, content string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	f, err := createOwn(path, 0o600)
 	if err != nil {
 		return err
 	}
@@ -216,28 +215,36 @@ func writeFile(path, content string) error {
 	return err
 }
 
-// writeOwn makes path hold text: a new file of mode 0600, or one a Pool
-// kept, which is written only if it is still a regular file with no
-// other name (not a link to someone else's file).
+// writeOwn writes text to path (see createOwn): the prompt or feedback file.
 func writeOwn(path, text string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
-	if err != nil {
+	if err := writeFile(path, text); err != nil {
 		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
+}
+
+// createOwn opens path for writing, empty: a new file made with mode, or an
+// existing one (a later input of the same name, or a file a Pool kept)
+// truncated, but only if it is a regular file with no other name. A
+// link, as path's last element or as a second name of someone else's
+// file, is refused, never written through.
+func createOwn(path string, mode os.FileMode) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, mode)
+	if err != nil {
+		return nil, err
 	}
 	fi, err := f.Stat()
 	if err == nil && !ownFile(fi) {
-		err = fmt.Errorf("workspace: %s is not a file of the workspace's own", path)
+		err = fmt.Errorf("%s is not a file of the workspace's own", path)
 	}
 	if err == nil && fi.Size() > 0 {
 		err = f.Truncate(0)
 	}
-	if err == nil {
-		_, err = f.WriteString(text)
+	if err != nil {
+		_ = f.Close()
+		return nil, err
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return f, nil
 }
 
 // BaseEnv returns this process's environment without its own LOOPBUS_*

@@ -545,7 +545,7 @@ func BenchmarkLifecycle(b *testing.B) {
 		lifecycles(b, func(session string) (*workspace.Workspace, error) { return workspace.Create(base, session, "step-1-1") })
 	})
 	b.Run("pool", func(b *testing.B) {
-		p, err := workspace.NewPool(b.TempDir())
+		p, err := workspace.NewPool(b.TempDir(), true)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -439,7 +439,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var listen, metricsAddr string
 	var web httpFlags
 	var workers int
-	var keep bool
+	var keep, reuse bool
 	var ackWait time.Duration
 	var maxOutput int64
 	var secretEnv []string
@@ -465,7 +465,7 @@ func newServeCmd(g *globals) *cobra.Command {
 				log.Warn().Msg("the dashboard is not served: " + errTokenNeeded.Error() + ", or --http= to silence this")
 				withDashboard = false
 			}
-			wcfg := agentworker.Config{KeepWorkspaces: keep, AckWait: ackWait, MaxOutputBytes: maxOutput}
+			wcfg := agentworker.Config{KeepWorkspaces: keep, ReuseWorkspaces: reuse, AckWait: ackWait, MaxOutputBytes: maxOutput}
 			if wcfg.Lanes, wcfg.LaneTable, err = config.WorkerLanes(cmd.Flags().Lookup("lanes")); err != nil {
 				return err
 			}
@@ -480,6 +480,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			}
 			set := serve.All(workers)
 			set.Worker, set.SecretEnv, set.ValidatorAckWait, set.Metrics = wcfg, secretEnv, ackWait, mcfg
+			set.ValidatorReuseWorkspaces = reuse
 			set.Traces = tracesConfig()
 			if !withDashboard {
 				return g.runServices(ctx, "serve", set)
@@ -496,6 +497,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	metricsFlag(cmd, &metricsAddr)
 	cmd.Flags().IntVar(&workers, "concurrency", 4, "jobs run at once by the agent worker")
 	cmd.Flags().BoolVar(&keep, "keep-workspaces", false, "keep job workspaces on disk for debugging")
+	cmd.Flags().BoolVar(&reuse, "reuse-workspaces", false, reuseWorkspacesUsage)
 	cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job (or job completion) whose worker (or validator) sends no heartbeat this long goes to another one")
 	cmd.Flags().Int64Var(&maxOutput, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
 	cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
@@ -565,6 +567,7 @@ own --data and --listen, and use --replicas 3 with the services, e.g.
 func newServiceCmd(g *globals, name string) *cobra.Command {
 	var secretEnv []string
 	var ackWait time.Duration
+	var reuse bool
 	var metricsAddr string
 	cmd := &cobra.Command{
 		Use:   name,
@@ -576,7 +579,7 @@ func newServiceCmd(g *globals, name string) *cobra.Command {
 				return err
 			}
 			set := serve.Services{Orchestrator: name == "orchestrator", Validator: name == "validator", Projector: name == "projector",
-				SecretEnv: secretEnv, ValidatorAckWait: ackWait, Metrics: mcfg}
+				SecretEnv: secretEnv, ValidatorAckWait: ackWait, ValidatorReuseWorkspaces: reuse, Metrics: mcfg}
 			if name == "orchestrator" {
 				set.Traces = tracesConfig()
 			}
@@ -587,6 +590,7 @@ func newServiceCmd(g *globals, name string) *cobra.Command {
 	if name == "validator" {
 		cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
 		cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job completion whose validator sends no heartbeat this long goes to another validator")
+		cmd.Flags().BoolVar(&reuse, "reuse-workspaces", false, reuseWorkspacesUsage)
 	}
 	return cmd
 }
@@ -617,6 +621,8 @@ func metricsConfig(addr string) (metrics.Config, error) {
 }
 
 // secretEnvUsage describes --secret-env wherever validate commands or agents run.
+const reuseWorkspacesUsage = "empty each workspace when its job ends and rename it for a later job instead of removing it: cheaper for many short jobs; only for agents that run unconfined (see README, Workspaces)"
+
 const secretEnvUsage = "name of an environment variable whose value is masked in events and logs and refused in outputs (repeatable; names like *TOKEN*, *SECRET*, *PASSWORD*, *_KEY are secret anyway)"
 
 func newProjectorCmd(g *globals) *cobra.Command {
@@ -662,6 +668,7 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.ID, "id", "", "worker id shown in job.started (default host-pid)")
 	cmd.Flags().StringVar(&cfg.WorkDir, "work-dir", "", "directory for job workspaces (default $TMPDIR/loopbus-work)")
 	cmd.Flags().BoolVar(&cfg.KeepWorkspaces, "keep-workspaces", false, "keep job workspaces on disk for debugging")
+	cmd.Flags().BoolVar(&cfg.ReuseWorkspaces, "reuse-workspaces", false, reuseWorkspacesUsage)
 	cmd.Flags().DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")
 	cmd.Flags().Int64Var(&cfg.MaxOutputBytes, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
 	cmd.Flags().StringArrayVar(&cfg.SecretEnv, "secret-env", nil, secretEnvUsage)

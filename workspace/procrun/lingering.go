@@ -1,9 +1,12 @@
 package procrun
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Mark is a point in the machine's process history: the last pid handed
@@ -26,21 +29,24 @@ func Now() Mark {
 // Inside reports whether a process created after m, still alive, has its
 // working directory at dir or below it: one of a run that escaped the
 // sweep (it cleared its environment and left the process group) yet
-// still works there. It says true when it cannot tell: no /proc, or the
-// pid counter may have come round since m. A process of another user
-// whose directory cannot be read, or one that was there before m and
-// moved in later, is not seen.
+// still works there. dir must be a path with no links in it, as the
+// kernel shows working directories. It says true when it cannot tell: no
+// /proc, the pid counter may have come round since m, or a process of
+// this user created since hides its directory. It is a check against
+// processes left behind by mistake, not against one bent on staying:
+// such a process can keep the directory open, or work there from one
+// thread or from another mount namespace, and not be seen.
 func Inside(m Mark, dir string) bool {
 	if !m.ok {
 		return true
 	}
 	now, ok := forkCount()
 	last, ok1 := readInt("/proc/sys/kernel/ns_last_pid")
-	pidMax, ok2 := readInt("/proc/sys/kernel/pid_max")
+	limit, ok2 := wrapLimit()
 	switch {
 	case !ok || !ok1 || !ok2:
 		return true
-	case now < m.forks || now-m.forks >= uint64(pidMax) || last < m.last:
+	case now < m.forks || now-m.forks >= uint64(max(limit, 0)) || last < m.last:
 		return true // the pid counter may have come round
 	case last == m.last:
 		return false // no process since
@@ -49,7 +55,7 @@ func Inside(m Mark, dir string) bool {
 	if err != nil {
 		return true
 	}
-	self := os.Getpid()
+	self, uid := os.Getpid(), uint32(os.Getuid())
 	for _, name := range names {
 		if name == "" || name[0] < '0' || name[0] > '9' {
 			continue
@@ -59,9 +65,20 @@ func Inside(m Mark, dir string) bool {
 			continue
 		}
 		cwd, err := os.Readlink("/proc/" + name + "/cwd")
-		if err == nil && (cwd == dir || strings.HasPrefix(cwd, dir+"/")) {
-			return true
+		switch {
+		case err == nil:
+			if cwd == dir || strings.HasPrefix(cwd, dir+"/") {
+				return true
+			}
+		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) && ownedBy(name, uid):
+			return true // this user's, and hiding where it works
 		}
 	}
 	return false
+}
+
+// ownedBy reports whether the process pid (a /proc entry) runs as uid.
+func ownedBy(pid string, uid uint32) bool {
+	var st syscall.Stat_t
+	return syscall.Stat("/proc/"+pid, &st) == nil && st.Uid == uid
 }

@@ -35,7 +35,14 @@ func TestInside(t *testing.T) {
 	if !Inside(before, filepath.Dir(dir)) {
 		t.Errorf("Inside: false for the parent of the directory a process works in")
 	}
-	if after := Now(); Inside(after, dir) {
+	// A process from before the mark is not looked at, also when others
+	// were created since.
+	after := Now()
+	start(t, other)
+	if m := Now(); m.last == after.last {
+		t.Fatalf("no pid handed out for the process started after the mark")
+	}
+	if Inside(after, dir) {
 		t.Errorf("Inside: true for a process that was there before the mark")
 	}
 	if !Inside(Mark{}, other) {

@@ -551,18 +551,22 @@ func TestSweepScope(t *testing.T) {
 		t.Errorf("minPID with no fork count = %d, want 0", got)
 	}
 	tests := []struct {
-		name                 string
-		leader, last, pidMax int
-		forks, now           uint64
-		want                 int
+		name                string
+		leader, last, limit int
+		forks, now          uint64
+		want                int
 	}{
-		{name: "few forks since", leader: 500, last: 900, pidMax: 4 << 20, forks: 1000, now: 1400, want: 500},
-		{name: "as many forks as pids since", leader: 500, last: 900, pidMax: 4 << 20, forks: 1000, now: 1000 + 4<<20, want: 0},
-		{name: "the last pid below the leader (the counter came round)", leader: 500, last: 400, pidMax: 4 << 20, forks: 1000, now: 1400, want: 0},
-		{name: "a fork count that went back", leader: 500, last: 900, pidMax: 4 << 20, forks: 1000, now: 10, want: 0},
+		{name: "few forks since", leader: 500, last: 900, limit: 4 << 20, forks: 1000, now: 1400, want: 500},
+		{name: "as many forks as pids since", leader: 500, last: 900, limit: 4 << 20, forks: 1000, now: 1000 + 4<<20, want: 0},
+		{name: "the last pid below the leader (the counter came round)", leader: 500, last: 400, limit: 4 << 20, forks: 1000, now: 1400, want: 0},
+		{name: "a fork count that went back", leader: 500, last: 900, limit: 4 << 20, forks: 1000, now: 10, want: 0},
+		{name: "no limit known", leader: 500, last: 900, limit: -5, forks: 1000, now: 1000, want: 0},
+	}
+	if limit, ok := wrapLimit(); !ok || limit <= 0 || limit > 1<<22 {
+		t.Errorf("wrapLimit() = %d, %v; want a positive bound below pid_max", limit, ok)
 	}
 	for _, tt := range tests {
-		if got := skippable(tt.leader, tt.forks, tt.now, tt.last, tt.pidMax); got != tt.want {
+		if got := skippable(tt.leader, tt.forks, tt.now, tt.last, tt.limit); got != tt.want {
 			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
 		}
 	}

@@ -56,21 +56,50 @@ func (sc sweepScope) minPID() int {
 	}
 	now, ok := forkCount()
 	last, ok1 := readInt("/proc/sys/kernel/ns_last_pid")
-	pidMax, ok2 := readInt("/proc/sys/kernel/pid_max")
+	limit, ok2 := wrapLimit()
 	if !ok || !ok1 || !ok2 {
 		return 0
 	}
-	return skippable(sc.leader, sc.forks, now, last, pidMax)
+	return skippable(sc.leader, sc.forks, now, last, limit)
 }
 
 // skippable is the highest pid a sweep may skip: the leader's, if the
-// last pid handed out is not below it and fewer than pidMax processes
-// were created since forks (so the counter did not come round); else 0.
-func skippable(leader int, forks, now uint64, last, pidMax int) int {
-	if now < forks || last < leader || now-forks >= uint64(pidMax) {
+// last pid handed out is not below it and fewer than limit processes
+// were created since forks (so the counter did not come round, see
+// wrapLimit); else 0.
+func skippable(leader int, forks, now uint64, last, limit int) int {
+	if now < forks || last < leader || now-forks >= uint64(max(limit, 0)) {
 		return 0
 	}
 	return leader
+}
+
+// wrapLimit bounds the processes that may be created before the pid
+// counter can come round to a pid handed out before them: it starts
+// again at 300 once it reaches pid_max and skips the pids in use, so
+// fewer than pid_max - 300 - (tasks alive) forks can do it. Tasks come
+// and go; at most half of pid_max is trusted.
+func wrapLimit() (int, bool) {
+	pidMax, ok := readInt("/proc/sys/kernel/pid_max")
+	if !ok {
+		return 0, false
+	}
+	var buf [128]byte
+	b, ok := readProc("/proc/loadavg", buf[:])
+	if !ok {
+		return 0, false
+	}
+	// "0.34 0.87 1.21 2/79 10087": the fourth field is running/total.
+	f := bytes.Fields(b)
+	if len(f) < 4 {
+		return 0, false
+	}
+	_, total, found := bytes.Cut(f[3], []byte("/"))
+	tasks, ok := parseUint(total)
+	if !found || !ok || tasks > uint64(pidMax) {
+		return 0, false
+	}
+	return min(pidMax/2, pidMax-300-int(tasks)), true
 }
 
 // forkCount is the number of processes and threads created since boot
