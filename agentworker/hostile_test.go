@@ -255,7 +255,7 @@ echo left > in/more/g
 echo left > out/extra.txt
 ln -s / out/root
 echo left > ro && chmod 0400 ro
-echo done > out/report.txt
+stat -c %i . > out/report.txt
 `)
 	opened := writeScript(t, `set -eu
 cd "$LOOPBUS_WORKSPACE"
@@ -265,9 +265,10 @@ echo done > out/report.txt
 `)
 	look := writeScript(t, `set -eu
 cd "$LOOPBUS_WORKSPACE"
-seen=$(ls -A . ; echo --; ls -A in ; echo --; ls -A out ; echo --; stat -c %a . in out)
+seen=$(stat -c %i . ; ls -A . ; echo --; ls -A in ; echo --; ls -A out ; echo --; stat -c %a . in out)
 printf '%s\n' "$seen" > out/look.txt
 `)
+	var inodes []string
 	for i, step := range []struct {
 		argv []string
 		out  string
@@ -279,12 +280,20 @@ printf '%s\n' "$seen" > out/look.txt
 		if !ok || len(jc.Artifacts) != 1 {
 			t.Fatalf("job %d: result %s; events:%s", i, res.Type, describe(ofJob(all, jr.JobID)))
 		}
+		inode, seen, _ := strings.Cut(string(fetch(t, b, jc.Artifacts[0])), "\n")
 		if step.out != "look.txt" {
+			inodes = append(inodes, strings.TrimSpace(inode))
 			continue
 		}
+		inodes = append(inodes, inode)
 		want := "feedback.md\nin\nout\nprompt.md\n--\n--\n--\n700\n700\n700\n"
-		if got := string(fetch(t, b, jc.Artifacts[0])); got != want {
-			t.Errorf("job %d saw its workspace as\n%s\nwant\n%s", i, got, want)
+		if seen != want {
+			t.Errorf("job %d saw its workspace as\n%s\nwant\n%s", i, seen, want)
 		}
+	}
+	// The first job's workspace was handed to the second (the third's,
+	// re-moded, was not, but a new directory may get its inode number).
+	if inodes[0] != inodes[1] {
+		t.Errorf("workspace inodes %v: the second job did not get the first one's workspace", inodes)
 	}
 }

@@ -168,7 +168,9 @@ func percentile(xs []float64, p float64) float64 {
 // The sessions are submitted before the orchestrator starts; the clock
 // runs from its start to the last session.completed. Each service has a
 // connection of its own, as separate processes do. With fsync=default, 4
-// workers run once more with --reuse-workspaces (".../reuse").
+// workers run once more reusing workspaces, as --reuse-workspaces does
+// (".../reuse"; the pipeline has no validate command, so the validator
+// makes none).
 func BenchmarkThroughput(b *testing.B) {
 	type variant struct {
 		workers int
@@ -203,6 +205,9 @@ func BenchmarkThroughput(b *testing.B) {
 				waitEnds(b, ends, sessions, 10*time.Minute)
 				elapsed, cpu := time.Since(start), processCPU(b)-cpu0
 				b.StopTimer()
+				if v.reuse {
+					sys.reused(b)
+				}
 				steps := float64(sessions * len(chain()))
 				b.ReportMetric(steps/elapsed.Seconds(), "steps/s")
 				// Everything (server, services, agents) runs in this process

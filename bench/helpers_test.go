@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/loopbus/loopbus/orchestrator"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/validator"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 // syncMode is one of the two durability settings every benchmark runs
@@ -108,9 +110,11 @@ type system struct {
 	conns    []*bus.Bus
 	// shared is the services' connection in serve mode; nil otherwise.
 	shared *bus.Bus
-	// reuse makes the worker and the validator reuse workspaces
+	// reuse makes the workers and the validator reuse workspaces
 	// (--reuse-workspaces).
 	reuse bool
+	// workDirs are the workers' work dirs.
+	workDirs []string
 }
 
 func newSystem(tb testing.TB, mode syncMode) *system {
@@ -198,7 +202,9 @@ func (s *system) startWorkers(n int) (stop func()) {
 	var stops []func()
 	for i := range n {
 		id := "w" + strconv.Itoa(i+1)
-		w, err := agentworker.New(agentworker.Config{ID: id, WorkDir: s.tb.TempDir(), ReuseWorkspaces: s.reuse}, s.service("bench/"+id), testnats.Logger(s.tb), time.Now)
+		dir := s.tb.TempDir()
+		s.workDirs = append(s.workDirs, dir)
+		w, err := agentworker.New(agentworker.Config{ID: id, WorkDir: dir, ReuseWorkspaces: s.reuse}, s.service("bench/"+id), testnats.Logger(s.tb), time.Now)
 		if err != nil {
 			s.tb.Fatal(err)
 		}
@@ -259,4 +265,21 @@ func waitEnds(tb testing.TB, ends <-chan string, n int, timeout time.Duration) {
 			tb.Fatalf("only %d of %d sessions ended within %s", i, n, timeout)
 		}
 	}
+}
+
+// reused fails tb unless some worker kept a workspace for reuse.
+func (s *system) reused(tb testing.TB) {
+	tb.Helper()
+	for _, d := range s.workDirs {
+		es, err := os.ReadDir(d)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, e := range es {
+			if strings.HasPrefix(e.Name(), workspace.IdlePrefix) {
+				return
+			}
+		}
+	}
+	tb.Fatalf("no worker kept a workspace (%s*) under %v: reuse did not happen", workspace.IdlePrefix, s.workDirs)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/validator"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 // TestNoWorkspaceWithoutCommand checks that outputs of a step without a
@@ -88,5 +90,42 @@ func TestNoWorkspaceWithoutCommand(t *testing.T) {
 		if got, err := os.ReadFile(paths[0]); err != nil || !bytes.Equal(got, []byte(want)) {
 			t.Errorf("out/%s: %d bytes (%v), want the %d bytes produced", name, len(got), err, len(want))
 		}
+	}
+}
+
+// TestReuseWorkspaces: with ReuseWorkspaces a validate command's
+// workspace is emptied and kept for the next, which finds nothing the
+// last command left.
+func TestReuseWorkspaces(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	workDir := filepath.Join(t.TempDir(), "work")
+	v, err := validator.New(validator.Config{
+		WorkDir:         workDir,
+		ReuseWorkspaces: true,
+		Env:             []string{"PATH=" + os.Getenv("PATH")},
+	}, b, testnats.Logger(t), time.Now)
+	if err != nil {
+		t.Fatalf("validator.New: %v", err)
+	}
+	testnats.Run(t, "validator", v.Run)
+	// Passes only in a workspace the last command left nothing in.
+	check := []string{"sh", "-c", `test ! -e "$LOOPBUS_WORKSPACE/stray" && echo left > "$LOOPBUS_WORKSPACE/stray"`}
+	for i := range 3 {
+		id := "s1.summary." + strconv.Itoa(i+1)
+		j := newJob(id, schemas.Output{Name: "notes.md"})
+		j.produced = []file{{"notes.md", "notes"}}
+		j.request.Validate = check
+		j.complete(t, b, publish(t, b, session, schemas.TypeJobRequested, "summary", id, j.request))
+		if ev, v := waitVerdict(t, b, id); ev.Type != schemas.TypeValidationPassed {
+			t.Fatalf("%s: verdict %s, want %s: %s", id, ev.Type, schemas.TypeValidationPassed, mustJSON(t, v))
+		}
+	}
+	waitAcked(t, b)
+	left, err := os.ReadDir(workDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || !strings.HasPrefix(left[0].Name(), workspace.IdlePrefix) {
+		t.Errorf("work dir holds %v, want one kept workspace", left)
 	}
 }

@@ -51,9 +51,10 @@ const MaxIdle = 16
 // Reuse is for agents that run unconfined, as the worker's user: a
 // process of theirs left behind can reach any workspace under base by its
 // name anyway. procrun.Inside catches processes left working in the
-// workspace by mistake; one bent on staying can keep the directory open
-// or see it through a sandbox's mount and would then see the next job's
-// files, which a new directory would not have shown it.
+// workspace by mistake; one bent on staying can keep the directory, or
+// the prompt or feedback file, open, or see it through a sandbox's mount,
+// and would then see the next job's files, which a new directory would
+// not have shown it.
 type Pool struct {
 	base string
 

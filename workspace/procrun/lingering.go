@@ -31,8 +31,10 @@ func Now() Mark {
 // sweep (it cleared its environment and left the process group) yet
 // still works there. dir must be a path with no links in it, as the
 // kernel shows working directories. It says true when it cannot tell: no
-// /proc, the pid counter may have come round since m, or a process of
-// this user created since hides its directory. It is a check against
+// /proc, so many processes created since m that the pid counter may have
+// come round past m's last pid (see wrapLimit; once round, below it, is
+// allowed for), or a process of this user created since hides its
+// directory. It is a check against
 // processes left behind by mistake, not against one bent on staying:
 // such a process can keep the directory open, or work there from one
 // thread or from another mount namespace, and not be seen.
@@ -46,8 +48,8 @@ func Inside(m Mark, dir string) bool {
 	switch {
 	case !ok || !ok1 || !ok2:
 		return true
-	case now < m.forks || now-m.forks >= uint64(max(limit, 0)) || last < m.last:
-		return true // the pid counter may have come round
+	case now < m.forks || now-m.forks >= uint64(max(limit, 0)):
+		return true // the pid counter may have come round past m.last
 	case last == m.last:
 		return false // no process since
 	}
@@ -61,7 +63,7 @@ func Inside(m Mark, dir string) bool {
 			continue
 		}
 		pid, err := strconv.Atoi(name)
-		if err != nil || pid <= m.last || pid == self {
+		if err != nil || pid == self || !since(pid, m.last, last) {
 			continue
 		}
 		cwd, err := os.Readlink("/proc/" + name + "/cwd")
@@ -81,4 +83,15 @@ func Inside(m Mark, dir string) bool {
 func ownedBy(pid string, uid uint32) bool {
 	var st syscall.Stat_t
 	return syscall.Stat("/proc/"+pid, &st) == nil && st.Uid == uid
+}
+
+// since reports whether pid may have been handed out after a mark whose
+// last pid was markLast, last being the last pid now: pids above
+// markLast, or, if the counter came round (once: see wrapLimit), also
+// those up to last.
+func since(pid, markLast, last int) bool {
+	if last < markLast {
+		return pid > markLast || pid <= last
+	}
+	return pid > markLast
 }

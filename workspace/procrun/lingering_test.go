@@ -49,3 +49,25 @@ func TestInside(t *testing.T) {
 		t.Errorf("Inside with no mark: false, want true (cannot tell)")
 	}
 }
+
+// TestSince: after a mark, new pids are above its last pid, or, once the
+// counter came round, also at or below the last pid now.
+func TestSince(t *testing.T) {
+	for _, tt := range []struct {
+		pid, markLast, last int
+		want                bool
+	}{
+		{pid: 500, markLast: 400, last: 900, want: true},
+		{pid: 400, markLast: 400, last: 900, want: false},
+		{pid: 300, markLast: 400, last: 900, want: false},
+		{pid: 30000, markLast: 400, last: 380, want: true},
+		{pid: 350, markLast: 400, last: 380, want: true},
+		{pid: 380, markLast: 400, last: 380, want: true},
+		{pid: 390, markLast: 400, last: 380, want: false},
+		{pid: 400, markLast: 400, last: 380, want: false},
+	} {
+		if got := since(tt.pid, tt.markLast, tt.last); got != tt.want {
+			t.Errorf("since(%d, mark %d, last %d) = %v, want %v", tt.pid, tt.markLast, tt.last, got, tt.want)
+		}
+	}
+}
