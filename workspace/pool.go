@@ -212,8 +212,9 @@ func (p *Pool) put(w *Workspace) (kept bool, err error) {
 	if full || !empty(w.Root, w.id) {
 		return false, nil
 	}
-	// Checked after emptying, which moved none in; an escaped process
-	// shows its directory with the links in base's path resolved.
+	// A process created during the job that still works in it would
+	// write into the next job's files. The kernel shows a process's
+	// directory with the links in base's path resolved.
 	if base := p.resolvedBase(); base == "" || procrun.Inside(w.mark, filepath.Join(base, filepath.Base(w.Root))) {
 		return false, nil
 	}
