@@ -262,15 +262,11 @@ func isKept(name string) bool { return name == "prompt.md" || name == "feedback.
 // directories of mode 0700 (an agent may have replaced or re-moded any of
 // them); Create checks again, with clean, when it takes the workspace.
 func empty(root string, id fileID) bool {
-	r, ok := openOwn(root, id)
+	r, names, ok := openListed(root, id)
 	if !ok {
 		return false
 	}
 	defer r.Close()
-	names, ok := list(r, ".")
-	if !ok {
-		return false
-	}
 	dirs := 0
 	for _, name := range names {
 		switch {
@@ -328,15 +324,11 @@ func ownFile(fi os.FileInfo) bool {
 // empty, and at most the emptied prompt and feedback files, and root,
 // in/ and out/ are directories of mode 0700.
 func clean(root string, id fileID) bool {
-	r, ok := openOwn(root, id)
+	r, names, ok := openListed(root, id)
 	if !ok {
 		return false
 	}
 	defer r.Close()
-	names, ok := list(r, ".")
-	if !ok {
-		return false
-	}
 	dirs := 0
 	for _, name := range names {
 		if isKept(name) {
@@ -389,6 +381,20 @@ func openOwn(root string, id fileID) (*os.Root, bool) {
 		return nil, false
 	}
 	return r, true
+}
+
+// openListed opens the workspace at root (see openOwn) and lists it.
+func openListed(root string, id fileID) (*os.Root, []string, bool) {
+	r, ok := openOwn(root, id)
+	if !ok {
+		return nil, nil, false
+	}
+	names, ok := list(r, ".")
+	if !ok {
+		_ = r.Close()
+		return nil, nil, false
+	}
+	return r, names, true
 }
 
 // privateDir reports whether name in r is a directory (not a link) of

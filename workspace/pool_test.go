@@ -47,6 +47,17 @@ func entries(t *testing.T, base string) []string {
 	return names
 }
 
+// keptOne fails t unless base holds exactly one kept workspace, and
+// returns its path.
+func keptOne(t *testing.T, base string) string {
+	t.Helper()
+	left := entries(t, base)
+	if len(left) != 1 || !strings.HasPrefix(left[0], workspace.IdlePrefix) {
+		t.Fatalf("work dir holds %v, want one kept workspace (%s*)", left, workspace.IdlePrefix)
+	}
+	return filepath.Join(base, left[0])
+}
+
 // hold opens dir and returns its identity. The open directory keeps its
 // inode taken even once the directory is removed, so a new directory never
 // gets its number (file systems hand freed inode numbers out again at
@@ -132,11 +143,7 @@ func TestPoolReusesEmptiedWorkspace(t *testing.T) {
 		t.Fatalf("Remove: %v", err)
 	}
 	// Nothing of the job is left; only the emptied workspace, kept.
-	left := entries(t, base)
-	if len(left) != 1 || !strings.HasPrefix(left[0], workspace.IdlePrefix) {
-		t.Fatalf("work dir holds %v, want one %s* directory", left, workspace.IdlePrefix)
-	}
-	if got := entries(t, filepath.Join(base, left[0])); !slices.Equal(got, []string{"feedback.md", "in", "out", "prompt.md"}) {
+	if got := entries(t, keptOne(t, base)); !slices.Equal(got, []string{"feedback.md", "in", "out", "prompt.md"}) {
 		t.Fatalf("kept workspace holds %v, want in, out and the emptied prompt and feedback files", got)
 	}
 	if got := entries(t, outside); !slices.Equal(got, []string{"keep"}) {
@@ -264,12 +271,9 @@ func TestPoolRefusesTamperedWorkspace(t *testing.T) {
 				t.Fatalf("Remove: %v", err)
 			}
 			if tt.idle != nil || tt.reused {
-				left := entries(t, base)
-				if len(left) != 1 || !strings.HasPrefix(left[0], workspace.IdlePrefix) {
-					t.Fatalf("work dir holds %v, want one kept workspace", left)
-				}
+				kept := keptOne(t, base)
 				if tt.idle != nil {
-					tt.idle(t, filepath.Join(base, left[0]))
+					tt.idle(t, kept)
 				}
 			} else if left := entries(t, base); len(left) != 0 {
 				t.Fatalf("tampered workspace kept: work dir holds %v", left)
@@ -490,16 +494,13 @@ func TestPoolRefusesReplacedRoot(t *testing.T) {
 		if err := w.Remove(); err != nil {
 			t.Fatal(err)
 		}
-		left := entries(t, base)
-		if len(left) != 1 || !strings.HasPrefix(left[0], workspace.IdlePrefix) {
-			t.Fatalf("work dir holds %v, want one kept workspace", left)
-		}
+		kept := keptOne(t, base)
 		// A decoy that passes for a kept workspace in every other way.
 		d := decoy(t)
 		if err := os.Remove(filepath.Join(d, "precious")); err != nil {
 			t.Fatal(err)
 		}
-		swap(t, filepath.Join(base, left[0]), d)
+		swap(t, kept, d)
 		w2 := poolCreate(t, p, "s2", "b-1-1")
 		assertFresh(t, w2, base, "s2", "b-1-1")
 		if err := w2.WriteText("session s2's prompt", ""); err != nil {

@@ -196,10 +196,14 @@ func (w *Workspace) FetchDefinition(ctx context.Context, f Fetcher, dir string, 
 
 // WriteText writes the prompt and feedback files.
 func (w *Workspace) WriteText(prompt, feedback string) error {
-	if err := writeOwn(w.PromptFile, prompt); err != nil {
-		return err
+	err := writeFile(w.PromptFile, prompt)
+	if err == nil {
+		err = writeFile(w.FeedbackFile, feedback)
 	}
-	return writeOwn(w.FeedbackFile, feedback)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
 }
 
 // writeFile writes content to path (see createOwn).
@@ -213,14 +217,6 @@ func writeFile(path, content string) error {
 		err = cerr
 	}
 	return err
-}
-
-// writeOwn writes text to path (see createOwn): the prompt or feedback file.
-func writeOwn(path, text string) error {
-	if err := writeFile(path, text); err != nil {
-		return fmt.Errorf("workspace: %w", err)
-	}
-	return nil
 }
 
 // createOwn opens path for writing, empty: a new file made with mode, or an

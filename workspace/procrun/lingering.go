@@ -53,19 +53,16 @@ func Inside(m Mark, dir string) bool {
 	case last == m.last:
 		return false // no process since
 	}
-	names, err := procEntries()
+	pids, err := otherProcesses()
 	if err != nil {
 		return true
 	}
-	self, uid := os.Getpid(), uint32(os.Getuid())
-	for _, name := range names {
-		if name == "" || name[0] < '0' || name[0] > '9' {
+	uid := uint32(os.Getuid())
+	for _, pid := range pids {
+		if !since(pid, m.last, last) {
 			continue
 		}
-		pid, err := strconv.Atoi(name)
-		if err != nil || pid == self || !since(pid, m.last, last) {
-			continue
-		}
+		name := strconv.Itoa(pid)
 		cwd, err := os.Readlink("/proc/" + name + "/cwd")
 		switch {
 		case err == nil:

@@ -189,21 +189,16 @@ func parseUint(b []byte) (uint64, bool) {
 // cleared its environment before leaving the group escapes it.
 func sweep(id string, sc sweepScope) int {
 	marker := []byte(RunIDVar + "=" + id + "\x00")
-	self := os.Getpid()
 	killed := map[int]bool{}
 	skip := sc.minPID() // processes forked later have higher pids still
 	for range maxSweeps {
 		found := 0
-		names, err := procEntries()
+		pids, err := otherProcesses()
 		if err != nil {
 			break
 		}
-		for _, name := range names {
-			if name == "" || name[0] < '0' || name[0] > '9' {
-				continue // self, sys, meminfo…: not a process (and no error to make)
-			}
-			pid, err := strconv.Atoi(name)
-			if err != nil || pid <= skip || pid == self || killed[pid] {
+		for _, pid := range pids {
+			if pid <= skip || killed[pid] {
 				continue
 			}
 			if st, ok := startTicks(pid); !ok || st < sc.since {
@@ -219,6 +214,26 @@ func sweep(id string, sc sweepScope) int {
 		}
 	}
 	return len(killed)
+}
+
+// otherProcesses lists the pids of the processes in /proc but this one
+// (unsorted).
+func otherProcesses() ([]int, error) {
+	names, err := procEntries()
+	if err != nil {
+		return nil, err
+	}
+	self := os.Getpid()
+	pids := make([]int, 0, len(names))
+	for _, name := range names {
+		if name == "" || name[0] < '0' || name[0] > '9' {
+			continue // self, sys, meminfo…: not a process (and no error to make)
+		}
+		if pid, err := strconv.Atoi(name); err == nil && pid != self {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
 }
 
 // procEntries lists the names in /proc (unsorted).
