@@ -53,9 +53,14 @@ func Inside(m Mark, dir string) bool {
 	case last == m.last:
 		return false // no process since
 	}
-	pids, err := otherProcesses()
-	if err != nil {
-		return true
+	var pids []int
+	if last > m.last && last-m.last <= maxProbe {
+		pids = pidRange(m.last, last) // no need to list /proc
+	} else {
+		var err error
+		if pids, err = otherProcesses(); err != nil {
+			return true
+		}
 	}
 	uid := uint32(os.Getuid())
 	for _, pid := range pids {

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -639,4 +641,54 @@ func BenchmarkRun(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestSweepFinds: a process of a run that left its group is killed by a
+// sweep that probes the pids handed out since its leader, and by one
+// that lists /proc (no fork count, so no pid below which to skip).
+func TestSweepFinds(t *testing.T) {
+	for _, withForks := range []bool{true, false} {
+		t.Run(map[bool]string{true: "probing the pids since", false: "listing /proc"}[withForks], func(t *testing.T) {
+			forks, ok := forkCount()
+			last, ok1 := readInt("/proc/sys/kernel/ns_last_pid")
+			if !ok || !ok1 {
+				t.Fatal("no fork count or last pid in /proc")
+			}
+			id := newRunID()
+			cmd := exec.Command("sleep", "60")
+			cmd.Env = []string{RunIDVar + "=" + id}
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			if pids, err := pidsAfter(cmd.Process.Pid - 1); err != nil || !slices.Contains(pids, cmd.Process.Pid) || slices.Contains(pids, os.Getpid()) {
+				t.Fatalf("pidsAfter(%d) = %v, %v: want the sleeper and not this process", cmd.Process.Pid-1, pids, err)
+			}
+			scope := sweepScope{leader: last, forks: forks, forksOK: withForks}
+			if got := scope.minPID(); withForks && got != last || !withForks && got != 0 {
+				t.Errorf("minPID() = %d, want %d", got, map[bool]int{true: last}[withForks])
+			}
+			if n := sweep(id, scope); n != 1 {
+				t.Errorf("sweep killed %d processes, want 1", n)
+			}
+			assertGone(t, cmd.Process.Pid)
+		})
+	}
+}
+
+// TestPidRange: the probed pids are those after low up to last, in order,
+// this process's excluded.
+func TestPidRange(t *testing.T) {
+	self := os.Getpid()
+	if got, want := pidRange(self-2, self+1), []int{self - 1, self + 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("pidRange around this process = %v, want %v", got, want)
+	}
+	if got := pidRange(7, 7); len(got) != 0 {
+		t.Errorf("pidRange(7, 7) = %v, want none", got)
+	}
+	all, err := pidsAfter(0)
+	if err != nil || slices.Contains(all, self) || !slices.Contains(all, os.Getppid()) {
+		t.Errorf("pidsAfter(0) = %v, %v: want every process but this one", all, err)
+	}
 }

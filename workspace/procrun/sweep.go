@@ -193,7 +193,7 @@ func sweep(id string, sc sweepScope) int {
 	skip := sc.minPID() // processes forked later have higher pids still
 	for range maxSweeps {
 		found := 0
-		pids, err := otherProcesses()
+		pids, err := pidsAfter(skip)
 		if err != nil {
 			break
 		}
@@ -214,6 +214,40 @@ func sweep(id string, sc sweepScope) int {
 		}
 	}
 	return len(killed)
+}
+
+// maxProbe bounds the pids looked at one by one instead of listing
+// /proc. Listing walks every process on the machine (tens of
+// microseconds with a few dozen); a pid that is not in use costs a failed
+// open of a couple of microseconds.
+const maxProbe = 256
+
+// pidsAfter returns the pids a look for processes created after the pid
+// low needs: when low is a pid the counter has not come round past (see
+// sweepScope.minPID) and at most maxProbe pids were handed out after it,
+// those pids, this process's excluded, whether in use or not, and ids of
+// threads among them (/proc answers for those too); otherwise, with low
+// 0 or more pids since, every process in /proc but this one (unsorted).
+func pidsAfter(low int) ([]int, error) {
+	if low > 0 {
+		if last, ok := readInt("/proc/sys/kernel/ns_last_pid"); ok && last >= low && last-low <= maxProbe {
+			return pidRange(low, last), nil
+		}
+	}
+	return otherProcesses()
+}
+
+// pidRange returns the pids after low up to last, this process's
+// excluded.
+func pidRange(low, last int) []int {
+	self := os.Getpid()
+	pids := make([]int, 0, last-low)
+	for pid := low + 1; pid <= last; pid++ {
+		if pid != self {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // otherProcesses lists the pids of the processes in /proc but this one
