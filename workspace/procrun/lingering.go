@@ -54,7 +54,8 @@ func Inside(m Mark, dir string) bool {
 		return false // no process since
 	}
 	var pids []int
-	if last > m.last && last-m.last <= maxProbe {
+	probed := probeRange(m.last, last)
+	if probed {
 		pids = pidRange(m.last, last) // no need to list /proc
 	} else {
 		var err error
@@ -71,14 +72,24 @@ func Inside(m Mark, dir string) bool {
 		cwd, err := os.Readlink("/proc/" + name + "/cwd")
 		switch {
 		case err == nil:
-			if cwd == dir || strings.HasPrefix(cwd, dir+"/") {
+			if (cwd == dir || strings.HasPrefix(cwd, dir+"/")) && (!probed || newGroup(name, m.last, last)) {
 				return true
 			}
-		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) && ownedBy(name, uid):
+		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) && ownedBy(name, uid) && (!probed || newGroup(name, m.last, last)):
 			return true // this user's, and hiding where it works
 		}
 	}
 	return false
+}
+
+// newGroup reports whether the task pid (a process's or, when probed, a
+// thread's id) belongs to a process created after the mark whose last pid
+// was markLast, last being the last pid now: a new thread of an older
+// process is not one the mark is about, as listing /proc would not show
+// it. It says true when it cannot tell.
+func newGroup(pid string, markLast, last int) bool {
+	t, ok := threadGroup(pid)
+	return !ok || since(t, markLast, last)
 }
 
 // ownedBy reports whether the process pid (a /proc entry) runs as uid.

@@ -666,8 +666,12 @@ func TestSweepFinds(t *testing.T) {
 				t.Fatalf("pidsAfter(%d) = %v, %v: want the sleeper and not this process", cmd.Process.Pid-1, pids, err)
 			}
 			scope := sweepScope{leader: last, forks: forks, forksOK: withForks}
-			if got := scope.minPID(); withForks && got != last || !withForks && got != 0 {
-				t.Errorf("minPID() = %d, want %d", got, map[bool]int{true: last}[withForks])
+			// Unless the pid counter came round meanwhile (then the sweep
+			// lists /proc either way).
+			if now, ok := readInt("/proc/sys/kernel/ns_last_pid"); ok && now >= last {
+				if got := scope.minPID(); withForks && got != last || !withForks && got != 0 {
+					t.Errorf("minPID() = %d, want %d", got, map[bool]int{true: last}[withForks])
+				}
 			}
 			if n := sweep(id, scope); n != 1 {
 				t.Errorf("sweep killed %d processes, want 1", n)
@@ -677,8 +681,10 @@ func TestSweepFinds(t *testing.T) {
 	}
 }
 
-// TestPidRange: the probed pids are those after low up to last, in order,
-// this process's excluded.
+// TestPidRange: pids are probed one by one only after a known pid, when
+// at most maxProbe were handed out since, and those are the pids after
+// low up to last, in order, this process's excluded; otherwise /proc is
+// listed.
 func TestPidRange(t *testing.T) {
 	self := os.Getpid()
 	if got, want := pidRange(self-2, self+1), []int{self - 1, self + 1}; !reflect.DeepEqual(got, want) {
@@ -687,8 +693,48 @@ func TestPidRange(t *testing.T) {
 	if got := pidRange(7, 7); len(got) != 0 {
 		t.Errorf("pidRange(7, 7) = %v, want none", got)
 	}
+	for _, tt := range []struct {
+		low, last int
+		want      bool
+	}{
+		{1000, 1000, true},
+		{1000, 1000 + maxProbe, true},
+		{1000, 1001 + maxProbe, false},
+		{1000, 999, false}, // the counter came round
+		{0, 10, false},     // no bound
+	} {
+		if got := probeRange(tt.low, tt.last); got != tt.want {
+			t.Errorf("probeRange(%d, %d) = %v, want %v", tt.low, tt.last, got, tt.want)
+		}
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	all, err := pidsAfter(0)
-	if err != nil || slices.Contains(all, self) || !slices.Contains(all, os.Getppid()) {
+	if err != nil || slices.Contains(all, self) || !slices.Contains(all, cmd.Process.Pid) {
 		t.Errorf("pidsAfter(0) = %v, %v: want every process but this one", all, err)
+	}
+}
+
+// TestThreadGroup: a thread's id, as a process's, names its process; a
+// thread created after a mark does not make an older process new.
+func TestThreadGroup(t *testing.T) {
+	self := os.Getpid()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil || len(tasks) < 2 {
+		t.Fatalf("threads of this process: %v, %v", tasks, err)
+	}
+	for _, task := range tasks {
+		if got, ok := threadGroup(task.Name()); !ok || got != self {
+			t.Errorf("threadGroup(%s) = %d, %v; want %d", task.Name(), got, ok, self)
+		}
+		if newGroup(task.Name(), self, self+1<<20) {
+			t.Errorf("newGroup(%s) after a mark at this process: want false", task.Name())
+		}
+	}
+	if newGroup(strconv.Itoa(self), self-1, self) != true {
+		t.Errorf("newGroup(this process) after a mark just before it: want true")
 	}
 }

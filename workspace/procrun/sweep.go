@@ -186,13 +186,17 @@ func parseUint(b []byte) (uint64, bool) {
 // reads /proc (Linux); where there is none, it does nothing. Each process
 // is held by a pidfd from before its environment is read until it is
 // signalled, so a pid reused meanwhile is never killed. A process that
-// cleared its environment before leaving the group escapes it.
+// cleared its environment before leaving the group escapes it, and so
+// does one whose main thread has exited (its environment can no longer
+// be read).
 func sweep(id string, sc sweepScope) int {
 	marker := []byte(RunIDVar + "=" + id + "\x00")
 	killed := map[int]bool{}
-	skip := sc.minPID() // processes forked later have higher pids still
 	for range maxSweeps {
 		found := 0
+		// Processes forked later have higher pids still. Asked again each
+		// pass, in case the pid counter came round during the last.
+		skip := sc.minPID()
 		pids, err := pidsAfter(skip)
 		if err != nil {
 			break
@@ -219,22 +223,30 @@ func sweep(id string, sc sweepScope) int {
 // maxProbe bounds the pids looked at one by one instead of listing
 // /proc. Listing walks every process on the machine (tens of
 // microseconds with a few dozen); a pid that is not in use costs a failed
-// open of a couple of microseconds.
+// open of a couple of microseconds, one in use (a thread's id too) a read
+// of its stat file, as listing would cost for it.
 const maxProbe = 256
 
-// pidsAfter returns the pids a look for processes created after the pid
-// low needs: when low is a pid the counter has not come round past (see
-// sweepScope.minPID) and at most maxProbe pids were handed out after it,
-// those pids, this process's excluded, whether in use or not, and ids of
-// threads among them (/proc answers for those too); otherwise, with low
-// 0 or more pids since, every process in /proc but this one (unsorted).
+// pidsAfter returns the pids to look at for processes created after the
+// pid low, low being 0 (no bound) or a pid the counter has not come round
+// past since (the caller's to know: see sweepScope.minPID). With low set
+// and at most maxProbe pids handed out after it, those pids, in order,
+// this process's excluded, whether in use or not, ids of threads among
+// them (/proc answers for those too); otherwise every process in /proc
+// but this one (unsorted).
 func pidsAfter(low int) ([]int, error) {
 	if low > 0 {
-		if last, ok := readInt("/proc/sys/kernel/ns_last_pid"); ok && last >= low && last-low <= maxProbe {
+		if last, ok := readInt("/proc/sys/kernel/ns_last_pid"); ok && probeRange(low, last) {
 			return pidRange(low, last), nil
 		}
 	}
 	return otherProcesses()
+}
+
+// probeRange reports whether the pids after low up to the last one
+// handed out are few enough to look at one by one.
+func probeRange(low, last int) bool {
+	return low > 0 && last >= low && last-low <= maxProbe
 }
 
 // pidRange returns the pids after low up to last, this process's
@@ -299,7 +311,33 @@ func kill(pid int, marker []byte) bool {
 	if fd >= 0 {
 		return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
 	}
+	// A thread's id (probed, not listed) reads its process's environment,
+	// and kill(2) would signal that process: leave it to its own pid, so
+	// that it is counted once.
+	if t, ok := threadGroup(strconv.Itoa(pid)); !ok || t != pid {
+		return false
+	}
 	return syscall.Kill(pid, syscall.SIGKILL) == nil
+}
+
+// threadGroup returns the id of the process that the task pid (a /proc
+// entry: a process's or a thread's id) belongs to (Tgid in its status).
+func threadGroup(pid string) (int, bool) {
+	var buf [4 << 10]byte
+	b, ok := readProc("/proc/"+pid+"/status", buf[:])
+	if !ok {
+		return 0, false
+	}
+	i := bytes.Index(b, []byte("\nTgid:"))
+	if i < 0 {
+		return 0, false
+	}
+	line := b[i+len("\nTgid:"):]
+	if j := bytes.IndexByte(line, '\n'); j >= 0 {
+		line = line[:j]
+	}
+	n, ok := parseUint(bytes.TrimSpace(line))
+	return int(n), ok && n <= math.MaxInt32
 }
 
 // startTicks returns when pid started, in clock ticks since boot (field 22
