@@ -55,7 +55,7 @@ var ErrStop = errors.New("stop reading")
 
 // Read delivers events in stream order to fn through an ordered (ephemeral,
 // flow-controlled, self-healing) consumer, which it deletes when it
-// returns. Malformed events are skipped (see
+// returns. It holds at most ReadAheadBytes of messages ahead of fn. Malformed events are skipped (see
 // ReadOptions.DeadLetter), and so are events fn rejects by returning an
 // error wrapping ErrMalformed (e.g. a replayed id). It returns nil when ctx
 // ends, when fn returns ErrStop, or (without Follow) at the head; any other
@@ -134,7 +134,7 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			}
 		}
 		sctx, scancel := context.WithCancel(lctx)
-		next, err := src.start(sctx, &sources)
+		next, err := src.start(sctx, &sources, b.ReadAheadBytes())
 		if err != nil {
 			scancel()
 			return fail(err)
@@ -274,13 +274,29 @@ func (b *Bus) tryReadSource(ctx context.Context, oc jetstream.OrderedConsumerCon
 	return &readSource{cons: cons, release: release}, info, nil
 }
 
+// ReadAheadBytes is how many bytes of messages a Read pulls ahead of its
+// callback at most: twice the largest message the server takes, so that
+// every pull can carry one (the client asks for more once half has been
+// taken; a pull limited to fewer bytes than the next message waits for
+// it until the pull expires), and 4 MiB at least. Bounding bytes rather
+// than messages bounds a reader's memory whatever size the events have
+// (16 MiB with the embedded server's 8 MiB messages), and lets it catch up
+// in larger pulls when they are small.
+func (b *Bus) ReadAheadBytes() int {
+	// The server counts a message's subject and reply subject too; these
+	// are bounded by its control line (4 KiB unless configured).
+	const least, room = 4 << 20, 64 << 10
+	return max(least, 2*(int(b.nc.MaxPayload())+room))
+}
+
 // start iterates the source's messages in a goroutine, which hands them
 // over (unbuffered, in order) until ctx ends or the iterator fails, then
-// stops the iterator and deletes the consumer. The goroutine is counted in
-// wg. Ending ctx abandons the source at once, even while the iterator is
-// stuck in the client library's recovery: stopping it can take that long.
-func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup) (<-chan readNext, error) {
-	it, err := s.cons.Messages(jetstream.PullMaxMessages(512))
+// stops the iterator and deletes the consumer; it pulls at most ahead
+// bytes of messages at a time. The goroutine is counted in wg. Ending ctx
+// abandons the source at once, even while the iterator is stuck in the
+// client library's recovery: stopping it can take that long.
+func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup, ahead int) (<-chan readNext, error) {
+	it, err := s.cons.Messages(jetstream.PullMaxBytes(ahead))
 	if err != nil {
 		s.release()
 		return nil, err
