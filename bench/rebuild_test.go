@@ -127,7 +127,7 @@ func rawRead(tb testing.TB, bs *bus.Bus) int {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxBytes(bs.ReadAheadBytes()))
+	it, err := cons.Messages(bs.ReadPull())
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -134,7 +134,7 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			}
 		}
 		sctx, scancel := context.WithCancel(lctx)
-		next, err := src.start(sctx, &sources, b.ReadAheadBytes())
+		next, err := src.start(sctx, &sources, b.ReadPull())
 		if err != nil {
 			scancel()
 			return fail(err)
@@ -274,29 +274,44 @@ func (b *Bus) tryReadSource(ctx context.Context, oc jetstream.OrderedConsumerCon
 	return &readSource{cons: cons, release: release}, info, nil
 }
 
-// ReadAheadBytes is how many bytes of messages a Read pulls ahead of its
-// callback at most: twice the largest message the server takes, so that
-// every pull can carry one (the client asks for more once half has been
-// taken; a pull limited to fewer bytes than the next message waits for
-// it until the pull expires), and 4 MiB at least. Bounding bytes rather
-// than messages bounds a reader's memory whatever size the events have
-// (16 MiB with the embedded server's 8 MiB messages), and lets it catch up
-// in larger pulls when they are small.
-func (b *Bus) ReadAheadBytes() int {
+// readAheadMessages bounds the messages a Read holds ahead of its
+// callback. Small events come in pulls of up to this many, which lets a
+// reader catch up faster than smaller pulls would (the client library
+// also sizes a channel by it).
+const readAheadMessages = 2048
+
+// ReadAheadBytes bounds the bytes of messages a Read holds ahead of its
+// callback: two pulls, each of at most the largest message the server
+// takes and room for its subjects (a pull limited to fewer bytes than the
+// next message would wait for it for ever). The client asks for the next
+// pull only once it has handed on what the last one brought, or that
+// pull was cut short by the size limit. With the embedded server's 8 MiB
+// messages, that is about 16 MiB however large the events are; with small
+// events, readAheadMessages bounds first.
+func (b *Bus) ReadAheadBytes() int { return 2 * b.pullBytes() }
+
+// ReadPull is how a Read pulls messages (readAheadMessages and pullBytes
+// at most at a time), for raw reads meant to compare with it.
+func (b *Bus) ReadPull() jetstream.PullMessagesOpt {
+	return jetstream.PullMaxMessagesWithBytesLimit(readAheadMessages, b.pullBytes())
+}
+
+// pullBytes is the size limit of one pull of a Read.
+func (b *Bus) pullBytes() int {
 	// The server counts a message's subject and reply subject too; these
 	// are bounded by its control line (4 KiB unless configured).
-	const least, room = 4 << 20, 64 << 10
-	return max(least, 2*(int(b.nc.MaxPayload())+room))
+	const room = 64 << 10
+	return int(b.nc.MaxPayload()) + room
 }
 
 // start iterates the source's messages in a goroutine, which hands them
 // over (unbuffered, in order) until ctx ends or the iterator fails, then
-// stops the iterator and deletes the consumer; it pulls at most ahead
-// bytes of messages at a time. The goroutine is counted in wg. Ending ctx
-// abandons the source at once, even while the iterator is stuck in the
-// client library's recovery: stopping it can take that long.
-func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup, ahead int) (<-chan readNext, error) {
-	it, err := s.cons.Messages(jetstream.PullMaxBytes(ahead))
+// stops the iterator and deletes the consumer; it pulls as pull says. The
+// goroutine is counted in wg. Ending ctx abandons the source at once, even
+// while the iterator is stuck in the client library's recovery: stopping
+// it can take that long.
+func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup, pull jetstream.PullMessagesOpt) (<-chan readNext, error) {
+	it, err := s.cons.Messages(pull)
 	if err != nil {
 		s.release()
 		return nil, err
