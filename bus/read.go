@@ -116,6 +116,8 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 	// Every source has ended and deleted its consumer when Read returns.
 	var sources sync.WaitGroup
 	defer sources.Wait()
+	// pullBytes limits each pull's bytes (see ReadAheadBytes).
+	pullBytes := b.pullBytes()
 	for replaced := 0; ; replaced++ {
 		src, info, err := b.openReadSource(lctx, oc, replaced > 0)
 		if err != nil {
@@ -134,7 +136,7 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			}
 		}
 		sctx, scancel := context.WithCancel(lctx)
-		next, err := src.start(sctx, &sources, b.ReadPull())
+		next, err := src.start(sctx, &sources, jetstream.PullMaxMessagesWithBytesLimit(readAheadMessages, pullBytes))
 		if err != nil {
 			scancel()
 			return fail(err)
@@ -211,6 +213,11 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 		}
 		b.log.Warn().Strs("subjects", subjects).Uint64("after", cursor.Load()).
 			Msg("read stalled with events to deliver; replacing its consumer")
+		// A message larger than a pull may bring (stored while the server
+		// took larger ones, or through a server that does) is refused to
+		// every pull, which the client library asks again: pulls big
+		// enough for it.
+		pullBytes = max(b.pullBytes(), b.nextSize(lctx, subjects, cursor.Load())+pullRoom)
 		oc = jetstream.OrderedConsumerConfig{
 			FilterSubjects: subjects,
 			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
@@ -282,12 +289,12 @@ const readAheadMessages = 2048
 
 // ReadAheadBytes bounds the bytes of messages a Read holds ahead of its
 // callback: two pulls, each of at most the largest message the server
-// takes and room for its subjects (a pull limited to fewer bytes than the
-// next message would wait for it for ever). The client asks for the next
-// pull only once it has handed on what the last one brought, or that
-// pull was cut short by the size limit. With the embedded server's 8 MiB
-// messages, that is about 16 MiB however large the events are; with small
-// events, readAheadMessages bounds first.
+// takes and room for its subjects. The client asks for the next pull only
+// once it has handed on what the last one brought, or that pull was cut
+// short by the size limit. With the embedded server's 8 MiB messages,
+// that is about 16 MiB however large the events are; with small events,
+// readAheadMessages bounds first. (A stream holding a message larger than
+// the server now takes gets pulls of that size once a read stalls on it.)
 func (b *Bus) ReadAheadBytes() int { return 2 * b.pullBytes() }
 
 // ReadPull is how a Read pulls messages (readAheadMessages and pullBytes
@@ -297,11 +304,35 @@ func (b *Bus) ReadPull() jetstream.PullMessagesOpt {
 }
 
 // pullBytes is the size limit of one pull of a Read.
-func (b *Bus) pullBytes() int {
-	// The server counts a message's subject and reply subject too; these
-	// are bounded by its control line (4 KiB unless configured).
-	const room = 64 << 10
-	return int(b.nc.MaxPayload()) + room
+func (b *Bus) pullBytes() int { return int(b.nc.MaxPayload()) + pullRoom }
+
+// pullRoom is what a pull allows beyond a message's headers and payload:
+// the server counts its subject and reply subject too, which its control
+// line bounds (4 KiB unless configured).
+const pullRoom = 64 << 10
+
+// nextSize is the size (subject, headers and data) of the first event on
+// subjects after seq, 0 if there is none or it cannot be read.
+func (b *Bus) nextSize(ctx context.Context, subjects []string, seq uint64) int {
+	var first *jetstream.RawStreamMsg
+	for _, subj := range subjects {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err := b.stream.GetMsg(pctx, seq+1, jetstream.WithGetMsgSubject(subj))
+		cancel()
+		if err == nil && m.Sequence > seq && (first == nil || m.Sequence < first.Sequence) {
+			first = m
+		}
+	}
+	if first == nil {
+		return 0
+	}
+	size := len(first.Subject) + len(first.Data) + len("NATS/1.0\r\n\r\n")
+	for k, vs := range first.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + len(": \r\n")
+		}
+	}
+	return size
 }
 
 // start iterates the source's messages in a goroutine, which hands them
