@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -55,7 +56,8 @@ var ErrStop = errors.New("stop reading")
 
 // Read delivers events in stream order to fn through an ordered (ephemeral,
 // flow-controlled, self-healing) consumer, which it deletes when it
-// returns. It holds at most ReadAheadBytes of messages ahead of fn. Malformed events are skipped (see
+// returns; it holds at most a few pulls of messages ahead of fn (see
+// ReadAheadBytes). Malformed events are skipped (see
 // ReadOptions.DeadLetter), and so are events fn rejects by returning an
 // error wrapping ErrMalformed (e.g. a replayed id). It returns nil when ctx
 // ends, when fn returns ErrStop, or (without Follow) at the head; any other
@@ -63,7 +65,9 @@ var ErrStop = errors.New("stop reading")
 // A read that waits Config.ReadStall while the stream holds an event it
 // has not delivered replaces its consumer with one that starts after the
 // last event delivered: the client library's own recovery can wait
-// forever, e.g. on a consumer the cluster placed on a node that died.
+// forever, e.g. on a consumer the cluster placed on a node that died, or
+// ask for ever for a message larger than its pulls may bring (stored
+// while the server took larger ones), which Read then fetches alone.
 // If the connection is given up (Config.GiveUpAfter) or closed, Read
 // returns an error wrapping ErrConnectionLost (or nats.ErrConnectionClosed).
 func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event) error) error {
@@ -116,8 +120,37 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 	// Every source has ended and deleted its consumer when Read returns.
 	var sources sync.WaitGroup
 	defer sources.Wait()
-	// pullBytes limits each pull's bytes (see ReadAheadBytes).
-	pullBytes := b.pullBytes()
+	// take hands one stored message to fn, or skips it; stop says the
+	// read is over (with err, nil when fn said ErrStop).
+	take := func(subject string, seq uint64, stored time.Time, header nats.Header, data []byte) (stop bool, err error) {
+		cursor.Store(seq)
+		ev, derr := b.decode(subject, header, data, !opts.SkipSchema)
+		if derr == nil {
+			ev.Seq = seq
+			ev.Stored = stored.UTC()
+			if err := b.containedRead(fn, ev); err != nil {
+				switch {
+				case errors.Is(err, ErrStop):
+					return true, nil
+				case errors.Is(err, ErrMalformed):
+					derr = err
+				default:
+					return true, err
+				}
+			}
+		}
+		if derr != nil {
+			if opts.DeadLetter != "" {
+				b.deadLetter(ctx, opts.DeadLetter, subject, seq, header, data, derr.Error())
+			} else {
+				b.log.Debug().Err(derr).Uint64("seq", seq).Msg("skipping malformed event")
+			}
+			if opts.OnSkip != nil {
+				opts.OnSkip(subject, seq)
+			}
+		}
+		return false, nil
+	}
 	for replaced := 0; ; replaced++ {
 		src, info, err := b.openReadSource(lctx, oc, replaced > 0)
 		if err != nil {
@@ -136,7 +169,14 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			}
 		}
 		sctx, scancel := context.WithCancel(lctx)
-		next, err := src.start(sctx, &sources, jetstream.PullMaxMessagesWithBytesLimit(readAheadMessages, pullBytes))
+		// A server may bound how many messages one pull asks for; it
+		// answers a larger pull with an error the client library does not
+		// act on.
+		n := readAheadMessages
+		if limit := info.Config.MaxRequestBatch; limit > 0 && limit < n {
+			n = limit
+		}
+		next, err := src.start(sctx, &sources, n, b.pullBytes())
 		if err != nil {
 			scancel()
 			return fail(err)
@@ -174,31 +214,8 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 				if err != nil {
 					continue
 				}
-				cursor.Store(meta.Sequence.Stream)
-				ev, derr := b.decode(msg.Subject(), msg.Headers(), msg.Data(), !opts.SkipSchema)
-				if derr == nil {
-					ev.Seq = meta.Sequence.Stream
-					ev.Stored = meta.Timestamp.UTC()
-					if err := b.containedRead(fn, ev); err != nil {
-						switch {
-						case errors.Is(err, ErrStop):
-							return true, nil
-						case errors.Is(err, ErrMalformed):
-							derr = err
-						default:
-							return true, err
-						}
-					}
-				}
-				if derr != nil {
-					if opts.DeadLetter != "" {
-						b.deadLetter(ctx, opts.DeadLetter, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), derr.Error())
-					} else {
-						b.log.Debug().Err(derr).Uint64("seq", meta.Sequence.Stream).Msg("skipping malformed event")
-					}
-					if opts.OnSkip != nil {
-						opts.OnSkip(msg.Subject(), meta.Sequence.Stream)
-					}
+				if stop, err := take(msg.Subject(), meta.Sequence.Stream, meta.Timestamp, msg.Headers(), msg.Data()); stop {
+					return true, err
 				}
 				if meta.NumPending == 0 {
 					markCaughtUp()
@@ -213,11 +230,14 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 		}
 		b.log.Warn().Strs("subjects", subjects).Uint64("after", cursor.Load()).
 			Msg("read stalled with events to deliver; replacing its consumer")
-		// A message larger than a pull may bring (stored while the server
-		// took larger ones, or through a server that does) is refused to
-		// every pull, which the client library asks again: pulls big
-		// enough for it.
-		pullBytes = max(b.pullBytes(), b.nextSize(lctx, subjects, cursor.Load())+pullRoom)
+		// A message larger than a pull may bring is refused to every pull,
+		// which the client library asks again: it is fetched alone.
+		if m := b.nextMsg(lctx, subjects, cursor.Load()); m != nil && storedSize(m)+pullRoom > b.pullBytes() {
+			b.log.Warn().Uint64("seq", m.Sequence).Int("bytes", len(m.Data)).Msg("read a message larger than the server now takes on its own")
+			if stop, err := take(m.Subject, m.Sequence, m.Time, m.Header, m.Data); stop {
+				return err
+			}
+		}
 		oc = jetstream.OrderedConsumerConfig{
 			FilterSubjects: subjects,
 			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
@@ -281,24 +301,27 @@ func (b *Bus) tryReadSource(ctx context.Context, oc jetstream.OrderedConsumerCon
 	return &readSource{cons: cons, release: release}, info, nil
 }
 
-// readAheadMessages bounds the messages a Read holds ahead of its
-// callback. Small events come in pulls of up to this many, which lets a
-// reader catch up faster than smaller pulls would (the client library
-// also sizes a channel by it).
+// readAheadMessages bounds the messages of one pull of a Read. Small
+// events come in pulls of up to this many, which lets a reader catch up
+// faster than smaller pulls would (the client library also sizes a
+// channel by it).
 const readAheadMessages = 2048
 
-// ReadAheadBytes bounds the bytes of messages a Read holds ahead of its
-// callback: two pulls, each of at most the largest message the server
-// takes and room for its subjects. The client asks for the next pull only
-// once it has handed on what the last one brought, or that pull was cut
-// short by the size limit. With the embedded server's 8 MiB messages,
-// that is about 16 MiB however large the events are; with small events,
-// readAheadMessages bounds first. (A stream holding a message larger than
-// the server now takes gets pulls of that size once a read stalls on it.)
-func (b *Bus) ReadAheadBytes() int { return 2 * b.pullBytes() }
+// ReadAheadBytes bounds the bytes of one pull of a Read: the largest
+// message the server takes and room for its subjects. A Read holds at
+// most readAheadMessages messages ahead of its callback, and what its
+// open pulls bring: the client asks for the next pull once half of the
+// messages asked for have been handed on, so that the next ones come
+// while the callback works. A reader that catches up has one pull open
+// and the next on its way; one that follows a trickle of events keeps a
+// few open, filled in turn (three in tests). With the embedded server's
+// 8 MiB messages, that bounds a reader's memory to a few tens of MiB
+// however large the events are; with small ones, readAheadMessages
+// bounds first.
+func (b *Bus) ReadAheadBytes() int { return b.pullBytes() }
 
-// ReadPull is how a Read pulls messages (readAheadMessages and pullBytes
-// at most at a time), for raw reads meant to compare with it.
+// ReadPull is how a Read pulls messages, for raw reads meant to compare
+// with it.
 func (b *Bus) ReadPull() jetstream.PullMessagesOpt {
 	return jetstream.PullMaxMessagesWithBytesLimit(readAheadMessages, b.pullBytes())
 }
@@ -311,9 +334,9 @@ func (b *Bus) pullBytes() int { return int(b.nc.MaxPayload()) + pullRoom }
 // line bounds (4 KiB unless configured).
 const pullRoom = 64 << 10
 
-// nextSize is the size (subject, headers and data) of the first event on
-// subjects after seq, 0 if there is none or it cannot be read.
-func (b *Bus) nextSize(ctx context.Context, subjects []string, seq uint64) int {
+// nextMsg is the first message on subjects after seq, nil if there is
+// none or it cannot be read.
+func (b *Bus) nextMsg(ctx context.Context, subjects []string, seq uint64) *jetstream.RawStreamMsg {
 	var first *jetstream.RawStreamMsg
 	for _, subj := range subjects {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -323,11 +346,14 @@ func (b *Bus) nextSize(ctx context.Context, subjects []string, seq uint64) int {
 			first = m
 		}
 	}
-	if first == nil {
-		return 0
-	}
-	size := len(first.Subject) + len(first.Data) + len("NATS/1.0\r\n\r\n")
-	for k, vs := range first.Header {
+	return first
+}
+
+// storedSize is about the size of m as the server counts it against a
+// pull's limit (its reply subject aside): subject, headers and data.
+func storedSize(m *jetstream.RawStreamMsg) int {
+	size := len(m.Subject) + len(m.Data) + len("NATS/1.0\r\n\r\n")
+	for k, vs := range m.Header {
 		for _, v := range vs {
 			size += len(k) + len(v) + len(": \r\n")
 		}
@@ -337,12 +363,11 @@ func (b *Bus) nextSize(ctx context.Context, subjects []string, seq uint64) int {
 
 // start iterates the source's messages in a goroutine, which hands them
 // over (unbuffered, in order) until ctx ends or the iterator fails, then
-// stops the iterator and deletes the consumer; it pulls as pull says. The
-// goroutine is counted in wg. Ending ctx abandons the source at once, even
-// while the iterator is stuck in the client library's recovery: stopping
-// it can take that long.
-func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup, pull jetstream.PullMessagesOpt) (<-chan readNext, error) {
-	it, err := s.cons.Messages(pull)
+// stops the iterator and deletes the consumer; it pulls n messages and
+// bytes bytes at most at a time. The goroutine is counted in wg. Ending ctx abandons the source at once, even while the iterator is
+// stuck in the client library's recovery: stopping it can take that long.
+func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup, n, bytes int) (<-chan readNext, error) {
+	it, err := s.cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(n, bytes))
 	if err != nil {
 		s.release()
 		return nil, err

@@ -421,73 +421,112 @@ func publishRawID(t *testing.T, b *bus.Bus, subject, id string, data []byte) uin
 	return ack.Sequence
 }
 
-// TestReadAheadIsBounded: a reader held in its callback has at most
-// ReadAheadBytes of messages pulled ahead of it, however small or large
-// they are, and still takes a message as large as the server accepts.
+// TestReadAheadIsBounded: a reader held in its callback has at most a
+// pull of ReadAheadBytes pulled ahead of it when it catches up, and a few
+// when it follows (pulls it asked for while small events trickled in),
+// however large the messages are; and it still takes a message as large
+// as the server accepts.
 func TestReadAheadIsBounded(t *testing.T) {
 	t.Parallel()
-	b, _ := testnats.Bus(t)
 	const size = 1 << 20
-	ahead := b.ReadAheadBytes()
-	if max := int(b.Conn().MaxPayload()); ahead < max {
-		t.Fatalf("ReadAheadBytes() = %d, below the server's largest message (%d)", ahead, max)
-	}
-	// Junk of 1 MiB each (skipped), one as large as the server takes
-	// (skipped), then an event.
-	n := 3 * ahead / size
-	for range n {
-		publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte(strings.Repeat("y", size)))
-	}
-	publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte(strings.Repeat("z", int(b.Conn().MaxPayload())-1024)))
-	publish(t, b, jobStarted("s1", "e1"))
+	for _, follow := range []bool{false, true} {
+		t.Run(map[bool]string{false: "catching up", true: "following"}[follow], func(t *testing.T) {
+			t.Parallel()
+			b, _ := testnats.Bus(t)
+			ahead := b.ReadAheadBytes()
+			if max := int(b.Conn().MaxPayload()); ahead < max {
+				t.Fatalf("ReadAheadBytes() = %d, below the server's largest message (%d)", ahead, max)
+			}
+			// First (when following) many small messages that the reader
+			// takes as they come; then junk of 1 MiB each, held at the
+			// second; one as large as the server takes; an event. All but
+			// the event are skipped.
+			small := 0
+			if follow {
+				small = 3000
+			}
+			n := 3 * ahead / size
+			publishLarge := func() {
+				for range n {
+					publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte(strings.Repeat("y", size)))
+				}
+				publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte(strings.Repeat("z", int(b.Conn().MaxPayload())-1024)))
+				publish(t, b, jobStarted("s1", "e1"))
+			}
+			if !follow {
+				publishLarge()
+			}
+			release := make(chan struct{})
+			var skipped atomic.Int32
+			var ids []string
+			var mu sync.Mutex
+			done := make(chan error, 1)
+			ctx, cancel := context.WithCancel(ctxT(t))
+			defer cancel()
+			go func() {
+				done <- b.Read(ctx, bus.ReadOptions{Follow: follow, OnSkip: func(string, uint64) {
+					if int(skipped.Add(1)) == small+2 {
+						<-release
+					}
+				}}, func(ev schemas.Event) error {
+					mu.Lock()
+					defer mu.Unlock()
+					ids = append(ids, ev.ID)
+					if follow {
+						cancel()
+					}
+					return nil
+				})
+			}()
+			for i := range small {
+				publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte{'a' + byte(i%26)})
+			}
+			if follow {
+				waitFor(t, testTimeout, "the small messages to be read", func() bool { return int(skipped.Load()) == small })
+				publishLarge()
+			}
 
-	release := make(chan struct{})
-	var skipped atomic.Int32
-	var ids []string
-	done := make(chan error, 1)
-	go func() {
-		done <- b.Read(ctxT(t), bus.ReadOptions{OnSkip: func(string, uint64) {
-			if skipped.Add(1) == 2 {
-				<-release
-			}
-		}}, func(ev schemas.Event) error {
-			ids = append(ids, ev.ID)
-			return nil
-		})
-	}()
-	// The reader is held at the second message; once the server has no
-	// pull of it waiting (or nothing left to deliver), it hands out
-	// nothing more until the reader goes on.
-	st, err := b.JetStream().Stream(ctxT(t), bus.DefaultStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var delivered uint64
-	waitFor(t, testTimeout, "the reader's pulls to be served", func() bool {
-		if skipped.Load() < 2 {
-			return false
-		}
-		for name := range st.ConsumerNames(ctxT(t)).Name() {
-			c, err := st.Consumer(ctxT(t), name)
+			// The reader is held at the second large message; once the
+			// server has no pull of it waiting (or nothing left to
+			// deliver), it hands out nothing more until the reader goes on.
+			st, err := b.JetStream().Stream(ctxT(t), bus.DefaultStream)
 			if err != nil {
-				continue
+				t.Fatal(err)
 			}
-			if info, err := c.Info(ctxT(t)); err == nil && (info.NumWaiting == 0 || info.NumPending == 0) && info.Delivered.Consumer >= 2 {
-				delivered = info.Delivered.Consumer
-				return true
+			var delivered int
+			waitFor(t, testTimeout, "the reader's pulls to be served", func() bool {
+				if int(skipped.Load()) < small+2 {
+					return false
+				}
+				for name := range st.ConsumerNames(ctxT(t)).Name() {
+					c, err := st.Consumer(ctxT(t), name)
+					if err != nil {
+						continue
+					}
+					if info, err := c.Info(ctxT(t)); err == nil && (info.NumWaiting == 0 || info.NumPending == 0) {
+						delivered = int(info.Delivered.Consumer) - small
+						return true
+					}
+				}
+				return false
+			})
+			// Two are the reader's (in its callback, and handed over next).
+			pulls := 1
+			if follow {
+				pulls = 4
 			}
-		}
-		return false
-	})
-	// Two are the reader's (in its callback, and handed over next).
-	if ahead := int(delivered-2) * size; ahead > b.ReadAheadBytes() {
-		t.Errorf("%d messages of %d bytes delivered to a reader held at the second: %d bytes ahead, want at most %d", delivered, size, ahead, b.ReadAheadBytes())
-	}
-	close(release)
-	if err := <-done; err != nil {
-		t.Fatalf("Read: %v", err)
-	}
-	if got := int(skipped.Load()); got != n+1 || !reflect.DeepEqual(ids, []string{"e1"}) {
-		t.Errorf("skipped %d and read %v; want %d skipped and e1", got, ids, n+1)
+			if ahead := (delivered - 2) * size; ahead > pulls*b.ReadAheadBytes() {
+				t.Errorf("%d messages of %d bytes delivered to a reader held at the second: %d bytes ahead, want at most %d pulls of %d", delivered, size, ahead, pulls, b.ReadAheadBytes())
+			}
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatalf("Read: %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if got := int(skipped.Load()); got != small+n+1 || !reflect.DeepEqual(ids, []string{"e1"}) {
+				t.Errorf("skipped %d and read %v; want %d skipped and e1", got, ids, small+n+1)
+			}
+		})
 	}
 }
