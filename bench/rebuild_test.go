@@ -113,8 +113,7 @@ func foldAll(tb testing.TB, bs *bus.Bus) map[string]*projections.Manifest {
 }
 
 // rawRead reads every message of the event stream through an ordered
-// consumer, the same kind bus.Read uses and pulling as much at a time,
-// touching only the payload length.
+// consumer, the same kind bus.Read uses, touching only the payload length.
 func rawRead(tb testing.TB, bs *bus.Bus) int {
 	tb.Helper()
 	ctx := context.Background()
@@ -127,7 +126,7 @@ func rawRead(tb testing.TB, bs *bus.Bus) int {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	it, err := cons.Messages(bs.ReadPull())
+	it, err := cons.Messages(jetstream.PullMaxMessages(512))
 	if err != nil {
 		tb.Fatal(err)
 	}

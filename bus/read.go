@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/schemas"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -56,8 +55,7 @@ var ErrStop = errors.New("stop reading")
 
 // Read delivers events in stream order to fn through an ordered (ephemeral,
 // flow-controlled, self-healing) consumer, which it deletes when it
-// returns; it holds at most a few pulls of messages ahead of fn (see
-// ReadAheadBytes). Malformed events are skipped (see
+// returns. Malformed events are skipped (see
 // ReadOptions.DeadLetter), and so are events fn rejects by returning an
 // error wrapping ErrMalformed (e.g. a replayed id). It returns nil when ctx
 // ends, when fn returns ErrStop, or (without Follow) at the head; any other
@@ -65,9 +63,7 @@ var ErrStop = errors.New("stop reading")
 // A read that waits Config.ReadStall while the stream holds an event it
 // has not delivered replaces its consumer with one that starts after the
 // last event delivered: the client library's own recovery can wait
-// forever, e.g. on a consumer the cluster placed on a node that died, or
-// ask for ever for a message larger than its pulls may bring (stored
-// while the server took larger ones), which Read then fetches alone.
+// forever, e.g. on a consumer the cluster placed on a node that died.
 // If the connection is given up (Config.GiveUpAfter) or closed, Read
 // returns an error wrapping ErrConnectionLost (or nats.ErrConnectionClosed).
 func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event) error) error {
@@ -120,37 +116,6 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 	// Every source has ended and deleted its consumer when Read returns.
 	var sources sync.WaitGroup
 	defer sources.Wait()
-	// take hands one stored message to fn, or skips it; stop says the
-	// read is over (with err, nil when fn said ErrStop).
-	take := func(subject string, seq uint64, stored time.Time, header nats.Header, data []byte) (stop bool, err error) {
-		cursor.Store(seq)
-		ev, derr := b.decode(subject, header, data, !opts.SkipSchema)
-		if derr == nil {
-			ev.Seq = seq
-			ev.Stored = stored.UTC()
-			if err := b.containedRead(fn, ev); err != nil {
-				switch {
-				case errors.Is(err, ErrStop):
-					return true, nil
-				case errors.Is(err, ErrMalformed):
-					derr = err
-				default:
-					return true, err
-				}
-			}
-		}
-		if derr != nil {
-			if opts.DeadLetter != "" {
-				b.deadLetter(ctx, opts.DeadLetter, subject, seq, header, data, derr.Error())
-			} else {
-				b.log.Debug().Err(derr).Uint64("seq", seq).Msg("skipping malformed event")
-			}
-			if opts.OnSkip != nil {
-				opts.OnSkip(subject, seq)
-			}
-		}
-		return false, nil
-	}
 	for replaced := 0; ; replaced++ {
 		src, info, err := b.openReadSource(lctx, oc, replaced > 0)
 		if err != nil {
@@ -169,14 +134,7 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			}
 		}
 		sctx, scancel := context.WithCancel(lctx)
-		// A server may bound how many messages one pull asks for; it
-		// answers a larger pull with an error the client library does not
-		// act on.
-		n := readAheadMessages
-		if limit := info.Config.MaxRequestBatch; limit > 0 && limit < n {
-			n = limit
-		}
-		next, err := src.start(sctx, &sources, n, b.pullBytes())
+		next, err := src.start(sctx, &sources)
 		if err != nil {
 			scancel()
 			return fail(err)
@@ -214,8 +172,31 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 				if err != nil {
 					continue
 				}
-				if stop, err := take(msg.Subject(), meta.Sequence.Stream, meta.Timestamp, msg.Headers(), msg.Data()); stop {
-					return true, err
+				cursor.Store(meta.Sequence.Stream)
+				ev, derr := b.decode(msg.Subject(), msg.Headers(), msg.Data(), !opts.SkipSchema)
+				if derr == nil {
+					ev.Seq = meta.Sequence.Stream
+					ev.Stored = meta.Timestamp.UTC()
+					if err := b.containedRead(fn, ev); err != nil {
+						switch {
+						case errors.Is(err, ErrStop):
+							return true, nil
+						case errors.Is(err, ErrMalformed):
+							derr = err
+						default:
+							return true, err
+						}
+					}
+				}
+				if derr != nil {
+					if opts.DeadLetter != "" {
+						b.deadLetter(ctx, opts.DeadLetter, msg.Subject(), meta.Sequence.Stream, msg.Headers(), msg.Data(), derr.Error())
+					} else {
+						b.log.Debug().Err(derr).Uint64("seq", meta.Sequence.Stream).Msg("skipping malformed event")
+					}
+					if opts.OnSkip != nil {
+						opts.OnSkip(msg.Subject(), meta.Sequence.Stream)
+					}
 				}
 				if meta.NumPending == 0 {
 					markCaughtUp()
@@ -230,14 +211,6 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 		}
 		b.log.Warn().Strs("subjects", subjects).Uint64("after", cursor.Load()).
 			Msg("read stalled with events to deliver; replacing its consumer")
-		// A message larger than a pull may bring is refused to every pull,
-		// which the client library asks again: it is fetched alone.
-		if m := b.nextMsg(lctx, subjects, cursor.Load()); m != nil && storedSize(m)+pullRoom > b.pullBytes() {
-			b.log.Warn().Uint64("seq", m.Sequence).Int("bytes", len(m.Data)).Msg("read a message larger than the server now takes on its own")
-			if stop, err := take(m.Subject, m.Sequence, m.Time, m.Header, m.Data); stop {
-				return err
-			}
-		}
 		oc = jetstream.OrderedConsumerConfig{
 			FilterSubjects: subjects,
 			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
@@ -301,73 +274,13 @@ func (b *Bus) tryReadSource(ctx context.Context, oc jetstream.OrderedConsumerCon
 	return &readSource{cons: cons, release: release}, info, nil
 }
 
-// readAheadMessages bounds the messages of one pull of a Read. Small
-// events come in pulls of up to this many, which lets a reader catch up
-// faster than smaller pulls would (the client library also sizes a
-// channel by it).
-const readAheadMessages = 2048
-
-// ReadAheadBytes bounds the bytes of one pull of a Read: the largest
-// message the server takes and room for its subjects. A Read holds at
-// most readAheadMessages messages ahead of its callback, and what its
-// open pulls bring: the client asks for the next pull once half of the
-// messages asked for have been handed on, so that the next ones come
-// while the callback works. A reader that catches up has one pull open
-// and the next on its way; one that follows a trickle of events keeps a
-// few open, filled in turn (three in tests). With the embedded server's
-// 8 MiB messages, that bounds a reader's memory to a few tens of MiB
-// however large the events are; with small ones, readAheadMessages
-// bounds first.
-func (b *Bus) ReadAheadBytes() int { return b.pullBytes() }
-
-// ReadPull is how a Read pulls messages, for raw reads meant to compare
-// with it.
-func (b *Bus) ReadPull() jetstream.PullMessagesOpt {
-	return jetstream.PullMaxMessagesWithBytesLimit(readAheadMessages, b.pullBytes())
-}
-
-// pullBytes is the size limit of one pull of a Read.
-func (b *Bus) pullBytes() int { return int(b.nc.MaxPayload()) + pullRoom }
-
-// pullRoom is what a pull allows beyond a message's headers and payload:
-// the server counts its subject and reply subject too, which its control
-// line bounds (4 KiB unless configured).
-const pullRoom = 64 << 10
-
-// nextMsg is the first message on subjects after seq, nil if there is
-// none or it cannot be read.
-func (b *Bus) nextMsg(ctx context.Context, subjects []string, seq uint64) *jetstream.RawStreamMsg {
-	var first *jetstream.RawStreamMsg
-	for _, subj := range subjects {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		m, err := b.stream.GetMsg(pctx, seq+1, jetstream.WithGetMsgSubject(subj))
-		cancel()
-		if err == nil && m.Sequence > seq && (first == nil || m.Sequence < first.Sequence) {
-			first = m
-		}
-	}
-	return first
-}
-
-// storedSize is about the size of m as the server counts it against a
-// pull's limit (its reply subject aside): subject, headers and data.
-func storedSize(m *jetstream.RawStreamMsg) int {
-	size := len(m.Subject) + len(m.Data) + len("NATS/1.0\r\n\r\n")
-	for k, vs := range m.Header {
-		for _, v := range vs {
-			size += len(k) + len(v) + len(": \r\n")
-		}
-	}
-	return size
-}
-
 // start iterates the source's messages in a goroutine, which hands them
 // over (unbuffered, in order) until ctx ends or the iterator fails, then
-// stops the iterator and deletes the consumer; it pulls n messages and
-// bytes bytes at most at a time. The goroutine is counted in wg. Ending ctx abandons the source at once, even while the iterator is
+// stops the iterator and deletes the consumer. The goroutine is counted in
+// wg. Ending ctx abandons the source at once, even while the iterator is
 // stuck in the client library's recovery: stopping it can take that long.
-func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup, n, bytes int) (<-chan readNext, error) {
-	it, err := s.cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(n, bytes))
+func (s *readSource) start(ctx context.Context, wg *sync.WaitGroup) (<-chan readNext, error) {
+	it, err := s.cons.Messages(jetstream.PullMaxMessages(512))
 	if err != nil {
 		s.release()
 		return nil, err

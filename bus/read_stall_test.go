@@ -2,7 +2,6 @@ package bus_test
 
 import (
 	"context"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -167,40 +166,5 @@ func TestReadKeepsIdleOrBusyConsumer(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	if after := readers(t, b); len(after) != 1 || after[0] != before[0] {
 		t.Errorf("readers %v, then %v: want the same consumer throughout", before, after)
-	}
-}
-
-// TestReadTakesMessagesLargerThanTheServerNow: a stream holding a message
-// stored while the server took larger ones than it does now (its pulls
-// are sized by what it takes now, and every one is refused that message)
-// is read through once the read stalls on it: the next pulls are sized
-// for it.
-func TestReadTakesMessagesLargerThanTheServerNow(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	srv, shutdown := startEmbedded(t, bus.EmbeddedConfig{DataDir: dir})
-	b := testnats.Connect(t, srv.URL(), "test/large")
-	bigSeq := publishRaw(t, b, "loopbus.evt.s1.job.requested", []byte(strings.Repeat("z", 6<<20)))
-	publish(t, b, jobStarted("s1", "e1"))
-	b.Close()
-	shutdown()
-
-	srv, _ = startEmbedded(t, bus.EmbeddedConfig{DataDir: dir, MaxPayload: 1 << 20})
-	cat, err := schemas.NewCatalogue()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err = bus.Connect(ctxT(t), bus.Config{URL: srv.URL(), Name: "large", ReadStall: 300 * time.Millisecond}, "test/"+t.Name(), cat, testnats.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	if b.ReadAheadBytes() >= 6<<20 {
-		t.Fatalf("ReadAheadBytes() = %d: pulls would carry the large message from the start", b.ReadAheadBytes())
-	}
-	var skipped []uint64
-	ids, _, _ := readAll(t, b, bus.ReadOptions{OnSkip: func(_ string, seq uint64) { skipped = append(skipped, seq) }})
-	if want := []string{"e1"}; !reflect.DeepEqual(ids, want) || !reflect.DeepEqual(skipped, []uint64{bigSeq}) {
-		t.Errorf("read %v and skipped %v; want %v after skipping the large message %d", ids, skipped, want, bigSeq)
 	}
 }
