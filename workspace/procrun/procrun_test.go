@@ -662,8 +662,17 @@ func TestSweepFinds(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-			if pids, err := pidsAfter(cmd.Process.Pid - 1); err != nil || !slices.Contains(pids, cmd.Process.Pid) || slices.Contains(pids, os.Getpid()) {
-				t.Fatalf("pidsAfter(%d) = %v, %v: want the sleeper and not this process", cmd.Process.Pid-1, pids, err)
+			low := cmd.Process.Pid - 1
+			pids, err := pidsAfter(low)
+			if err != nil || !slices.Contains(pids, cmd.Process.Pid) || slices.Contains(pids, os.Getpid()) {
+				t.Fatalf("pidsAfter(%d) = %v, %v: want the sleeper and not this process", low, pids, err)
+			}
+			// Few pids since: probed, every one in turn (a listing holds
+			// only those in use).
+			if now, ok := readInt("/proc/sys/kernel/ns_last_pid"); ok && probeRange(low, now) {
+				if want := pidRange(low, low+len(pids)); len(pids) == 0 || !reflect.DeepEqual(pids, want) {
+					t.Errorf("pidsAfter(%d) = %v, want the pids since in order (%v)", low, pids, want)
+				}
 			}
 			scope := sweepScope{leader: last, forks: forks, forksOK: withForks}
 			// Unless the pid counter came round meanwhile (then the sweep
