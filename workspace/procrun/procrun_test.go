@@ -690,6 +690,52 @@ func TestSweepFinds(t *testing.T) {
 	}
 }
 
+// TestMain lets the test binary stand in for a process with threads of
+// its own (a Go program), which TestSweepCountsProcesses sweeps.
+func TestMain(m *testing.M) {
+	if os.Getenv(sleeperVar) != "" {
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// sleeperVar makes the test binary sleep instead of testing.
+const sleeperVar = "PROCRUN_TEST_SLEEPER"
+
+// TestSweepCountsProcesses: a process of a run with several threads,
+// whose ids the sweep probes too, is killed and counted once.
+func TestSweepCountsProcesses(t *testing.T) {
+	forks, ok := forkCount()
+	last, ok1 := readInt("/proc/sys/kernel/ns_last_pid")
+	if !ok || !ok1 {
+		t.Fatal("no fork count or last pid in /proc")
+	}
+	id := newRunID()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = []string{RunIDVar + "=" + id, sleeperVar + "=1"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	task := "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/task"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if tasks, err := os.ReadDir(task); err == nil && len(tasks) >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sleeper did not start its threads")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := sweep(id, sweepScope{leader: last, forks: forks, forksOK: true}); n != 1 {
+		t.Errorf("sweep killed %d processes, want 1", n)
+	}
+	assertGone(t, cmd.Process.Pid)
+}
+
 // TestPidRange: pids are probed one by one only after a known pid, when
 // at most maxProbe were handed out since, and those are the pids after
 // low up to last, in order, this process's excluded; otherwise /proc is
