@@ -236,7 +236,6 @@ func (b *Bus) PutArtifact(ctx context.Context, object, name string, r io.Reader)
 	}, nil
 }
 
-// readChunk fills buf from r; it returns fewer bytes only at the end.
 // readFirstChunk reads up to a chunk from r into a buffer that grows with
 // what is read, in three steps: most artifacts are far smaller than a
 // chunk, and a full chunk's buffer is exactly a chunk (chunkPut reuses
@@ -258,6 +257,7 @@ func readFirstChunk(r io.Reader) ([]byte, error) {
 	return buf, nil
 }
 
+// readChunk fills buf from r; it returns fewer bytes only at the end.
 func readChunk(r io.Reader, buf []byte) (int, error) {
 	n, err := io.ReadFull(r, buf)
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {

@@ -3,7 +3,6 @@ package workspace
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -341,13 +340,7 @@ func clean(root string, id fileID) bool {
 		if name != "in" && name != "out" || !privateDir(r, name, id.dev) {
 			return false
 		}
-		f, err := r.Open(name)
-		if err != nil {
-			return false
-		}
-		_, err = f.Readdirnames(1)
-		_ = f.Close()
-		if !errors.Is(err, io.EOF) {
+		if inner, ok := list(r, name); !ok || len(inner) > 0 {
 			return false
 		}
 		dirs++

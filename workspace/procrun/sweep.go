@@ -110,11 +110,17 @@ func forkCount() (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	i := bytes.Index(b, []byte("\nprocesses "))
+	return field(b, "processes ")
+}
+
+// field returns the number on the line of b (a /proc file) that starts
+// with key, the file's first line aside.
+func field(b []byte, key string) (uint64, bool) {
+	i := bytes.Index(b, []byte("\n"+key))
 	if i < 0 {
 		return 0, false
 	}
-	line := b[i+len("\nprocesses "):]
+	line := b[i+1+len(key):]
 	if j := bytes.IndexByte(line, '\n'); j >= 0 {
 		line = line[:j]
 	}
@@ -331,15 +337,7 @@ func threadGroup(pid string) (int, bool) {
 	if !ok {
 		return 0, false
 	}
-	i := bytes.Index(b, []byte("\nTgid:"))
-	if i < 0 {
-		return 0, false
-	}
-	line := b[i+len("\nTgid:"):]
-	if j := bytes.IndexByte(line, '\n'); j >= 0 {
-		line = line[:j]
-	}
-	n, ok := parseUint(bytes.TrimSpace(line))
+	n, ok := field(b, "Tgid:")
 	return int(n), ok && n <= math.MaxInt32
 }
 
