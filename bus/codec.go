@@ -94,6 +94,16 @@ func encodeEvent(cat *schemas.Catalogue, ev schemas.Event) (*nats.Msg, error) {
 	return m, nil
 }
 
+// subjectIs reports whether subject is the subject attribute of an event
+// of session and step: session, or session/step.
+func subjectIs(subject []byte, session, step string) bool {
+	if step == "" {
+		return string(subject) == session
+	}
+	return len(subject) == len(session)+1+len(step) && string(subject[:len(session)]) == session &&
+		subject[len(session)] == '/' && string(subject[len(session)+1:]) == step
+}
+
 // Decode parses a message from the event stream into an Event, checking
 // everything a consumer relies on: structured CloudEvents JSON, spec
 // version 1.0, required attributes, a known type whose data satisfies its
@@ -121,56 +131,65 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte, checkSchem
 	if err != nil {
 		return bad("not a CloudEvent: %v", err)
 	}
-	if !e.has("specversion") {
+	if !e.has(attrSpecVersion) {
 		return bad("not a CloudEvent: no specversion")
 	}
-	for _, name := range [...]string{"id", "source", "type", "subject", "time", "datacontenttype", "dataschema"} {
-		if !e.has(name) {
-			return bad("missing attribute %s", name)
+	for i := attrID; i <= attrDataSchema; i++ {
+		if !e.has(i) {
+			return bad("missing attribute %s", attrNames[i])
 		}
 	}
-	if e.specVersion != specVersion {
-		return bad("specversion %q, want %q", e.specVersion, specVersion)
+	if v := e.attrs[attrSpecVersion]; string(v) != specVersion {
+		return bad("specversion %q, want %q", v, specVersion)
 	}
 	switch {
-	case e.id == "":
+	case len(e.attrs[attrID]) == 0:
 		return bad("empty attribute id")
 	}
-	source, ok := uriReference(e.source)
+	// Strings only of the attributes the event keeps, each of its own:
+	// readers keep some for long (a session's id) and others not.
+	var attrs [numAttrs]string
+	for _, i := range [...]int{attrID, attrSource, attrSession, attrStep, attrJob, attrCausation, attrCorrelation, attrForkOf} {
+		if len(e.attrs[i]) > 0 {
+			attrs[i] = string(e.attrs[i])
+		}
+	}
+	source, ok := uriReference(attrs[attrSource])
 	switch {
 	case !ok:
-		return bad("attribute source %q is not a URI reference", e.source)
-	case e.typ == "":
+		return bad("attribute source %q is not a URI reference", attrs[attrSource])
+	case len(e.attrs[attrType]) == 0:
 		return bad("empty attribute type")
-	case e.subject == "":
+	case len(e.attrs[attrSubject]) == 0:
 		return bad("empty attribute subject")
 	}
-	t, err := time.Parse(time.RFC3339Nano, e.time)
+	t, err := time.Parse(time.RFC3339Nano, string(e.attrs[attrTime]))
 	if err != nil || t.IsZero() {
-		return bad("attribute time %q is not an RFC 3339 time", e.time)
+		return bad("attribute time %q is not an RFC 3339 time", e.attrs[attrTime])
 	}
-	if e.dataContentType != dataContentType {
-		return bad("datacontenttype %q, want %q", e.dataContentType, dataContentType)
+	if v := e.attrs[attrDataContentType]; string(v) != dataContentType {
+		return bad("datacontenttype %q, want %q", v, dataContentType)
 	}
-	if !b.cat.Known(e.typ) {
-		return bad("unknown type %q", e.typ)
+	typ, dataSchema, known := b.cat.Lookup(e.attrs[attrType])
+	if !known {
+		return bad("unknown type %q", e.attrs[attrType])
 	}
-	if want := schemas.DataSchemaURI(e.typ); e.dataSchema != want {
-		return bad("dataschema %q, want %q", e.dataSchema, want)
+	if v := e.attrs[attrDataSchema]; string(v) != dataSchema {
+		return bad("dataschema %q, want %q", v, dataSchema)
 	}
 	if e.data == nil {
 		return bad("no data")
 	}
 	ev := schemas.Event{
-		ID:          e.id,
+		ID:          attrs[attrID],
 		Source:      source,
-		Type:        e.typ,
-		Session:     e.session,
-		Step:        e.step,
-		Job:         e.job,
-		Causation:   e.causation,
-		Correlation: e.correlation,
-		ForkOf:      e.forkOf,
+		Type:        typ,
+		Session:     attrs[attrSession],
+		Step:        attrs[attrStep],
+		Job:         attrs[attrJob],
+		Causation:   attrs[attrCausation],
+		Correlation: attrs[attrCorrelation],
+		ForkOf:      attrs[attrForkOf],
 		Time:        t,
 	}
 	if ev.Session == "" {
@@ -179,10 +198,11 @@ func (b *Bus) decode(subject string, header nats.Header, data []byte, checkSchem
 	if err := schemas.ValidateSessionID(ev.Session); err != nil {
 		return bad("%v", err)
 	}
-	if e.subject != ev.Subject() {
-		return bad("subject attribute %q does not match session/step %q", e.subject, ev.Subject())
+	if v := e.attrs[attrSubject]; !subjectIs(v, ev.Session, ev.Step) {
+		return bad("subject attribute %q does not match session/step %q", v, ev.Subject())
 	}
-	if want, _ := ev.StreamSubject(); subject != want {
+	if !ev.OnStreamSubject(subject) {
+		want, _ := ev.StreamSubject()
 		if ev.ForkOf != "" {
 			return bad("published on %q but a copy of a %s event in the history of session %s belongs on %q", subject, ev.Type, ev.Session, want)
 		}

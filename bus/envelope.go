@@ -1,10 +1,13 @@
 package bus
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -26,87 +29,82 @@ const dataContentType = "application/json"
 // maxJSONDepth bounds the nesting of an event's JSON, as encoding/json does.
 const maxJSONDepth = 10000
 
+// The attributes envelope keeps, numbered by attrIndex: the index of
+// envelope.attrs and the bit of envelope.seen.
+const (
+	attrSpecVersion = iota
+	attrID
+	attrSource
+	attrType
+	attrSubject
+	attrTime
+	attrDataContentType
+	attrDataSchema
+	attrSession
+	attrStep
+	attrJob
+	attrCausation
+	attrCorrelation
+	attrForkOf
+	numAttrs
+)
+
+// attrNames names the attributes envelope keeps, by attrIndex.
+var attrNames = [numAttrs]string{
+	"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "dataschema",
+	extSession, extStep, extJob, extCausation, extCorrelation, extForkOf,
+}
+
 // envelope is a structured-mode CloudEvent as loopbus reads it: the
-// attributes it uses, as their JSON strings, and data as raw JSON.
+// attributes it uses, as the values of their JSON strings, and data as raw
+// JSON. Both are slices of the event's bytes (a value with escapes is a
+// decoded copy), so reading an event makes strings only of what the
+// reader keeps.
 type envelope struct {
-	specVersion, id, source, typ, subject, time, dataContentType, dataSchema string
-	session, step, job, causation, correlation, forkOf                       string
-	data                                                                     []byte
+	attrs [numAttrs][]byte
+	data  []byte
 	// seen records which attributes were present, by their attrIndex, so
 	// a missing one and an empty one differ.
 	seen uint32
 }
 
-func (e *envelope) field(i int) *string {
-	switch i {
-	case 0:
-		return &e.specVersion
-	case 1:
-		return &e.id
-	case 2:
-		return &e.source
-	case 3:
-		return &e.typ
-	case 4:
-		return &e.subject
-	case 5:
-		return &e.time
-	case 6:
-		return &e.dataContentType
-	case 7:
-		return &e.dataSchema
-	case 8:
-		return &e.session
-	case 9:
-		return &e.step
-	case 10:
-		return &e.job
-	case 11:
-		return &e.causation
-	case 12:
-		return &e.correlation
-	}
-	return &e.forkOf
-}
-
-// attrIndex numbers the attributes envelope keeps (the field and the bit
-// of seen); -1 for any other member. Every one is a JSON string on the
-// wire.
-func attrIndex(name string) int {
-	switch name {
+// attrIndex numbers the attributes envelope keeps; -1 for any other
+// member. Every one is a JSON string on the wire.
+func attrIndex(name []byte) int {
+	switch string(name) {
 	case "specversion":
-		return 0
+		return attrSpecVersion
 	case "id":
-		return 1
+		return attrID
 	case "source":
-		return 2
+		return attrSource
 	case "type":
-		return 3
+		return attrType
 	case "subject":
-		return 4
+		return attrSubject
 	case "time":
-		return 5
+		return attrTime
 	case "datacontenttype":
-		return 6
+		return attrDataContentType
 	case "dataschema":
-		return 7
+		return attrDataSchema
 	case extSession:
-		return 8
+		return attrSession
 	case extStep:
-		return 9
+		return attrStep
 	case extJob:
-		return 10
+		return attrJob
 	case extCausation:
-		return 11
+		return attrCausation
 	case extCorrelation:
-		return 12
+		return attrCorrelation
 	case extForkOf:
-		return 13
+		return attrForkOf
 	}
 	return -1
 }
 
-func (e *envelope) has(name string) bool { return e.seen&(1<<attrIndex(name)) != 0 }
+func (e *envelope) has(i int) bool { return e.seen&(1<<i) != 0 }
 
 // parseEnvelope reads a structured-mode CloudEvent. It accepts exactly one
 // JSON object (valid JSON, nested at most maxJSONDepth deep, nothing but
@@ -129,14 +127,20 @@ func parseEnvelope(b []byte) (envelope, error) {
 		}
 		return e, errors.New("not a JSON object")
 	}
-	var names map[string]bool // members that are not attributes kept
+	// The names of the members that are not attributes kept, to refuse
+	// one given twice: a few (an event has one, its traceparent) in
+	// others, and all in many once there are more, so that an event of
+	// many members costs no more than a map.
+	var few [8][]byte
+	others := few[:0]
+	var many map[string]bool
 	s.ws()
 	if s.eat('}') {
 		return e, s.end()
 	}
 	for {
 		s.ws()
-		name, err := s.str()
+		name, err := s.text()
 		if err != nil {
 			return e, fmt.Errorf("member name: %w", err)
 		}
@@ -146,20 +150,21 @@ func parseEnvelope(b []byte) (envelope, error) {
 		}
 		s.ws()
 		if i := attrIndex(name); i >= 0 {
-			if e.seen&(1<<i) != 0 {
+			if e.has(i) {
 				return e, fmt.Errorf("attribute %q appears twice", name)
 			}
 			e.seen |= 1 << i
 			if s.peek() != '"' {
 				return e, fmt.Errorf("attribute %s is not a string", name)
 			}
-			v, err := s.str()
+			v, err := s.text()
 			if err != nil {
 				return e, fmt.Errorf("attribute %s: %w", name, err)
 			}
-			*e.field(i) = v
+			e.attrs[i] = v
 		} else {
-			if name == "data" {
+			data := string(name) == "data"
+			if data {
 				if e.data != nil {
 					return e, errors.New(`member "data" appears twice`)
 				}
@@ -167,23 +172,35 @@ func parseEnvelope(b []byte) (envelope, error) {
 				if !extensionName(name) {
 					return e, fmt.Errorf("member %q: attribute names are lower-case letters and digits", name)
 				}
-				if names[name] {
+				twice := false
+				switch {
+				case many != nil:
+					twice = many[string(name)]
+					many[string(name)] = true
+				case len(others) < len(few):
+					twice = slices.ContainsFunc(others, func(o []byte) bool { return bytes.Equal(o, name) })
+					others = append(others, name)
+				default:
+					many = make(map[string]bool, 2*len(few))
+					for _, o := range others {
+						many[string(o)] = true
+					}
+					twice = many[string(name)]
+					many[string(name)] = true
+				}
+				if twice {
 					return e, fmt.Errorf("attribute %q appears twice", name)
 				}
-				if names == nil {
-					names = map[string]bool{}
-				}
-				names[name] = true
 			}
 			start := s.i
 			skip := s.value
-			if name == "data" {
+			if data {
 				skip = s.skipData
 			}
 			if err := skip(0); err != nil {
 				return e, fmt.Errorf("member %s: %w", name, err)
 			}
-			if name == "data" {
+			if data {
 				e.data = b[start:s.i]
 			}
 		}
@@ -200,8 +217,8 @@ func parseEnvelope(b []byte) (envelope, error) {
 
 // extensionName reports whether name is a CloudEvents 1.0 attribute name:
 // lower-case ASCII letters and digits.
-func extensionName(name string) bool {
-	if name == "" {
+func extensionName(name []byte) bool {
+	if len(name) == 0 {
 		return false
 	}
 	for i := 0; i < len(name); i++ {
@@ -280,71 +297,105 @@ func (s *scanner) end() error {
 	return nil
 }
 
-// str reads a JSON string and returns its value.
-func (s *scanner) str() (string, error) {
+// text reads a JSON string and returns its value: a slice of the bytes
+// read unless it has escapes, which are decoded into a copy.
+func (s *scanner) text() ([]byte, error) {
 	start := s.i
-	escaped, err := s.skipString()
+	escaped, wide, err := s.skipString()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	raw := s.b[start:s.i]
-	if !utf8.Valid(raw) {
+	if wide && !utf8.Valid(raw) {
 		// As the event's data, which JSON v2 refuses likewise: readers
 		// that replace bad bytes and readers that keep them would differ.
-		return "", errors.New("a string is not valid UTF-8")
+		return nil, errors.New("a string is not valid UTF-8")
 	}
 	if !escaped {
-		return string(raw[1 : len(raw)-1]), nil
+		return raw[1 : len(raw)-1], nil
 	}
 	// Escapes are rare: encoding/json decodes them as every other reader
 	// of the event would.
 	var v string
 	if err := json.Unmarshal(raw, &v); err != nil {
-		return "", fmt.Errorf("%w: %v", errSyntax, err)
+		return nil, fmt.Errorf("%w: %v", errSyntax, err)
 	}
-	return v, nil
+	return []byte(v), nil
 }
 
-// skipString moves past a JSON string, reporting whether it has escapes.
-func (s *scanner) skipString() (escaped bool, err error) {
+// Masks of the bytes of a uint64, for looking at eight bytes of a string
+// at once (skipString).
+const (
+	lowBits  = 0x0101010101010101
+	highBits = 0x8080808080808080
+)
+
+// plain reports whether none of the eight bytes in x is a quote, a
+// backslash or a control character, nor (unless wide) above ASCII:
+// whether skipString can move past them at once. Each test is exact for
+// the word as a whole (a borrow only ever carries from a byte that
+// matches): x^c has a zero byte where x has c; x-n has the high bit set
+// where a byte of x below n borrowed.
+func plain(x uint64, wide bool) bool {
+	quote := x ^ (lowBits * '"')
+	bslash := x ^ (lowBits * '\\')
+	special := (quote-lowBits)&^quote | (bslash-lowBits)&^bslash | (x-lowBits*0x20)&^x
+	if !wide {
+		special |= x
+	}
+	return special&highBits == 0
+}
+
+// skipString moves past a JSON string, reporting whether it has escapes
+// and whether it has bytes above ASCII (which the caller checks for
+// UTF-8 if it keeps the value).
+func (s *scanner) skipString() (escaped, wide bool, err error) {
 	if !s.eat('"') {
-		return false, s.errf("want a string")
+		return false, false, s.errf("want a string")
 	}
 	for s.i < len(s.b) {
+		// Most of a string is plain text: eight bytes at a time.
+		for s.i+8 <= len(s.b) && plain(binary.LittleEndian.Uint64(s.b[s.i:]), wide) {
+			s.i += 8
+		}
+		if s.i >= len(s.b) {
+			break
+		}
 		c := s.b[s.i]
 		switch {
 		case c == '"':
 			s.i++
-			return escaped, nil
+			return escaped, wide, nil
 		case c < 0x20:
-			return false, s.errf("control character in a string")
+			return false, false, s.errf("control character in a string")
 		case c == '\\':
 			escaped = true
 			s.i++
 			if s.i >= len(s.b) {
-				return false, s.errf("unterminated string")
+				return false, false, s.errf("unterminated string")
 			}
 			switch s.b[s.i] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				s.i++
 			case 'u':
 				if s.i+5 > len(s.b) {
-					return false, s.errf("unterminated string")
+					return false, false, s.errf("unterminated string")
 				}
 				for _, h := range s.b[s.i+1 : s.i+5] {
 					if !isHex(h) {
-						return false, s.errf("bad \\u escape")
+						return false, false, s.errf("bad \\u escape")
 					}
 				}
 				s.i += 5
 			default:
-				return false, s.errf("bad escape")
+				return false, false, s.errf("bad escape")
 			}
 		default:
+			wide = wide || c >= 0x80
 			s.i++
 		}
 	}
-	return false, s.errf("unterminated string")
+	return false, false, s.errf("unterminated string")
 }
 
 func isHex(c byte) bool {
@@ -360,7 +411,7 @@ func (s *scanner) value(depth int) error {
 	case c == '{':
 		s.i++
 		return s.items('}', func() error {
-			if _, err := s.skipString(); err != nil {
+			if _, _, err := s.skipString(); err != nil {
 				return err
 			}
 			s.ws()
@@ -374,7 +425,7 @@ func (s *scanner) value(depth int) error {
 		s.i++
 		return s.items(']', func() error { return s.value(depth + 1) })
 	case c == '"':
-		_, err := s.skipString()
+		_, _, err := s.skipString()
 		return err
 	case c == 't':
 		return s.literal("true")
@@ -397,7 +448,7 @@ func (s *scanner) skipData(int) error {
 	for s.i < len(s.b) {
 		switch c := s.b[s.i]; c {
 		case '"':
-			if _, err := s.skipString(); err != nil {
+			if _, _, err := s.skipString(); err != nil {
 				return err
 			}
 			if depth == 0 {

@@ -2,7 +2,10 @@ package bus
 
 import (
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzScannerAgreesWithValid: the scanner that skips unknown members and
@@ -22,4 +25,36 @@ func FuzzScannerAgreesWithValid(f *testing.F) {
 			t.Fatalf("scanner says %v (%v), json.Valid %v, for %q", got, err, want, b)
 		}
 	})
+}
+
+// TestTextEveryPosition: a string with one byte that matters (the closing
+// quote, an escape, a control or non-ASCII byte, broken UTF-8) at every
+// place of the words the scanner reads eight bytes at a time reads as
+// encoding/json reads it.
+func TestTextEveryPosition(t *testing.T) {
+	for _, special := range []string{`"`, `\n`, `\"`, `\u00e9`, "\x01", "\x1f", "\x7f", " ", "é", "\xe9", "\xff", "€"} {
+		for n := 0; n < 26; n++ {
+			for p := 0; p <= n; p++ {
+				body := strings.Repeat("a", p) + special + strings.Repeat("b", n-p)
+				for _, in := range []string{`"` + body + `"`, `"` + body + `"` + strings.Repeat(" ", 9)} {
+					s := scanner{b: []byte(in)}
+					got, err := s.text()
+					if err == nil {
+						err = s.end()
+					}
+					var want string
+					jerr := json.Unmarshal([]byte(in), &want)
+					if !utf8.ValidString(in) && jerr == nil {
+						jerr = errors.New("invalid UTF-8")
+					}
+					switch {
+					case (err == nil) != (jerr == nil):
+						t.Fatalf("%q: scanner error %v, encoding/json %v", in, err, jerr)
+					case err == nil && string(got) != want:
+						t.Fatalf("%q: scanner read %q, encoding/json %q", in, got, want)
+					}
+				}
+			}
+		}
+	}
 }

@@ -31,66 +31,69 @@ var schemaFiles embed.FS
 // entry ties an event type to its Go data type.
 type entry struct {
 	newData func() any
+	// name and dataSchema are the type's name and DataSchemaURI, made
+	// once (NewCatalogue) for readers that look types up by their bytes.
+	name, dataSchema string
 }
 
 func catalogueEntries() map[string]entry {
 	return map[string]entry{
-		TypeSessionStarted:     {func() any { return new(SessionStarted) }},
-		TypeSessionCompleted:   {func() any { return new(SessionCompleted) }},
-		TypeSessionFailed:      {func() any { return new(SessionFailed) }},
-		TypeJobRequested:       {func() any { return new(JobRequested) }},
-		TypeJobStarted:         {func() any { return new(JobStarted) }},
-		TypeJobHeartbeat:       {func() any { return new(JobHeartbeat) }},
-		TypeJobReleased:        {func() any { return new(JobReleased) }},
-		TypeJobCompleted:       {func() any { return new(JobCompleted) }},
-		TypeJobFailed:          {func() any { return new(JobFailed) }},
-		TypeToolStarted:        {func() any { return new(ToolStarted) }},
-		TypeToolCompleted:      {func() any { return new(ToolCompleted) }},
-		TypeAgentMessage:       {func() any { return new(AgentMessage) }},
-		TypeArtifactStored:     {func() any { return new(ArtifactStored) }},
-		TypeValidationPassed:   {func() any { return new(Verdict) }},
-		TypeValidationFailed:   {func() any { return new(Verdict) }},
-		TypeStepCompleted:      {func() any { return new(StepCompleted) }},
-		TypeStepFailed:         {func() any { return new(StepFailed) }},
-		TypeSignalStop:         {func() any { return new(Signal) }},
-		TypeSignalPause:        {func() any { return new(Signal) }},
-		TypeSignalResume:       {func() any { return new(Signal) }},
-		TypeSignalInfo:         {func() any { return new(Signal) }},
-		TypeSignalInvalidate:   {func() any { return new(Signal) }},
-		TypeSignalAcknowledged: {func() any { return new(SignalAcknowledged) }},
-		TypeJobCancelled:       {func() any { return new(JobCancelled) }},
-		TypeStepWaiting:        {func() any { return new(StepWaiting) }},
-		TypeStepPaused:         {func() any { return new(StepPaused) }},
-		TypeStepResumed:        {func() any { return new(StepResumed) }},
-		TypeStepInvalidated:    {func() any { return new(StepInvalidated) }},
-		TypeSessionPaused:      {func() any { return new(SessionPaused) }},
-		TypeSessionStopped:     {func() any { return new(SessionStopped) }},
-		TypeSessionResumed:     {func() any { return new(SessionResumed) }},
-		TypeTaskAdded:          {func() any { return new(TaskAdded) }},
-		TypeTaskUpdated:        {func() any { return new(TaskUpdated) }},
-		TypeTaskSelected:       {func() any { return new(TaskSelected) }},
-		TypeBacklogPhase:       {func() any { return new(BacklogPhase) }},
-		TypeHookCompleted:      {func() any { return new(HookRun) }},
-		TypeHookFailed:         {func() any { return new(HookRun) }},
-		TypeLoopSpawned:        {func() any { return new(LoopSpawned) }},
-		TypeLoopMerged:         {func() any { return new(LoopMerged) }},
-		TypeLoopRebase:         {func() any { return new(LoopRebase) }},
-		TypeLoopInvalidated:    {func() any { return new(LoopInvalidated) }},
+		TypeSessionStarted:     {newData: func() any { return new(SessionStarted) }},
+		TypeSessionCompleted:   {newData: func() any { return new(SessionCompleted) }},
+		TypeSessionFailed:      {newData: func() any { return new(SessionFailed) }},
+		TypeJobRequested:       {newData: func() any { return new(JobRequested) }},
+		TypeJobStarted:         {newData: func() any { return new(JobStarted) }},
+		TypeJobHeartbeat:       {newData: func() any { return new(JobHeartbeat) }},
+		TypeJobReleased:        {newData: func() any { return new(JobReleased) }},
+		TypeJobCompleted:       {newData: func() any { return new(JobCompleted) }},
+		TypeJobFailed:          {newData: func() any { return new(JobFailed) }},
+		TypeToolStarted:        {newData: func() any { return new(ToolStarted) }},
+		TypeToolCompleted:      {newData: func() any { return new(ToolCompleted) }},
+		TypeAgentMessage:       {newData: func() any { return new(AgentMessage) }},
+		TypeArtifactStored:     {newData: func() any { return new(ArtifactStored) }},
+		TypeValidationPassed:   {newData: func() any { return new(Verdict) }},
+		TypeValidationFailed:   {newData: func() any { return new(Verdict) }},
+		TypeStepCompleted:      {newData: func() any { return new(StepCompleted) }},
+		TypeStepFailed:         {newData: func() any { return new(StepFailed) }},
+		TypeSignalStop:         {newData: func() any { return new(Signal) }},
+		TypeSignalPause:        {newData: func() any { return new(Signal) }},
+		TypeSignalResume:       {newData: func() any { return new(Signal) }},
+		TypeSignalInfo:         {newData: func() any { return new(Signal) }},
+		TypeSignalInvalidate:   {newData: func() any { return new(Signal) }},
+		TypeSignalAcknowledged: {newData: func() any { return new(SignalAcknowledged) }},
+		TypeJobCancelled:       {newData: func() any { return new(JobCancelled) }},
+		TypeStepWaiting:        {newData: func() any { return new(StepWaiting) }},
+		TypeStepPaused:         {newData: func() any { return new(StepPaused) }},
+		TypeStepResumed:        {newData: func() any { return new(StepResumed) }},
+		TypeStepInvalidated:    {newData: func() any { return new(StepInvalidated) }},
+		TypeSessionPaused:      {newData: func() any { return new(SessionPaused) }},
+		TypeSessionStopped:     {newData: func() any { return new(SessionStopped) }},
+		TypeSessionResumed:     {newData: func() any { return new(SessionResumed) }},
+		TypeTaskAdded:          {newData: func() any { return new(TaskAdded) }},
+		TypeTaskUpdated:        {newData: func() any { return new(TaskUpdated) }},
+		TypeTaskSelected:       {newData: func() any { return new(TaskSelected) }},
+		TypeBacklogPhase:       {newData: func() any { return new(BacklogPhase) }},
+		TypeHookCompleted:      {newData: func() any { return new(HookRun) }},
+		TypeHookFailed:         {newData: func() any { return new(HookRun) }},
+		TypeLoopSpawned:        {newData: func() any { return new(LoopSpawned) }},
+		TypeLoopMerged:         {newData: func() any { return new(LoopMerged) }},
+		TypeLoopRebase:         {newData: func() any { return new(LoopRebase) }},
+		TypeLoopInvalidated:    {newData: func() any { return new(LoopInvalidated) }},
 
 		// No session left hanging.
-		TypeSessionBudget: {func() any { return new(SessionBudget) }},
-		TypeSessionClosed: {func() any { return new(SessionClosed) }},
-		TypeSessionRerun:  {func() any { return new(SessionRerun) }},
-		TypeSessionForked: {func() any { return new(SessionForked) }},
+		TypeSessionBudget: {newData: func() any { return new(SessionBudget) }},
+		TypeSessionClosed: {newData: func() any { return new(SessionClosed) }},
+		TypeSessionRerun:  {newData: func() any { return new(SessionRerun) }},
+		TypeSessionForked: {newData: func() any { return new(SessionForked) }},
 
 		// Sessions imported from other systems.
-		TypeStepImported: {func() any { return new(StepImported) }},
+		TypeStepImported: {newData: func() any { return new(StepImported) }},
 
 		// Approval gates.
-		TypeSignalApprove:     {func() any { return new(Signal) }},
-		TypeSignalReject:      {func() any { return new(Signal) }},
-		TypeApprovalRequested: {func() any { return new(ApprovalRequested) }},
-		TypeApprovalExpired:   {func() any { return new(ApprovalExpired) }},
+		TypeSignalApprove:     {newData: func() any { return new(Signal) }},
+		TypeSignalReject:      {newData: func() any { return new(Signal) }},
+		TypeApprovalRequested: {newData: func() any { return new(ApprovalRequested) }},
+		TypeApprovalExpired:   {newData: func() any { return new(ApprovalExpired) }},
 	}
 }
 
@@ -136,10 +139,12 @@ type compiledSchema struct {
 // NewCatalogue returns the catalogue of the embedded schemas.
 func NewCatalogue() (*Catalogue, error) {
 	c := &Catalogue{entries: catalogueEntries(), compiled: map[string]*compiledSchema{}}
-	for typ := range c.entries {
+	for typ, e := range c.entries {
 		if _, err := SchemaFile(typ); err != nil {
 			return nil, err
 		}
+		e.name, e.dataSchema = typ, DataSchemaURI(typ)
+		c.entries[typ] = e
 		c.compiled[typ] = &compiledSchema{}
 	}
 	return c, nil
@@ -208,6 +213,15 @@ func (c *Catalogue) Types() []string {
 func (c *Catalogue) Known(typ string) bool {
 	_, ok := c.entries[typ]
 	return ok
+}
+
+// Lookup returns the catalogue's type whose name is typ, and its
+// DataSchemaURI; ok is false for a type not in the catalogue. The strings
+// are the catalogue's own, so a reader that holds a type's name as bytes
+// (a decoder) gets it without making a string of its own.
+func (c *Catalogue) Lookup(typ []byte) (name, dataSchema string, ok bool) {
+	e, ok := c.entries[string(typ)]
+	return e.name, e.dataSchema, ok
 }
 
 // Decode validates raw JSON data against the schema of typ and decodes it

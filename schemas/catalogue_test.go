@@ -754,3 +754,23 @@ func TestCatalogueCompilesEverySchema(t *testing.T) {
 		t.Fatalf("CompileAll: %v", err)
 	}
 }
+
+// TestLookup: Lookup finds every type by its bytes, with its dataschema,
+// and nothing else.
+func TestLookup(t *testing.T) {
+	cat, err := NewCatalogue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range cat.Types() {
+		name, uri, ok := cat.Lookup([]byte(typ))
+		if !ok || name != typ || uri != DataSchemaURI(typ) {
+			t.Errorf("Lookup(%q) = %q, %q, %v", typ, name, uri, ok)
+		}
+	}
+	for _, typ := range []string{"", "loopbus.job", "loopbus.job.started ", "LOOPBUS.JOB.STARTED"} {
+		if name, uri, ok := cat.Lookup([]byte(typ)); ok || name != "" || uri != "" {
+			t.Errorf("Lookup(%q) = %q, %q, %v; want nothing", typ, name, uri, ok)
+		}
+	}
+}

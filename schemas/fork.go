@@ -179,6 +179,35 @@ func HistorySubjectFor(session, typ string) (string, error) {
 	return SubjectPrefix + "." + session + "." + HistoryEntity + "." + ev, nil
 }
 
+// OnStreamSubject reports whether subject is e's StreamSubject, without
+// making it: readers check every event they read against the subject it
+// was stored on.
+func (e Event) OnStreamSubject(subject string) bool {
+	ev, err := EntityVerb(e.Type)
+	if err != nil || ValidateSessionID(e.Session) != nil {
+		return false
+	}
+	rest, ok := strings.CutPrefix(subject, SubjectPrefix+".")
+	if rest, ok = cutToken(rest, e.Session, ok); !ok {
+		return false
+	}
+	if e.ForkOf != "" {
+		if rest, ok = cutToken(rest, HistoryEntity, true); !ok {
+			return false
+		}
+	}
+	return rest == ev
+}
+
+// cutToken returns s after prefix and a dot, and whether s starts so (and
+// ok was true).
+func cutToken(s, prefix string, ok bool) (string, bool) {
+	if !ok || len(s) <= len(prefix) || s[:len(prefix)] != prefix || s[len(prefix)] != '.' {
+		return "", false
+	}
+	return s[len(prefix)+1:], true
+}
+
 // StreamSubject returns the stream subject of e: SubjectFor its session
 // and type, or HistorySubjectFor them when e is a copy (ForkOf set).
 func (e Event) StreamSubject() (string, error) {

@@ -345,3 +345,38 @@ func TestContentHash(t *testing.T) {
 		t.Errorf("ContentHash not stable: %q then %q", two, again)
 	}
 }
+
+// TestOnStreamSubject: OnStreamSubject says exactly whether a subject is
+// the event's StreamSubject, for events and copies in a fork's history.
+func TestOnStreamSubject(t *testing.T) {
+	events := []Event{
+		{Session: "s1", Type: TypeJobStarted},
+		{Session: "s1", Type: TypeJobStarted, ForkOf: "s0"},
+		{Session: "a-b_C9", Type: TypeSessionStarted, Step: "x"},
+		{Session: "s.1", Type: TypeJobStarted},
+		{Session: "", Type: TypeJobStarted},
+		{Session: "s1", Type: "loopbus.job"},
+		{Session: "s1", Type: "other.job.started"},
+	}
+	subjects := []string{
+		"", "loopbus.evt", "loopbus.evt.", "loopbus.evt.s1", "loopbus.evt.s1.", "loopbus.evt.s1.job.started",
+		"loopbus.evt.s1.job.started.x", "loopbus.evt.s1x.job.started", "loopbus.evt.s.job.started",
+		"loopbus.evt.s1.history.job.started", "loopbus.evt.s1.history.job", "loopbus.evt.s1.historyjob.started",
+		"loopbus.evt.a-b_C9.session.started", "loopbus.evt.s.1.job.started", "loopbus.evt..job.started",
+		"loopbus.evts1.job.started", "xloopbus.evt.s1.job.started", "loopbus.evt.s1.job.startedx",
+	}
+	matched := 0
+	for _, ev := range events {
+		want, err := ev.StreamSubject()
+		for _, subj := range subjects {
+			if got := ev.OnStreamSubject(subj); got != (err == nil && subj == want) {
+				t.Errorf("%+v on %q: OnStreamSubject %v, StreamSubject %q, %v", ev, subj, got, want, err)
+			} else if got {
+				matched++
+			}
+		}
+	}
+	if matched != 3 {
+		t.Errorf("%d events on their own subject, want 3", matched)
+	}
+}
