@@ -36,6 +36,9 @@ const templateSession = "zqxtemplatezqx"
 //     changed manifests to the views bucket (once per batch of
 //     projector.Config.CatchUpBatch events), for a bounded time
 //     (projector_events/s).
+//
+// raw_cpu_us/event and cpu_us/event are the CPU time of the whole process
+// (server, client, reader) per event during the raw read and the fold.
 func BenchmarkRebuild(b *testing.B) {
 	events := size(30_000, 1_000_000)
 	dir := b.TempDir()
@@ -46,16 +49,18 @@ func BenchmarkRebuild(b *testing.B) {
 			bs := testnats.Connect(b, srv.URL(), "bench/rebuild")
 			ctx := context.Background()
 			b.ResetTimer()
-			var rawTime, foldTime time.Duration
+			var rawTime, foldTime, rawCPU, foldCPU time.Duration
 			for range b.N {
-				t0 := time.Now()
+				c0, t0 := processCPU(b), time.Now()
 				if n := rawRead(b, bs); n != total {
 					b.Fatalf("raw read %d messages, want %d", n, total)
 				}
-				t1 := time.Now()
+				c1, t1 := processCPU(b), time.Now()
 				manifests := foldAll(b, bs)
 				foldTime += time.Since(t1)
+				foldCPU += processCPU(b) - c1
 				rawTime += t1.Sub(t0)
+				rawCPU += c1 - c0
 				if want := (total + 25) / 26; len(manifests) < want {
 					b.Fatalf("%d manifests, want at least %d", len(manifests), want)
 				}
@@ -65,6 +70,8 @@ func BenchmarkRebuild(b *testing.B) {
 			b.ReportMetric(n/foldTime.Seconds(), "events/s")
 			b.ReportMetric(n/rawTime.Seconds(), "raw_events/s")
 			b.ReportMetric(rawTime.Seconds()/foldTime.Seconds(), "rebuild_ratio")
+			b.ReportMetric(float64(rawCPU.Microseconds())/n, "raw_cpu_us/event")
+			b.ReportMetric(float64(foldCPU.Microseconds())/n, "cpu_us/event")
 
 			cb := &countingBus{Bus: bs}
 			p, err := projector.New(projector.Config{}, cb, testnats.Logger(b))
