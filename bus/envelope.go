@@ -29,8 +29,9 @@ const dataContentType = "application/json"
 // maxJSONDepth bounds the nesting of an event's JSON, as encoding/json does.
 const maxJSONDepth = 10000
 
-// The attributes envelope keeps, numbered by attrIndex: the index of
-// envelope.attrs and the bit of envelope.seen.
+// attrSpecVersion to attrForkOf number the attributes envelope keeps
+// (attrIndex): the index of envelope.attrs and the bit of envelope.seen;
+// numAttrs counts them.
 const (
 	attrSpecVersion = iota
 	attrID
@@ -297,8 +298,9 @@ func (s *scanner) end() error {
 	return nil
 }
 
-// text reads a JSON string and returns its value: a slice of the bytes
-// read unless it has escapes, which are decoded into a copy.
+// text reads a JSON string and returns its value: a slice of s.b (valid
+// as long as the event's bytes are) unless it has escapes, which are
+// decoded into a copy.
 func (s *scanner) text() ([]byte, error) {
 	start := s.i
 	escaped, wide, err := s.skipString()

@@ -274,12 +274,13 @@ func (b *Bus) tryReadSource(ctx context.Context, oc jetstream.OrderedConsumerCon
 	return &readSource{cons: cons, release: release}, info, nil
 }
 
-// A read holds about readPull+readAhead messages (the 512 it always held)
-// besides the one its callback has: readPull pulled from the server into
-// the iterator, and readAhead taken from it and handed over ahead of the
-// callback. Handing each message over alone woke a goroutine per message,
-// a cost of its own in a long read (the fold of a stream ran 10-20 %
-// slower).
+// readPull and readAhead bound what a read holds: about
+// readPull+readAhead messages (the 512 it always held) besides the one
+// its callback has. readPull are pulled from the server into the
+// iterator, readAhead taken from it and handed over ahead of the
+// callback, and one more may wait to be handed over. Handing each message
+// over alone woke a goroutine per message, a cost of its own in a long
+// read (the fold of a stream ran 10-20 % slower; docs/PERFORMANCE.md).
 const (
 	readPull  = 448
 	readAhead = 64

@@ -180,8 +180,9 @@ func HistorySubjectFor(session, typ string) (string, error) {
 }
 
 // OnStreamSubject reports whether subject is e's StreamSubject, without
-// making it: readers check every event they read against the subject it
-// was stored on.
+// making it (readers check every event they read against the subject it
+// was stored on). It reports false when StreamSubject fails: for an
+// invalid session id or type.
 func (e Event) OnStreamSubject(subject string) bool {
 	ev, err := EntityVerb(e.Type)
 	if err != nil || ValidateSessionID(e.Session) != nil {

@@ -364,6 +364,7 @@ func TestOnStreamSubject(t *testing.T) {
 		"loopbus.evt.s1.history.job.started", "loopbus.evt.s1.history.job", "loopbus.evt.s1.historyjob.started",
 		"loopbus.evt.a-b_C9.session.started", "loopbus.evt.s.1.job.started", "loopbus.evt..job.started",
 		"loopbus.evts1.job.started", "xloopbus.evt.s1.job.started", "loopbus.evt.s1.job.startedx",
+		"loopbus.evt.s1Xjob.started", "loopbus.evt.s1.historyXjob.started", "loopbus.evtXs1.job.started",
 	}
 	matched := 0
 	for _, ev := range events {
