@@ -173,21 +173,19 @@ func parseEnvelope(b []byte) (envelope, error) {
 				if !extensionName(name) {
 					return e, fmt.Errorf("member %q: attribute names are lower-case letters and digits", name)
 				}
-				twice := false
-				switch {
-				case many != nil:
-					twice = many[string(name)]
-					many[string(name)] = true
-				case len(others) < len(few):
-					twice = slices.ContainsFunc(others, func(o []byte) bool { return bytes.Equal(o, name) })
-					others = append(others, name)
-				default:
+				if many == nil && len(others) == len(few) {
 					many = make(map[string]bool, 2*len(few))
 					for _, o := range others {
 						many[string(o)] = true
 					}
+				}
+				var twice bool
+				if many != nil {
 					twice = many[string(name)]
 					many[string(name)] = true
+				} else {
+					twice = slices.ContainsFunc(others, func(o []byte) bool { return bytes.Equal(o, name) })
+					others = append(others, name)
 				}
 				if twice {
 					return e, fmt.Errorf("attribute %q appears twice", name)

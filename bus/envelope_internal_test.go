@@ -95,3 +95,15 @@ func TestExtensionTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestAttrIndex: attrIndex and attrNames number the attributes alike.
+func TestAttrIndex(t *testing.T) {
+	for i, name := range attrNames {
+		if got := attrIndex([]byte(name)); got != i {
+			t.Errorf("attrIndex(%q) = %d, want %d", name, got, i)
+		}
+	}
+	if got := attrIndex([]byte("traceparent")); got != -1 {
+		t.Errorf("attrIndex(traceparent) = %d, want -1", got)
+	}
+}
