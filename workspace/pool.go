@@ -55,7 +55,8 @@ const MaxIdle = 16
 // and would then see the next job's files, which a new directory would
 // not have shown it.
 type Pool struct {
-	base string
+	base   string
+	spread sync.Once // marks base for spreadSubdirs, once it exists
 
 	mu sync.Mutex
 	// resolved is base with its links resolved, as the kernel shows
@@ -99,7 +100,9 @@ func NewPool(base string, reuse bool) (*Pool, error) {
 
 // Create returns an empty workspace named session.name-RANDOM under the
 // pool's base: a kept one renamed, or a new one. session and name must be
-// safe tokens.
+// safe tokens. The first new one made also marks base so that ext4 spreads
+// the next ones over the disk's block groups (spreadSubdirs), where base is
+// a private directory of this user's.
 func (p *Pool) Create(session, name string) (*Workspace, error) {
 	if err := checkNames(session, name); err != nil {
 		return nil, err
@@ -125,6 +128,10 @@ func (p *Pool) Create(session, name string) (*Workspace, error) {
 		_ = os.RemoveAll(root)
 	}
 	w, err := create(p.base, prefix)
+	if err == nil {
+		// base exists now: from the next workspace on, ext4 spreads them.
+		p.spread.Do(func() { spreadSubdirs(p.base) })
+	}
 	if err != nil || !p.reusing() {
 		return w, err
 	}

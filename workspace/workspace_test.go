@@ -538,11 +538,21 @@ func TestFetchDefinition(t *testing.T) {
 // uses it for a step with one input and one output: made, the input and
 // the prompt and feedback written, the output opened, removed. One
 // session's jobs follow each other in one work dir: "new" makes and
-// removes every workspace (Create), "pool" empties and reuses them (Pool).
+// removes every workspace (Create), "pool-new" too, through a Pool that
+// does not reuse (as workers do by default; on ext4 its workspaces spread
+// over the block groups), and "pool" empties and reuses them.
 func BenchmarkLifecycle(b *testing.B) {
 	b.Run("new", func(b *testing.B) {
 		base := b.TempDir()
 		lifecycles(b, func(session string) (*workspace.Workspace, error) { return workspace.Create(base, session, "step-1-1") })
+	})
+	b.Run("pool-new", func(b *testing.B) {
+		p, err := workspace.NewPool(b.TempDir(), false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer p.Close()
+		lifecycles(b, func(session string) (*workspace.Workspace, error) { return p.Create(session, "step-1-1") })
 	})
 	b.Run("pool", func(b *testing.B) {
 		p, err := workspace.NewPool(b.TempDir(), true)
