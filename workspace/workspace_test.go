@@ -546,22 +546,19 @@ func BenchmarkLifecycle(b *testing.B) {
 		base := b.TempDir()
 		lifecycles(b, func(session string) (*workspace.Workspace, error) { return workspace.Create(base, session, "step-1-1") })
 	})
-	b.Run("pool-new", func(b *testing.B) {
-		p, err := workspace.NewPool(b.TempDir(), false)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer p.Close()
-		lifecycles(b, func(session string) (*workspace.Workspace, error) { return p.Create(session, "step-1-1") })
-	})
-	b.Run("pool", func(b *testing.B) {
-		p, err := workspace.NewPool(b.TempDir(), true)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer p.Close()
-		lifecycles(b, func(session string) (*workspace.Workspace, error) { return p.Create(session, "step-1-1") })
-	})
+	for _, v := range []struct {
+		name  string
+		reuse bool
+	}{{"pool-new", false}, {"pool", true}} {
+		b.Run(v.name, func(b *testing.B) {
+			p, err := workspace.NewPool(b.TempDir(), v.reuse)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			lifecycles(b, func(session string) (*workspace.Workspace, error) { return p.Create(session, "step-1-1") })
+		})
+	}
 }
 
 // lifecycles runs b.N job lifecycles on workspaces made by create.
