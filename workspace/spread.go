@@ -20,8 +20,8 @@ const topDirFlag = 0x00020000
 // Why: ext4 keeps a directory's files in its block group and puts a new
 // directory in its parent's group. Workspaces made and removed under one
 // base would all share one group, and ext4 without a journal skips every
-// inode of a group freed in the last minute when it makes a file, looking
-// each one up: a file costs more the more were removed there lately (up to
+// inode of a group freed in the last minute (six while its inode table
+// block is unwritten) when it makes a file, looking each one up: a file costs more the more were removed there lately (up to
 // a millisecond of CPU each, measured). Spread over the groups, each
 // workspace's files pass few such inodes. The mark changes only where
 // ext4 puts new directories; nothing reads it otherwise.
