@@ -100,9 +100,9 @@ func NewPool(base string, reuse bool) (*Pool, error) {
 
 // Create returns an empty workspace named session.name-RANDOM under the
 // pool's base: a kept one renamed, or a new one. session and name must be
-// safe tokens. The first new one made also marks base so that ext4 spreads
-// the next ones over the disk's block groups (spreadSubdirs), where base is
-// a private directory of this user's.
+// safe tokens. Before the first new one is made, base (links resolved) is
+// marked so that ext4 spreads them over the disk's block groups
+// (spreadSubdirs), where base is a work dir of this user's own.
 func (p *Pool) Create(session, name string) (*Workspace, error) {
 	if err := checkNames(session, name); err != nil {
 		return nil, err
@@ -127,11 +127,17 @@ func (p *Pool) Create(session, name string) (*Workspace, error) {
 		// points to).
 		_ = os.RemoveAll(root)
 	}
+	p.spread.Do(func() {
+		// Before the first workspace, so that an empty base counts as
+		// one made to be the work dir; a missing one is made as create
+		// would make it.
+		if err := os.MkdirAll(p.base, 0o700); err == nil {
+			if base := p.resolvedBase(); base != "" {
+				spreadSubdirs(base)
+			}
+		}
+	})
 	w, err := create(p.base, prefix)
-	if err == nil {
-		// base exists now: from the next workspace on, ext4 spreads them.
-		p.spread.Do(func() { spreadSubdirs(p.base) })
-	}
 	if err != nil || !p.reusing() {
 		return w, err
 	}

@@ -1,7 +1,10 @@
 package workspace
 
 import (
+	"errors"
+	"io"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -12,35 +15,56 @@ import (
 // does directories at the root of the file system.
 const topDirFlag = 0x00020000
 
-// spreadSubdirs marks dir, if it is a private directory of this user's (no
-// write access for group or others), as a top of directory hierarchies
-// where the file system has such a mark (ext4), and reports whether dir
-// now has it. Elsewhere, and on shared directories, it changes nothing.
+// spreadSubdirs marks dir as a top of directory hierarchies where the file
+// system has such a mark (ext4), if dir is a work dir of this user's own:
+// owned by the effective user, writable by no one else, and either of
+// mode 0700 (as the pool makes a missing base) or still empty (a directory
+// made to be the work dir). It reports whether dir now has the mark.
+// Elsewhere, and on any other directory (a home, /var, a shared one), it
+// changes nothing. The flags the directory had are kept.
 //
 // Why: ext4 keeps a directory's files in its block group and puts a new
 // directory in its parent's group. Workspaces made and removed under one
 // base would all share one group, and ext4 without a journal skips every
 // inode of a group freed in the last minute (six while its inode table
-// block is unwritten) when it makes a file, looking each one up: a file costs more the more were removed there lately (up to
-// a millisecond of CPU each, measured). Spread over the groups, each
-// workspace's files pass few such inodes. The mark changes only where
-// ext4 puts new directories; nothing reads it otherwise.
+// block is unwritten) when it makes a file, looking each one up: a file
+// costs more the more were removed there lately (up to a millisecond of
+// CPU each, measured). Spread over the groups, each workspace's files
+// pass few such inodes. The mark changes only where ext4 puts new
+// directories; nothing reads it otherwise.
 func spreadSubdirs(dir string) bool {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return false
 	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || st.Uid != uint32(os.Geteuid()) || st.Mode&0o022 != 0 {
-		return false
-	}
-	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	defer f.Close()
+	fi, err := f.Stat()
 	if err != nil {
 		return false
 	}
-	if flags&topDirFlag != 0 {
-		return true
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Uid != uint32(os.Geteuid()) || st.Mode&0o022 != 0 {
+		return false
 	}
-	return unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|topDirFlag)) == nil
+	if fi.Mode().Perm() != 0o700 {
+		if _, err := f.Readdirnames(1); !errors.Is(err, io.EOF) {
+			return false // not empty: a directory with a life of its own
+		}
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	marked := false
+	_ = rc.Control(func(fd uintptr) {
+		flags, err := unix.IoctlGetUint32(int(fd), unix.FS_IOC_GETFLAGS)
+		switch {
+		case err != nil:
+		case flags&topDirFlag != 0:
+			marked = true
+		default:
+			marked = unix.IoctlSetPointerInt(int(fd), unix.FS_IOC_SETFLAGS, int(flags|topDirFlag)) == nil
+		}
+	})
+	return marked
 }
