@@ -19,11 +19,12 @@ const topDirFlag = 0x00020000
 // system has such a mark (ext4), if dir is a work dir of this user's own:
 // owned by the effective user, writable by no one else, and either of
 // mode 0700 (as the pool makes a missing base) or still empty (a directory
-// made to be the work dir). It reports whether dir now has the mark.
-// Elsewhere, and on any other directory (a home, /var, a shared one), it
-// changes nothing. The flags the directory had are kept.
+// made to be the work dir). Elsewhere, and on any other directory (a
+// home, /var, a shared one), it changes nothing. The flags the directory
+// had are kept. It fails silently: the mark only saves work.
 //
-// Why: ext4 keeps a directory's files in its block group and puts a new
+// Why (on ext4 without a journal; with one it only changes placement):
+// ext4 keeps a directory's files in its block group and puts a new
 // directory in its parent's group. Workspaces made and removed under one
 // base would all share one group, and ext4 without a journal skips every
 // inode of a group freed in the last minute (six while its inode table
@@ -32,39 +33,35 @@ const topDirFlag = 0x00020000
 // CPU each, measured). Spread over the groups, each workspace's files
 // pass few such inodes. The mark changes only where ext4 puts new
 // directories; nothing reads it otherwise.
-func spreadSubdirs(dir string) bool {
+func spreadSubdirs(dir string) {
+	// The pool passes base with its links resolved: O_NOFOLLOW only
+	// refuses one swapped in since.
 	f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return false
+		return
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return false
+		return
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok || st.Uid != uint32(os.Geteuid()) || st.Mode&0o022 != 0 {
-		return false
+		return
 	}
 	if fi.Mode().Perm() != 0o700 {
 		if _, err := f.Readdirnames(1); !errors.Is(err, io.EOF) {
-			return false // not empty: a directory with a life of its own
+			return // not empty: a directory with a life of its own
 		}
 	}
 	rc, err := f.SyscallConn()
 	if err != nil {
-		return false
+		return
 	}
-	marked := false
 	_ = rc.Control(func(fd uintptr) {
 		flags, err := unix.IoctlGetUint32(int(fd), unix.FS_IOC_GETFLAGS)
-		switch {
-		case err != nil:
-		case flags&topDirFlag != 0:
-			marked = true
-		default:
-			marked = unix.IoctlSetPointerInt(int(fd), unix.FS_IOC_SETFLAGS, int(flags|topDirFlag)) == nil
+		if err == nil && flags&topDirFlag == 0 {
+			_ = unix.IoctlSetPointerInt(int(fd), unix.FS_IOC_SETFLAGS, int(flags|topDirFlag))
 		}
 	})
-	return marked
 }
