@@ -56,7 +56,7 @@ const MaxIdle = 16
 // not have shown it.
 type Pool struct {
 	base   string
-	spread sync.Once // marks base for spreadSubdirs, once it exists
+	spread sync.Once // makes base and marks it (spreadSubdirs) before the first workspace
 
 	mu sync.Mutex
 	// resolved is base with its links resolved, as the kernel shows

@@ -82,11 +82,12 @@ func TestPoolSpreadsWorkspaces(t *testing.T) {
 		}
 		return setup{base: dir, check: dir}
 	}
-	cases := []struct {
+	type spreadCase struct {
 		name   string
 		setup  func() setup
 		marked bool
-	}{
+	}
+	cases := []spreadCase{
 		{"given private", func() setup { d := t.TempDir(); return setup{base: d, check: d} }, true},
 		{"made by the pool", func() setup {
 			d := filepath.Join(t.TempDir(), "work", "dir")
@@ -126,11 +127,7 @@ func TestPoolSpreadsWorkspaces(t *testing.T) {
 	}
 	if os.Geteuid() == 0 {
 		// Only root can give a directory to another user.
-		cases = append(cases, struct {
-			name   string
-			setup  func() setup
-			marked bool
-		}{"another user's", func() setup {
+		cases = append(cases, spreadCase{"another user's", func() setup {
 			d := t.TempDir()
 			if err := os.Chown(d, 65534, 65534); err != nil {
 				t.Fatal(err)
