@@ -30,6 +30,7 @@ const (
 // three. A fourth worker started later, as the README says, takes work
 // while foreman keeps running. Stopping foreman leaves no process behind.
 func TestForemanReplicas(t *testing.T) {
+	t.Parallel()
 	foreman, err := exec.LookPath("foreman")
 	if err != nil {
 		t.Fatalf("foreman is not installed (it runs the Procfile): install it with `apt-get install -y ruby-foreman` (.ci/run does)")

@@ -39,6 +39,7 @@ var layers = map[string]int{
 // TestImportsRunOneWay checks every package's non-test imports against
 // layers, and that only test support lives under internal/.
 func TestImportsRunOneWay(t *testing.T) {
+	t.Parallel()
 	const module = "github.com/loopbus/loopbus"
 	cmd := exec.Command("go", "list", "-json", "./...")
 	cmd.Dir = ".."

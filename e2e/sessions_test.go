@@ -11,6 +11,7 @@ import (
 // TestRunSaysWhereResultsAre: run names the final artifacts and how to get
 // them; --out writes them; sessions lists what ran.
 func TestRunSaysWhereResultsAre(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	global := []string{"--data", data}
 	kit := []string{"run", "../examples/writing-kit/pipeline.yaml", "--input", "../examples/writing-kit/article.md"}
@@ -74,6 +75,7 @@ func TestRunSaysWhereResultsAre(t *testing.T) {
 // TestUnknownSessionSameAnswerEverywhere: every command naming a session
 // that does not exist exits 2 saying so.
 func TestUnknownSessionSameAnswerEverywhere(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	out := t.TempDir()
 	for _, args := range [][]string{

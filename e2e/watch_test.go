@@ -30,6 +30,7 @@ var watchLine = regexp.MustCompile(`^\d\d:\d\d:\d\d \S.*$`)
 // the signals of its keys and leaves the session running on q (exit 130),
 // and it ends by itself when the session does.
 func TestWatch(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	fakeClaude, err := filepath.Abs(filepath.Join("..", "agent", "claude", "testdata", "fake-claude"))
 	if err != nil {
@@ -393,6 +394,7 @@ func (s *screen) close() {
 // the terminal anything when the program starts (a query would make every
 // command wait seconds for an answer and could eat keys typed ahead).
 func TestWatchScreenLeavesOtherCommandsAlone(t *testing.T) {
+	t.Parallel()
 	cmd := exec.Command(binary, "--help")
 	cmd.Env = append(testEnv(t), "TERM=xterm-256color")
 	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
