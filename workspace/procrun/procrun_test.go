@@ -690,6 +690,40 @@ func TestSweepFinds(t *testing.T) {
 	}
 }
 
+// TestEnvironDuringExec: a process read right after it was started (its
+// exec may not have laid out the new environment yet, when /proc shows it
+// empty) is seen with its environment, and so is one whose environment
+// is empty, without waiting for it; a process that is gone reads as
+// unreadable. Without the wait, about one start in 200 read empty on an
+// idle machine, and one in 30 while others forked.
+func TestEnvironDuringExec(t *testing.T) {
+	marker := []byte(RunIDVar + "=" + newRunID() + "\x00")
+	for i := range 1000 {
+		cmd := exec.Command("sleep", "60")
+		cmd.Env = []string{string(marker[:len(marker)-1])}
+		if i%100 == 99 {
+			cmd.Env = []string{}
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		env, ok := environ(cmd.Process.Pid)
+		took := time.Since(start)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		switch {
+		case len(cmd.Env) == 0 && (!ok || len(env) != 0 || took >= execWait):
+			t.Fatalf("start %d, empty environment: environ = %q, %v after %v; want empty and readable at once", i, env, ok, took)
+		case len(cmd.Env) > 0 && (!ok || !hasVar(env, marker)):
+			t.Fatalf("start %d: environ = %q, %v; want it to hold %q", i, env, ok, marker)
+		}
+		if env, ok := environ(cmd.Process.Pid); ok {
+			t.Fatalf("start %d: environ of a reaped process = %q, true; want false", i, env)
+		}
+	}
+}
+
 // TestMain lets the test binary stand in for a process with threads of
 // its own (a Go program), which TestSweepCountsProcesses sweeps.
 func TestMain(m *testing.M) {

@@ -191,12 +191,13 @@ func parseUint(b []byte) (uint64, bool) {
 // whose environment holds RunIDVar=id, and returns how many it killed. It
 // reads /proc (Linux); where there is none, it does nothing. Each process
 // is held by a pidfd from before its environment is read until it is
-// signalled, so a pid reused meanwhile is never killed. A process that
-// cleared its environment before leaving the group escapes it, and so
-// does one whose main thread has exited (its environment can no longer
-// be read), or one given a pid out of turn (which takes privileges over
-// the pid namespace) when the sweep looks only at the pids handed out
-// since the leader.
+// signalled, so a pid reused meanwhile is never killed. One caught in the
+// middle of an exec is looked at once its new environment is laid out
+// (see environ). A process that cleared its environment before leaving
+// the group escapes it, and so does one whose main thread has exited (its
+// environment can no longer be read), or one given a pid out of turn
+// (which takes privileges over the pid namespace) when the sweep looks
+// only at the pids handed out since the leader.
 func sweep(id string, sc sweepScope) int {
 	marker := []byte(RunIDVar + "=" + id + "\x00")
 	killed := map[int]bool{}
@@ -313,8 +314,8 @@ func kill(pid int, marker []byte) bool {
 	if fd >= 0 {
 		defer unix.Close(fd)
 	}
-	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-	if err != nil || !hasVar(env, marker) {
+	env, ok := environ(pid)
+	if !ok || !hasVar(env, marker) {
 		return false
 	}
 	if fd >= 0 {
@@ -344,31 +345,105 @@ func threadGroup(pid string) (int, bool) {
 // startTicks returns when pid started, in clock ticks since boot (field 22
 // of /proc/PID/stat).
 func startTicks(pid int) (uint64, bool) {
+	st, ok := readStat(pid)
+	return st.start, ok
+}
+
+// procStat holds the fields of /proc/PID/stat that the sweep reads.
+type procStat struct {
+	state byte
+	// flags are the kernel's PF_* flags of the task.
+	flags uint64
+	// start is when the process started, in clock ticks since boot.
+	start uint64
+	// envEnd is where its environment ends in its memory: 0 while an
+	// exec has replaced its memory but not yet laid out the new
+	// program's arguments and environment (or for a process without
+	// memory: a zombie, a kernel thread).
+	envEnd uint64
+}
+
+// pfKthread is PF_KTHREAD: the task is a kernel thread.
+const pfKthread = 0x00200000
+
+// readStat reads the fields of procStat from /proc/PID/stat: state
+// (field 3), flags (9), starttime (22) and env_end (51; 0 where the
+// kernel is too old to show it).
+func readStat(pid int) (procStat, bool) {
 	var buf [1 << 10]byte
 	b, ok := readProc("/proc/"+strconv.Itoa(pid)+"/stat", buf[:])
 	if !ok {
-		return 0, false
+		return procStat{}, false
 	}
 	// The command name, in parentheses, may hold spaces: fields count from
-	// the last ')'. After it: state is field 3, starttime field 22.
+	// the last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, false
+		return procStat{}, false
 	}
+	var st procStat
 	rest := b[i+1:]
-	for field := 3; ; field++ {
+	for field := 3; field <= 51; field++ {
 		rest = bytes.TrimLeft(rest, " ")
 		end := bytes.IndexAny(rest, " \n")
 		if end < 0 {
 			end = len(rest)
 		}
 		if end == 0 {
-			return 0, false // fewer fields
+			// Fewer fields: starttime is required, env_end is not.
+			return st, field > 22
 		}
-		if field == 22 {
-			return parseUint(rest[:end])
+		v := rest[:end]
+		switch field {
+		case 3:
+			st.state = v[0]
+		case 9:
+			if st.flags, ok = parseUint(v); !ok {
+				return procStat{}, false
+			}
+		case 22:
+			if st.start, ok = parseUint(v); !ok {
+				return procStat{}, false
+			}
+		case 51:
+			st.envEnd, _ = parseUint(v)
 		}
 		rest = rest[end:]
+	}
+	return st, true
+}
+
+// execWait bounds how long kill waits for a process in the middle of an
+// exec to lay out its new environment: that takes microseconds, or
+// longer while the new program is read from a slow disk.
+const execWait = 200 * time.Millisecond
+
+// environ reads the environment of pid, held by the caller (a pidfd, so
+// that the pid is not reused meanwhile). A process caught in the middle of
+// an exec shows an empty environment until the new program's is laid out:
+// environ waits for that (execWait at most), so that a process of a run
+// that was exec'ing when the run ended is not taken for one without the
+// run's mark. It reports false if the environment cannot be read.
+func environ(pid int) ([]byte, bool) {
+	path := "/proc/" + strconv.Itoa(pid) + "/environ"
+	deadline := time.Now().Add(execWait)
+	for pause := 50 * time.Microsecond; ; pause = min(2*pause, 5*time.Millisecond) {
+		env, err := os.ReadFile(path)
+		if err != nil || len(env) > 0 {
+			return env, err == nil
+		}
+		st, ok := readStat(pid)
+		switch {
+		case !ok || st.state == 'Z' || st.flags&pfKthread != 0:
+			return nil, false // gone, dead, or never had an environment
+		case st.envEnd != 0:
+			// Laid out: empty, or the exec finished since the first read.
+			env, err = os.ReadFile(path)
+			return env, err == nil
+		case time.Now().After(deadline):
+			return nil, false
+		}
+		time.Sleep(pause)
 	}
 }
 
