@@ -363,12 +363,18 @@ type procStat struct {
 	envEnd uint64
 }
 
-// pfKthread is PF_KTHREAD: the task is a kernel thread.
-const pfKthread = 0x00200000
+// Task flags (PF_* of the kernel) that mean the process has, or will
+// have, no environment to read: it is exiting (its memory is dropped
+// before it becomes a zombie), or it is a kernel thread.
+const (
+	pfExiting = 0x00000004
+	pfKthread = 0x00200000
+)
 
 // readStat reads the fields of procStat from /proc/PID/stat: state
-// (field 3), flags (9), starttime (22) and env_end (51; 0 where the
-// kernel is too old to show it).
+// (field 3), flags (9), starttime (22) and env_end (51). Kernels before
+// 3.5 lack env_end (read as 0): there environ waits execWait for every
+// process of the run's time with an empty environment.
 func readStat(pid int) (procStat, bool) {
 	var buf [1 << 10]byte
 	b, ok := readProc("/proc/"+strconv.Itoa(pid)+"/stat", buf[:])
@@ -434,8 +440,8 @@ func environ(pid int) ([]byte, bool) {
 		}
 		st, ok := readStat(pid)
 		switch {
-		case !ok || st.state == 'Z' || st.flags&pfKthread != 0:
-			return nil, false // gone, dead, or never had an environment
+		case !ok || st.state == 'Z' || st.flags&(pfExiting|pfKthread) != 0:
+			return nil, false // gone, dying, or never had an environment
 		case st.envEnd != 0:
 			// Laid out: empty, or the exec finished since the first read.
 			env, err = os.ReadFile(path)
