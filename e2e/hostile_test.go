@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -151,13 +153,14 @@ steps:
 	}
 
 	// Every one is dead-lettered once, with its reason.
-	var letters []struct {
+	type letter struct {
 		Subject   string `json:"subject"`
 		SourceSeq uint64 `json:"sourceSeq"`
 		Reason    string `json:"reason"`
 		Consumer  string `json:"consumer"`
 		Size      int    `json:"size"`
 	}
+	var letters []letter
 	eventually(t, 60*time.Second, "a dead letter for every hostile message", func() bool {
 		r := loopbus(t, append([]string{"dlq", "--json"}, global...)...)
 		if r.code != 0 {
@@ -167,13 +170,7 @@ steps:
 		sc := bufio.NewScanner(strings.NewReader(r.stdout))
 		sc.Buffer(make([]byte, 4<<20), 4<<20)
 		for sc.Scan() {
-			var l struct {
-				Subject   string `json:"subject"`
-				SourceSeq uint64 `json:"sourceSeq"`
-				Reason    string `json:"reason"`
-				Consumer  string `json:"consumer"`
-				Size      int    `json:"size"`
-			}
+			var l letter
 			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 				t.Fatalf("dlq --json: %v", err)
 			}
@@ -189,6 +186,10 @@ steps:
 	if len(letters) != len(hostile) {
 		t.Fatalf("%d dead letters for %d hostile messages: %+v", len(letters), len(hostile), letters)
 	}
+	// Letters are stored as readers reach them, and different readers may
+	// reach two messages in either order; the messages were stored in the
+	// order of hostile.
+	slices.SortFunc(letters, func(a, b letter) int { return cmp.Compare(a.SourceSeq, b.SourceSeq) })
 	for i, h := range hostile {
 		if l := letters[i]; l.Subject != h.subject || !strings.Contains(l.Reason, h.reason) || l.Consumer == "" || l.Size != len(h.data) {
 			t.Errorf("%s: dead letter %+v, want subject %s, size %d and a reason containing %q", h.name, l, h.subject, len(h.data), h.reason)
