@@ -29,6 +29,14 @@ func TestMain(m *testing.M) {
 	args := []string{"build", "-o", binary}
 	if raceEnabled {
 		args = append(args, "-race")
+		// A race-built program sleeps a second before it exits (by
+		// default), so that reports from its other threads get out; the
+		// tests run hundreds of commands and stop many services. 50 ms
+		// is time enough for a report under way. The processes inherit
+		// this (testEnv keeps it); a GORACE of the user's is kept.
+		if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+			os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=50"))
+		}
 	}
 	build := exec.Command("go", append(args, "../cmd/loopbus")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
