@@ -4,7 +4,8 @@ BIN      ?= bin/loopbus
 PKGS     ?= ./...
 # TESTPKGS: the end-to-end package takes longest, so with every package
 # it is named first and starts first (go test runs two packages at once
-# on two cores; the suite ended about half a minute sooner so).
+# on two cores; in one measured pair the go test phase took 5 min 24 s
+# so, against 5 min 50 s).
 TESTPKGS ?= $(if $(filter ./...,$(PKGS)),./e2e/ ./...,$(PKGS))
 GOFLAGS  ?=
 
