@@ -18,9 +18,11 @@ build:
 # tests build and drive the real binary), then each fuzz target briefly
 # (their checked-in seed corpora also run as part of the plain tests).
 # The end-to-end tests mostly wait on the processes they start, so four
-# run at once even on two cores.
+# run at once even on two cores. go test's own vet checks are a subset of
+# the vet target's, which ran just before: -vet=off spares running them
+# again (24 s of a 5.7-minute build of every test from an empty cache).
 test: fmt-check vet chromium
-	$(GO) test -race -count=1 -parallel 4 -timeout 30m $(TESTPKGS)
+	$(GO) test -race -vet=off -count=1 -parallel 4 -timeout 30m $(TESTPKGS)
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_CI)
 
 vet:
