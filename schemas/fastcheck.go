@@ -80,6 +80,11 @@ type fastNode struct {
 	// arrays
 	items              *fastNode
 	minItems, maxItems int // -1: none
+
+	// bare: the node's own keywords accept every value, so check lets
+	// its ref read the value instead of reading it twice (a bare "$ref"
+	// per level of nesting would otherwise double the reads per level).
+	bare bool
 }
 
 type propNode struct {
@@ -222,7 +227,25 @@ func (c *fastCompiler) node(s *jsonschema.Schema) *fastNode {
 	if s.MaxItems != nil {
 		n.maxItems = *s.MaxItems
 	}
+	n.bare = n.ownAcceptsAll()
 	return n
+}
+
+// readsAgain reports whether checking a value against n reads it more
+// than once.
+func (n *fastNode) readsAgain() bool {
+	return (n.ref != nil && !n.bare) || n.not != nil || n.ifN != nil ||
+		len(n.allOf) > 0 || len(n.anyOf) > 0 || len(n.oneOf) > 0
+}
+
+// ownAcceptsAll reports whether n's own keywords (not its subschemas)
+// accept every JSON value.
+func (n *fastNode) ownAcceptsAll() bool {
+	return !n.never && n.types == 0 && !n.hasEnum && !n.hasConst &&
+		n.minLen < 0 && n.maxLen < 0 && n.pattern == nil && !n.hasBounds() &&
+		n.minProps < 0 && n.maxProps < 0 && len(n.props) == 0 && len(n.required) == 0 &&
+		!n.noAdditional && n.additional == nil && n.propNames == nil &&
+		n.items == nil && n.minItems < 0 && n.maxItems < 0
 }
 
 func (c *fastCompiler) nodes(ss []*jsonschema.Schema) []*fastNode {
@@ -271,6 +294,11 @@ type fastScanner struct {
 	b        []byte
 	i        int
 	anything fastNode // the schema of any value
+	// ends maps the start of a container read and found well formed to
+	// its end; nil until a schema that reads values again is met.
+	ends map[int]int
+	// reads counts the values read, each time one is read (tests bound it).
+	reads int
 }
 
 func (s *fastScanner) ws() {
@@ -298,7 +326,18 @@ func (s *fastScanner) check(n *fastNode, depth int) verdict {
 		return fail
 	}
 	start := s.i
-	if v := s.own(n, depth); v != pass {
+	if s.ends == nil && n.readsAgain() {
+		s.ends = map[int]int{}
+	}
+	ref := n.ref
+	if n.bare && ref != nil {
+		// The ref reads the value once, as own would have: a pass means a
+		// whole value read and s.i after it.
+		if v := s.check(ref, depth+1); v != pass {
+			return v
+		}
+		ref = nil
+	} else if v := s.own(n, depth); v != pass {
 		return v
 	}
 	end := s.i
@@ -307,8 +346,8 @@ func (s *fastScanner) check(n *fastNode, depth int) verdict {
 		s.i = start
 		return s.check(sub, depth+1)
 	}
-	if n.ref != nil {
-		if v := again(n.ref); v != pass {
+	if ref != nil {
+		if v := again(ref); v != pass {
 			return v
 		}
 	}
@@ -372,12 +411,14 @@ func (s *fastScanner) check(n *fastNode, depth int) verdict {
 		}
 	}
 	s.i = end
+	s.remember(start)
 	return pass
 }
 
 // own reads one value and checks it against n's own keywords (not its
 // subschemas).
 func (s *fastScanner) own(n *fastNode, depth int) verdict {
+	s.reads++
 	switch c := s.b[s.i]; {
 	case c == '{' || c == '[':
 		container := jObject
@@ -658,7 +699,27 @@ func (s *fastScanner) str(n *fastNode) verdict {
 // skip reads one value of any content, checking only that it is well
 // formed.
 func (s *fastScanner) skip(depth int) verdict {
-	return s.own(&s.anything, depth)
+	start := s.i
+	if end, ok := s.ends[start]; ok {
+		s.i = end
+		return pass
+	}
+	v := s.own(&s.anything, depth)
+	if v == pass {
+		s.remember(start)
+	}
+	return v
+}
+
+// remember notes where the container at start, just read and found well
+// formed, ends, once a schema that reads values again was met: a read
+// again that only needs to get past it (skip) then jumps. Without it, an
+// if, not or allOf on an object reads the whole of it again, subtrees and
+// all, once per subschema, and nested ones multiply the reads.
+func (s *fastScanner) remember(start int) {
+	if s.ends != nil && (s.b[start] == '{' || s.b[start] == '[') {
+		s.ends[start] = s.i
+	}
 }
 
 func (s *fastScanner) object(n *fastNode, depth int) verdict {

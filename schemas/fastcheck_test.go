@@ -70,6 +70,37 @@ func TestFastCheckCoversTheCatalogue(t *testing.T) {
 	}
 }
 
+// TestFastCheckReadsEachValueAboutOnce bounds how often the fast check
+// reads the values of each sample: a bare "$ref" must not read its value
+// before the schema it names does, and an if, not or allOf that reads an
+// object again must jump over the members it does not look into. Without
+// either, nested schemas multiply the reads (session.started's sample took
+// 15 reads a value).
+func TestFastCheckReadsEachValueAboutOnce(t *testing.T) {
+	c := newTestCatalogue(t)
+	all := samples(t)
+	reads := func(n *fastNode, raw []byte) (int, verdict) {
+		s := fastScanner{b: raw}
+		s.anything = fastNode{minLen: -1, maxLen: -1, minItems: -1, maxItems: -1, minProps: -1, maxProps: -1}
+		v := s.check(n, 0)
+		return s.reads, v
+	}
+	for _, typ := range c.Types() {
+		raw, err := json.Marshal(all[typ])
+		if err != nil {
+			t.Fatal(err)
+		}
+		values, _ := reads(nil, raw) // any value: each read once
+		got, v := reads(c.compiledOnce(typ).fast, raw)
+		if v != pass {
+			t.Fatalf("%s: %v, want pass", typ, v)
+		}
+		if got > 2*values {
+			t.Errorf("%s: %d reads of %d values; want at most %d", typ, got, values, 2*values)
+		}
+	}
+}
+
 // TestFastCheckAgrees checks variants of every sample (each member
 // removed, each value replaced by values of every JSON type, names added)
 // with both validators: where the fast check decides, it decides as the
