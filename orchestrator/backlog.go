@@ -385,7 +385,7 @@ type backlogPromptData struct {
 	Output string
 }
 
-func backlogJobRequest(s *Session, st *Step, iteration, attempt int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
+func backlogJobRequest(prompts *PromptCache, s *Session, st *Step, iteration, attempt int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
 	b := s.Backlog
 	name := st.Def.Name
 	inputs := slices.Clone(b.Start.Sources)
@@ -418,7 +418,7 @@ func backlogJobRequest(s *Session, st *Step, iteration, attempt int, feedback []
 	if text == "" {
 		text = defaultPrompts[role]
 	}
-	prompt, err := renderBacklogPrompt(text, data)
+	prompt, err := renderPrompt(prompts, text, data, data.Feedback, data.Hints)
 	if err != nil {
 		return nil, err
 	}

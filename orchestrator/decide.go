@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"text/template"
 	"time"
 
 	"github.com/loopbus/loopbus/definition"
@@ -29,7 +30,7 @@ func Decide(st *State, trigger schemas.Event, now time.Time) []schemas.Event {
 	if orig == nil || orig.terminal() && len(orig.Pending) == 0 && len(orig.Orphans) == 0 {
 		return nil
 	}
-	d := &decider{s: orig.clone(), trigger: trigger, now: now}
+	d := &decider{s: orig.clone(), trigger: trigger, now: now, prompts: st.Prompts}
 	d.decide()
 	return d.out
 }
@@ -41,6 +42,7 @@ type decider struct {
 	trigger schemas.Event
 	now     time.Time
 	out     []schemas.Event
+	prompts *PromptCache
 }
 
 func (d *decider) emit(typ, step string, data any, idParts ...string) {
@@ -121,7 +123,7 @@ func (d *decider) request(st *Step, iteration, attempt int, feedback []schemas.F
 	case s.Loops != nil:
 		jobRequestOf = loopJobRequest
 	}
-	jr, err := jobRequestOf(s, st, iteration, attempt, feedback)
+	jr, err := jobRequestOf(d.prompts, s, st, iteration, attempt, feedback)
 	if err != nil {
 		d.fail(st.Def.Name, st.Iteration, err.Error())
 		return false
@@ -825,7 +827,7 @@ type PromptData struct {
 	Hints string
 }
 
-func jobRequest(s *Session, st *Step, iteration, attempt int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
+func jobRequest(prompts *PromptCache, s *Session, st *Step, iteration, attempt int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
 	inputs := []schemas.ArtifactRef{s.Input}
 	arts := map[string]schemas.ArtifactRef{}
 	for _, r := range st.Def.Requires {
@@ -836,7 +838,7 @@ func jobRequest(s *Session, st *Step, iteration, attempt int, feedback []schemas
 	}
 	data := PromptData{Input: s.Input, Artifacts: arts, Feedback: schemas.FormatFeedback(feedback), Iteration: iteration, Session: s.ID, Step: st.Def.Name,
 		Hints: formatHints(st.Hints)}
-	prompt, err := RenderPrompt(st.Def.Prompt, data)
+	prompt, err := renderPrompt(prompts, st.Def.Prompt, data, data.Feedback, data.Hints)
 	if err != nil {
 		return nil, err
 	}
@@ -867,21 +869,32 @@ func formatHints(hints []string) string {
 // an agent always learns why its previous iteration failed; so are .Hints,
 // the operator's info messages.
 func RenderPrompt(text string, data PromptData) (string, error) {
-	return renderTemplate(text, data, data.Feedback, data.Hints)
+	return renderPrompt(nil, text, data, data.Feedback, data.Hints)
 }
 
-func renderBacklogPrompt(text string, data backlogPromptData) (string, error) {
-	return renderTemplate(text, data, data.Feedback, data.Hints)
+// renderPrompt is RenderPrompt with the template from prompts.
+func renderPrompt(prompts *PromptCache, text string, data any, feedback, hints string) (string, error) {
+	t, err := prompts.parse(text)
+	if err != nil {
+		return "", err
+	}
+	return renderTemplate(t, text, data, feedback, hints)
 }
 
-func renderTemplate(text string, data any, feedback, hints string) (string, error) {
+// parsePrompt parses a prompt template as every prompt is parsed.
+func parsePrompt(text string) (*template.Template, error) {
+	t, err := definition.ParsePrompt("prompt", text)
+	if err != nil {
+		return nil, fmt.Errorf("prompt template: %w", err)
+	}
+	return t, nil
+}
+
+// renderTemplate renders t, parsed from text.
+func renderTemplate(t *template.Template, text string, data any, feedback, hints string) (string, error) {
 	// Bounded: a template that would render without end (huge printf
 	// widths, nested loops, long output) fails its step here instead of
 	// exhausting the orchestrator, on every replay alike.
-	t, err := definition.ParsePrompt("prompt", text)
-	if err != nil {
-		return "", fmt.Errorf("prompt template: %w", err)
-	}
 	out, err := definition.RenderPrompt(t, data, MaxPromptBytes)
 	if err != nil {
 		return "", fmt.Errorf("prompt template: %w", err)

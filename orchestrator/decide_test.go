@@ -322,6 +322,13 @@ func decideChecked(t *testing.T, st, twin *State, trigger schemas.Event) []schem
 	if !reflect.DeepEqual(got, again) {
 		t.Errorf("Decide is not deterministic:\nfirst  %s\nsecond %s", dump(got), dump(again))
 	}
+	// The service's prompt memo changes nothing, filled or not.
+	twin.Prompts = NewPromptCache()
+	for range 2 {
+		if memo := Decide(twin, trigger, fixedNow); !reflect.DeepEqual(got, memo) {
+			t.Errorf("Decide with parsed prompts kept differs:\nwithout %s\nwith    %s", dump(got), dump(memo))
+		}
+	}
 	return got
 }
 

@@ -641,7 +641,7 @@ Write {{range $i, $o := .Outputs}}{{if $i}}, {{end}}$LOOPBUS_OUTPUT_DIR/{{$o}}{{
 {{- end}}
 `
 
-func loopJobRequest(s *Session, st *Step, iteration, attempt int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
+func loopJobRequest(prompts *PromptCache, s *Session, st *Step, iteration, attempt int, feedback []schemas.Feedback) (*schemas.JobRequested, error) {
 	l := s.Loops
 	lp := l.Loops[st.Def.Name]
 	if lp == nil {
@@ -663,7 +663,7 @@ func loopJobRequest(s *Session, st *Step, iteration, attempt int, feedback []sch
 	if text == "" {
 		text = defaultLoopPrompt
 	}
-	prompt, err := renderTemplate(text, data, data.Feedback, data.Hints)
+	prompt, err := renderPrompt(prompts, text, data, data.Feedback, data.Hints)
 	if err != nil {
 		return nil, err
 	}

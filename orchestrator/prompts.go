@@ -1,5 +1,7 @@
 package orchestrator
 
+import "text/template"
+
 // defaultPrompts are the built-in prompts of backlog runs, by role; a
 // backlog file's prompts override them. They are Go templates over
 // backlogPromptData.
@@ -66,4 +68,50 @@ Its problems:
 Write the repaired file to out/to-do.json. Keep every task and its status; fix only what the problems name (unique ids, dependencies that exist, no dependency cycles, valid statuses, the members of the schema).
 Write valid JSON.
 `,
+}
+
+// Bounds of a PromptCache: prompt texts are a pipeline's (one a step,
+// backlog role or loop level), so a few sessions' definitions fit; when
+// either bound would be passed, the cache starts again empty.
+const (
+	maxCachedPrompts     = 256
+	maxCachedPromptBytes = 4 << 20
+)
+
+// PromptCache keeps prompt templates parsed, by their text, so that a job
+// request renders its prompt without parsing it again. A rendering clones
+// the template it is given, so a parsed one is never changed. It is not
+// safe for concurrent use (the service decides under its lock); a nil
+// cache parses at each use.
+type PromptCache struct {
+	byText map[string]*template.Template
+	bytes  int
+}
+
+// NewPromptCache returns an empty cache.
+func NewPromptCache() *PromptCache {
+	return &PromptCache{byText: map[string]*template.Template{}}
+}
+
+// parse returns text's template, parsed as every prompt is.
+func (c *PromptCache) parse(text string) (*template.Template, error) {
+	if c == nil {
+		return parsePrompt(text)
+	}
+	if t, ok := c.byText[text]; ok {
+		return t, nil
+	}
+	t, err := parsePrompt(text)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.byText) >= maxCachedPrompts || c.bytes+len(text) > maxCachedPromptBytes {
+		clear(c.byText)
+		c.bytes = 0
+	}
+	if len(text) <= maxCachedPromptBytes {
+		c.byText[text] = t
+		c.bytes += len(text)
+	}
+	return t, nil
 }

@@ -99,7 +99,9 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if b == nil || now == nil {
 		return nil, errors.New("orchestrator: bus and clock are required")
 	}
-	return &Service{cfg: cfg, bus: b, log: log, now: now, state: NewState(), inflight: map[string]uint64{}, waits: map[string]struct{}{},
+	st := NewState()
+	st.Prompts = NewPromptCache()
+	return &Service{cfg: cfg, bus: b, log: log, now: now, state: st, inflight: map[string]uint64{}, waits: map[string]struct{}{},
 		slots: make(chan struct{}, maxCommits)}, nil
 }
 

@@ -59,6 +59,12 @@ type State struct {
 	// started from one file share it instead of each keeping its own
 	// decoded copy (see intern).
 	defs map[string]*sharedDef
+	// Prompts, when set, keeps the prompt templates Decide parses for
+	// the next decision that renders the same text. It is a memo: what
+	// Decide returns does not depend on it, and nil parses at each use.
+	// The service sets it; a state Decide must leave untouched to the
+	// byte (the tables' checks) leaves it nil.
+	Prompts *PromptCache
 }
 
 // sharedDef is one definition that sessions share. Nothing changes it,
