@@ -33,19 +33,23 @@ type outcome struct {
 // event it reports is published as it comes (with ctx): tool calls →
 // tool.started/tool.completed with the lane from the lane table, text →
 // agent.message; usage, failures and limits go into the outcome. Every
-// text is masked with sec. The first publish that fails is kept in the
-// outcome (the caller hands the job back). A tool of a lane this worker
+// text is masked with sec. The events are not waited for one by one, but
+// all are stored when runAgent returns; the first publish that fails is
+// kept in the outcome (the caller hands the job back). A tool of a lane this worker
 // lacks ends run through stop with a *laneError; backends that can are told
 // not to use those tools in the first place. The error is the backend's:
 // the agent could not be started.
 func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFunc, b agent.Backend, req schemas.Event, jr *schemas.JobRequested, root, dir string, env []string, sec *workspace.Secrets, delivery uint64) (agent.Result, *outcome, error) {
 	out := &outcome{}
 	d := strconv.FormatUint(delivery, 10)
+	// The agent does not wait for its events to be stored: they are all
+	// waited for once it is done, before anything of its result.
+	events := s.bus.Async()
 	publish := func(ctx context.Context, typ string, data any, idParts ...string) {
 		if out.publishErr != nil {
 			return
 		}
-		if _, err := s.bus.Publish(ctx, s.event(req, typ, data, append([]string{jr.JobID, d}, idParts...)...)); err != nil {
+		if err := events.Publish(ctx, s.event(req, typ, data, append([]string{jr.JobID, d}, idParts...)...)); err != nil {
 			out.publishErr = err
 		}
 	}
@@ -120,6 +124,9 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
 		Forbidden: forbidden,
 	}, emit)
+	if werr := events.Wait(ctx); werr != nil && out.publishErr == nil {
+		out.publishErr = werr
+	}
 	res.Tail = sec.MaskTail(res.Tail, procrun.DefaultTailBytes)
 	if out.ignored > 0 {
 		s.log.Debug().Str("job", jr.JobID).Int("lines", out.ignored).Msg("ignored agent event lines of unknown types")

@@ -56,6 +56,9 @@ type Bus interface {
 	LastSeq(ctx context.Context) (uint64, error)
 	SubjectLastSeq(ctx context.Context, subject string) (uint64, error)
 	Publish(ctx context.Context, ev schemas.Event) (bus.Published, error)
+	// Async publishes a job's events without a wait for each (see
+	// bus.Async).
+	Async() *bus.Async
 	PutArtifact(ctx context.Context, object, name string, r io.Reader) (schemas.ArtifactRef, error)
 	// GetArtifact copies an artifact to w, checking its size and digest
 	// (see bus.Bus.GetArtifact): a job's inputs and definition files.

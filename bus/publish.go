@@ -10,6 +10,7 @@ import (
 
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 )
 
@@ -264,4 +265,93 @@ func (b *Bus) requestOnce(ctx context.Context, m *nats.Msg) (Published, error) {
 		return Published{}, fmt.Errorf("%w: %s (code %d)", ErrRejected, ack.Error.Description, ack.Error.ErrCode)
 	}
 	return Published{Seq: ack.Seq, Duplicate: ack.Duplicate}, nil
+}
+
+// asyncWindow bounds the events an Async has in flight: past it, Publish
+// waits for the oldest acknowledgement first.
+const asyncWindow = 64
+
+// asyncAckWait is how long an Async waits for one acknowledgement before
+// it publishes the event again and waits as Publish does.
+const asyncAckWait = 5 * time.Second
+
+// Async publishes events without waiting for each acknowledgement; Wait
+// waits for all of them. The events go out in order on the bus's
+// connection, so they are stored in that order. It is for the events
+// within a job (tool calls, messages) that nothing acts on before the
+// job's result, which is published after Wait, so that a tool call does
+// not wait for a round trip to the server. Not safe for concurrent use.
+type Async struct {
+	b       *Bus
+	pending []pendingEvent
+}
+
+type pendingEvent struct {
+	m *nats.Msg
+	f jetstream.PubAckFuture
+}
+
+// Async returns a publisher of events without a wait for each.
+func (b *Bus) Async() *Async { return &Async{b: b} }
+
+// Publish encodes ev and sends it. An event that cannot be encoded is
+// refused at once; a failed write or acknowledgement surfaces in a later
+// Publish or in Wait.
+func (a *Async) Publish(ctx context.Context, ev schemas.Event) error {
+	m, err := a.b.Encode(ev)
+	if err != nil {
+		return err
+	}
+	for len(a.pending) >= asyncWindow {
+		if err := a.waitOldest(ctx); err != nil {
+			return err
+		}
+	}
+	f, err := a.b.js.PublishMsgAsync(m)
+	if err != nil {
+		// Not sent: what is in flight first, then this one, in order.
+		if err := a.Wait(ctx); err != nil {
+			return err
+		}
+		_, err = a.b.request(ctx, m)
+		return err
+	}
+	a.pending = append(a.pending, pendingEvent{m: m, f: f})
+	return nil
+}
+
+// Wait waits until every event published so far is stored. An event the
+// server refused, or did not acknowledge in time, is published again and
+// waited for as Publish does (retrying while the server is unreachable;
+// its id makes a copy already stored a duplicate, not a second event).
+// After an error the events still in flight are not waited for.
+func (a *Async) Wait(ctx context.Context) error {
+	for len(a.pending) > 0 {
+		if err := a.waitOldest(ctx); err != nil {
+			a.pending = nil
+			return err
+		}
+	}
+	return nil
+}
+
+// waitOldest waits for the acknowledgement of the oldest event in flight.
+func (a *Async) waitOldest(ctx context.Context) error {
+	p := a.pending[0]
+	a.pending[0] = pendingEvent{}
+	a.pending = a.pending[1:]
+	t := time.NewTimer(asyncAckWait)
+	defer t.Stop()
+	select {
+	case <-p.f.Ok():
+		return nil
+	case <-p.f.Err():
+	case <-t.C:
+	case <-ctx.Done():
+		return fmt.Errorf("publish %s: %w", p.m.Subject, ctx.Err())
+	case <-a.b.conn.closed:
+		return fmt.Errorf("publish %s: %w", p.m.Subject, a.b.closedErr())
+	}
+	_, err := a.b.request(ctx, p.m)
+	return err
 }

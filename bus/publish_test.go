@@ -328,3 +328,68 @@ func TestPublishChain(t *testing.T) {
 		t.Errorf("SessionLastSeq(s1) = %d, %v; want 6", last, err)
 	}
 }
+
+// TestAsyncPublish: events published without a wait for each are all
+// stored, in order, once Wait returns, more of them than are let in
+// flight at once; an id already stored stays one event; an event that
+// cannot be encoded is refused at once; and an event the server refuses
+// fails Wait with the server's reason, after it was tried again as
+// Publish tries.
+func TestAsyncPublish(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	ctx := ctxT(t)
+
+	const n = 150 // past the window of events in flight
+	a := b.Async()
+	for i := range n {
+		if err := a.Publish(ctx, jobStarted("s1", fmt.Sprintf("e%03d", i))); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	if err := a.Publish(ctx, jobStarted("s1", "e007")); err != nil {
+		t.Fatalf("publish e007 again: %v", err)
+	}
+	if err := a.Wait(ctx); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	if got := msgCount(t, b); got != n {
+		t.Fatalf("stream holds %d events, want %d", got, n)
+	}
+	for seq := uint64(1); seq <= n; seq++ {
+		ev, err := b.GetEvent(ctx, seq)
+		if want := fmt.Sprintf("e%03d", seq-1); err != nil || ev.ID != want {
+			t.Fatalf("event at seq %d: %v %v, want id %s: published in order, stored in order", seq, ev.ID, err, want)
+		}
+	}
+
+	bad := jobStarted("s1", "bad")
+	bad.Data = &schemas.JobStarted{Worker: "w1", Delivery: 1} // no job id
+	if err := a.Publish(ctx, bad); err == nil {
+		t.Error("an event its schema refuses was accepted")
+	}
+
+	// The server refuses events larger than the stream allows.
+	js := b.JetStream()
+	st, err := js.Stream(ctx, b.StreamName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxMsgSize = 64
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Publish(ctx, jobStarted("s1", "big")); err != nil {
+		t.Fatalf("publish: %v (the refusal comes with the acknowledgement)", err)
+	}
+	if err := a.Wait(ctx); !errors.Is(err, bus.ErrRejected) {
+		t.Errorf("wait after a refused event: %v, want ErrRejected", err)
+	}
+	if got := msgCount(t, b); got != n {
+		t.Errorf("stream holds %d events, want %d", got, n)
+	}
+	if err := a.Wait(ctx); err != nil {
+		t.Errorf("wait with nothing in flight: %v", err)
+	}
+}
