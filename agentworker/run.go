@@ -81,7 +81,7 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 				status = "error"
 			}
 			// Published even while the worker shuts down, so that the
-			// tool.started has its end.
+			// tool.started has its end (and waited for so, below).
 			publish(context.WithoutCancel(ctx), schemas.TypeToolCompleted, &schemas.ToolCompleted{
 				JobID: jr.JobID, ToolID: toolID(jr.JobID, d, o.ToolID), Name: name, Lane: s.lanes.Lane(o.Name, o.Category), Status: status,
 				ExitCode: o.ExitCode, DurationMs: o.Duration.Milliseconds(), Error: sec.Mask(o.Error),
@@ -124,7 +124,13 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
 		Forbidden: forbidden,
 	}, emit)
-	if werr := events.Wait(ctx); werr != nil && out.publishErr == nil {
+	// Even while the worker shuts down, as tool.completed is published,
+	// so that a tool.started has its end; for as long as a job handed back
+	// is announced.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	werr := events.Wait(wctx)
+	cancel()
+	if werr != nil && out.publishErr == nil {
 		out.publishErr = werr
 	}
 	res.Tail = sec.MaskTail(res.Tail, procrun.DefaultTailBytes)

@@ -29,12 +29,14 @@ var ErrPermissionDenied = errors.New("permission denied by the NATS server")
 // Bus is a connection to NATS with loopbus's stream, dead-letter stream,
 // view bucket and artifact store provisioned. It is safe for concurrent use.
 type Bus struct {
-	cfg    Config
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	cat    *schemas.Catalogue
-	log    zerolog.Logger
-	source string
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	// eventsJS publishes Async's events (with an ack timeout of its own).
+	eventsJS jetstream.JetStream
+	cat      *schemas.Catalogue
+	log      zerolog.Logger
+	source   string
 	// signer signs published events; nil publishes them unsigned.
 	signer *signer
 	// trust checks the signatures of events read; nil checks none.
@@ -256,7 +258,14 @@ func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalo
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	b := &Bus{cfg: cfg, nc: nc, js: js, cat: cat, log: log, source: source, signer: sg, trust: trust, newToken: randomToken, deadLettered: new(atomic.Int64), conn: cs}
+	// Events published without a wait (Async) give up on an ack after
+	// asyncAckWait, so that one never acknowledged is not held for ever.
+	eventsJS, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(asyncAckWait))
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	b := &Bus{cfg: cfg, nc: nc, js: js, eventsJS: eventsJS, cat: cat, log: log, source: source, signer: sg, trust: trust, newToken: randomToken, deadLettered: new(atomic.Int64), conn: cs}
 	// A refused API request gets no reply, only an asynchronous error: stop
 	// provisioning at the first one rather than waiting for a timeout.
 	pctx, cancel := context.WithCancel(ctx)

@@ -276,11 +276,13 @@ const asyncWindow = 64
 const asyncAckWait = 5 * time.Second
 
 // Async publishes events without waiting for each acknowledgement; Wait
-// waits for all of them. The events go out in order on the bus's
-// connection, so they are stored in that order. It is for the events
-// within a job (tool calls, messages) that nothing acts on before the
-// job's result, which is published after Wait, so that a tool call does
-// not wait for a round trip to the server. Not safe for concurrent use.
+// waits for all of them. It is for the events within a job (tool calls,
+// messages) that nothing acts on before the job's result, which is
+// published after Wait, so that a tool call does not wait for a round trip
+// to the server. The events go out in order on the bus's connection and
+// are stored in that order, but for one that fails and is published again
+// (a lost connection, a server that did not answer): it may land after
+// those sent behind it. Not safe for concurrent use.
 type Async struct {
 	b       *Bus
 	pending []pendingEvent
@@ -307,7 +309,7 @@ func (a *Async) Publish(ctx context.Context, ev schemas.Event) error {
 			return err
 		}
 	}
-	f, err := a.b.js.PublishMsgAsync(m)
+	f, err := a.b.eventsJS.PublishMsgAsync(m)
 	if err != nil {
 		// Not sent: what is in flight first, then this one, in order.
 		if err := a.Wait(ctx); err != nil {
@@ -321,10 +323,11 @@ func (a *Async) Publish(ctx context.Context, ev schemas.Event) error {
 }
 
 // Wait waits until every event published so far is stored. An event the
-// server refused, or did not acknowledge in time, is published again and
-// waited for as Publish does (retrying while the server is unreachable;
-// its id makes a copy already stored a duplicate, not a second event).
-// After an error the events still in flight are not waited for.
+// server refused, or did not acknowledge within asyncAckWait, is published
+// again and waited for as Publish does (retrying while the server is
+// unreachable; its id makes a copy already stored a duplicate, not a
+// second event). After an error the events still in flight are not
+// waited for.
 func (a *Async) Wait(ctx context.Context) error {
 	for len(a.pending) > 0 {
 		if err := a.waitOldest(ctx); err != nil {
@@ -340,13 +343,10 @@ func (a *Async) waitOldest(ctx context.Context) error {
 	p := a.pending[0]
 	a.pending[0] = pendingEvent{}
 	a.pending = a.pending[1:]
-	t := time.NewTimer(asyncAckWait)
-	defer t.Stop()
 	select {
 	case <-p.f.Ok():
 		return nil
-	case <-p.f.Err():
-	case <-t.C:
+	case <-p.f.Err(): // refused, lost, or not acknowledged in time
 	case <-ctx.Done():
 		return fmt.Errorf("publish %s: %w", p.m.Subject, ctx.Err())
 	case <-a.b.conn.closed:

@@ -322,12 +322,17 @@ func decideChecked(t *testing.T, st, twin *State, trigger schemas.Event) []schem
 	if !reflect.DeepEqual(got, again) {
 		t.Errorf("Decide is not deterministic:\nfirst  %s\nsecond %s", dump(got), dump(again))
 	}
-	// The service's prompt memo changes nothing, filled or not.
+	// The service's prompt memo changes nothing, filled or not, and
+	// Decide changes nothing else of the state with it.
 	twin.Prompts = NewPromptCache()
 	for range 2 {
 		if memo := Decide(twin, trigger, fixedNow); !reflect.DeepEqual(got, memo) {
 			t.Errorf("Decide with parsed prompts kept differs:\nwithout %s\nwith    %s", dump(got), dump(memo))
 		}
+	}
+	twin.Prompts = nil
+	if !reflect.DeepEqual(st, twin) {
+		t.Errorf("Decide with parsed prompts kept mutated the state:\nbefore %s\nafter  %s", dump(st), dump(twin))
 	}
 	return got
 }

@@ -71,12 +71,18 @@ Write valid JSON.
 }
 
 // Bounds of a PromptCache: prompt texts are a pipeline's (one a step,
-// backlog role or loop level), so a few sessions' definitions fit; when
-// either bound would be passed, the cache starts again empty.
+// backlog role or loop level), so many definitions' fit; when either bound
+// would be passed, the cache starts again empty. A parsed template is
+// counted as promptCost of its text.
 const (
-	maxCachedPrompts     = 256
-	maxCachedPromptBytes = 4 << 20
+	maxCachedPrompts    = 256
+	maxCachedPromptCost = 16 << 20
 )
+
+// promptCost is an upper estimate of the memory a parsed prompt holds:
+// measured, about 2 KiB a template and at most 34 bytes per byte of text
+// (a text of nothing but {{.Step}} actions; plain text 1.4).
+func promptCost(text string) int { return 2<<10 + 34*len(text) }
 
 // PromptCache keeps prompt templates parsed, by their text, so that a job
 // request renders its prompt without parsing it again. A rendering clones
@@ -85,7 +91,7 @@ const (
 // cache parses at each use.
 type PromptCache struct {
 	byText map[string]*template.Template
-	bytes  int
+	cost   int // of the templates kept (promptCost)
 }
 
 // NewPromptCache returns an empty cache.
@@ -105,13 +111,14 @@ func (c *PromptCache) parse(text string) (*template.Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(c.byText) >= maxCachedPrompts || c.bytes+len(text) > maxCachedPromptBytes {
+	cost := promptCost(text)
+	if len(c.byText) >= maxCachedPrompts || c.cost+cost > maxCachedPromptCost {
 		clear(c.byText)
-		c.bytes = 0
+		c.cost = 0
 	}
-	if len(text) <= maxCachedPromptBytes {
+	if cost <= maxCachedPromptCost {
 		c.byText[text] = t
-		c.bytes += len(text)
+		c.cost += cost
 	}
 	return t, nil
 }

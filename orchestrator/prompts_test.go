@@ -43,19 +43,20 @@ func TestPromptCache(t *testing.T) {
 		t.Errorf("%d texts kept after passing the bound, want the 11 parsed since", len(c.byText))
 	}
 
-	big := strings.Repeat("x", maxCachedPromptBytes/2+1)
+	// Texts whose templates would hold more than half the bound each.
+	big := strings.Repeat("x", (maxCachedPromptCost/2)/34)
 	for _, text := range []string{big + "1", big + "2"} {
 		if _, err := c.parse(text); err != nil {
 			t.Fatal(err)
 		}
-		if c.bytes > maxCachedPromptBytes {
-			t.Fatalf("%d bytes of text kept, past the bound of %d", c.bytes, maxCachedPromptBytes)
+		if c.cost > maxCachedPromptCost {
+			t.Fatalf("templates of cost %d kept, past the bound of %d", c.cost, maxCachedPromptCost)
 		}
 	}
-	if len(c.byText) != 1 || c.bytes != len(big)+1 {
-		t.Errorf("%d texts of %d bytes kept, want the last one alone", len(c.byText), c.bytes)
+	if _, kept := c.byText[big+"2"]; len(c.byText) != 1 || !kept || c.cost != promptCost(big+"2") {
+		t.Errorf("%d texts of cost %d kept, want the last one alone", len(c.byText), c.cost)
 	}
-	huge := strings.Repeat("y", maxCachedPromptBytes+1)
+	huge := strings.Repeat("y", maxCachedPromptCost/34+1)
 	if _, err := c.parse(huge); err != nil {
 		t.Fatal(err)
 	}
