@@ -35,10 +35,10 @@ type outcome struct {
 // agent.message; usage, failures and limits go into the outcome. Every
 // text is masked with sec. The events are not waited for one by one, but
 // all are stored when runAgent returns; the first publish that fails is
-// kept in the outcome (the caller hands the job back). A tool of a lane this worker
-// lacks ends run through stop with a *laneError; backends that can are told
-// not to use those tools in the first place. The error is the backend's:
-// the agent could not be started.
+// kept in the outcome (the caller hands the job back). A tool of a lane
+// this worker lacks ends run through stop with a *laneError; backends
+// that can are told not to use those tools in the first place. The error
+// is the backend's: the agent could not be started.
 func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFunc, b agent.Backend, req schemas.Event, jr *schemas.JobRequested, root, dir string, env []string, sec *workspace.Secrets, delivery uint64) (agent.Result, *outcome, error) {
 	out := &outcome{}
 	d := strconv.FormatUint(delivery, 10)
@@ -124,9 +124,9 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 		TailBytes: procrun.DefaultTailBytes + sec.MaxLen(),
 		Forbidden: forbidden,
 	}, emit)
-	// Even while the worker shuts down, as tool.completed is published,
-	// so that a tool.started has its end; for as long as a job handed back
-	// is announced.
+	// Waited for even while the worker shuts down (tool.completed is
+	// published so too, that a tool.started has its end), at most as long
+	// as announcing a job handed back may take.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	werr := events.Wait(wctx)
 	cancel()
