@@ -120,19 +120,23 @@ func SchemaFile(typ string) ([]byte, error) {
 // Catalogue validates and decodes event data. It is safe for concurrent
 // use. Each type's schema is compiled when first needed, so a process pays
 // only for the types it meets (a command-line call a few, a service its
-// own); CompileAll compiles them all.
+// own), and compiles it for the generic validator only when the fast
+// check does not pass a value; CompileAll compiles them all.
 type Catalogue struct {
 	entries  map[string]entry
 	compiled map[string]*compiledSchema
 }
 
-// compiledSchema is one type's schema, compiled once, for the generic
-// validator and for the fast check (nil when the schema uses a keyword
-// the fast check lacks).
+// compiledSchema is one type's schema, compiled once for the fast check
+// (nil when the schema uses a keyword the fast check lacks) and, only
+// when the fast check does not pass a value, once for the generic
+// validator.
 type compiledSchema struct {
+	fastOnce sync.Once
+	fast     *fastNode
+
 	once sync.Once
 	sch  *jsonschema.Schema
-	fast *fastNode
 	err  error
 }
 
@@ -162,18 +166,25 @@ func (c *Catalogue) CompileAll() error {
 
 // schema returns typ's compiled schema, compiling it on first use.
 func (c *Catalogue) schema(typ string) (*jsonschema.Schema, error) {
-	cs := c.compiledOnce(typ)
+	cs := c.compiled[typ]
+	cs.once.Do(func() { cs.sch, cs.err = compileEventSchema(typ) })
 	return cs.sch, cs.err
 }
 
-func (c *Catalogue) compiledOnce(typ string) *compiledSchema {
+// fast returns typ's schema compiled for the fast check, compiling it on
+// first use; nil when the fast check cannot decide for typ.
+func (c *Catalogue) fast(typ string) *fastNode {
 	cs := c.compiled[typ]
-	cs.once.Do(func() {
-		if cs.sch, cs.err = compileEventSchema(typ); cs.err == nil {
-			cs.fast = compileFast(cs.sch)
+	cs.fastOnce.Do(func() {
+		raw, err := SchemaFile(typ)
+		if err != nil {
+			return
+		}
+		if doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw)); err == nil {
+			cs.fast = compileFast(doc)
 		}
 	})
-	return cs
+	return cs.fast
 }
 
 func compileEventSchema(typ string) (*jsonschema.Schema, error) {
@@ -285,7 +296,7 @@ func (c *Catalogue) Encode(typ string, data any) ([]byte, error) {
 // the valid data it can; the generic validator decides the rest and says
 // what is wrong.
 func (c *Catalogue) validateRaw(typ string, raw []byte) error {
-	if cs := c.compiledOnce(typ); cs.fast != nil && fastCheck(cs.fast, raw) == pass {
+	if fast := c.fast(typ); fast != nil && fastCheck(fast, raw) == pass {
 		return nil
 	}
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))

@@ -2,23 +2,24 @@ package schemas
 
 import (
 	"encoding/json"
+	"math"
 	"math/big"
 	"math/bits"
+	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
-
-	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-// The fast check: a JSON Schema compiled a second time, for checking raw
-// JSON in one pass over its bytes, without building a tree of values. It
-// decides only what it can decide exactly as the generic validator
-// (jsonschema) does; anything else it calls unsure, and the generic
-// validator, which also writes the error messages, decides. A value it
-// passes the generic validator passes too (TestFastCheckAgrees and
-// FuzzFastCheck hold it to that).
+// The fast check: a JSON Schema compiled from its document on its own, for
+// checking raw JSON in one pass over its bytes, without building a tree of
+// values. It decides only what it can decide exactly as the generic
+// validator (jsonschema) does; anything else it calls unsure, and the
+// generic validator, which also writes the error messages, decides. A
+// value it passes the generic validator passes too (TestFastCheckAgrees,
+// TestCompileFastDocuments and FuzzFastCheck hold it to that).
 
 // verdict is the fast check's answer.
 type verdict uint8
@@ -61,7 +62,7 @@ type fastNode struct {
 
 	// strings
 	minLen, maxLen int // -1: none
-	pattern        jsonschema.Regexp
+	pattern        matcher
 
 	// numbers
 	minimum, maximum, exMinimum, exMaximum *big.Rat
@@ -92,98 +93,143 @@ type propNode struct {
 	node *fastNode
 }
 
-// compileFast compiles s for the fast check, or returns nil when s uses a
-// keyword the fast check does not implement.
-func compileFast(s *jsonschema.Schema) *fastNode {
-	c := fastCompiler{done: map[*jsonschema.Schema]*fastNode{}}
-	n := c.node(s)
+// compileFast compiles a schema document, as jsonschema.UnmarshalJSON
+// returns it, for the fast check, or returns nil when the document uses a
+// keyword, a reference or a form the fast check does not implement. It
+// reads the document rather than the generic validator's compiled schema,
+// so that a process that meets only valid data never compiles that one,
+// which checks the document against the meta-schema and compiles every
+// pattern: most of the time of compiling both.
+func compileFast(doc any) *fastNode {
+	c := fastCompiler{root: doc, done: map[string]*fastNode{}}
+	if root, ok := doc.(map[string]any); ok {
+		if d, ok := root["$schema"]; ok && d != draft2020 {
+			return nil
+		}
+	}
+	n := c.node("", doc)
 	if c.unsupported {
 		return nil
 	}
 	return n
 }
 
+// draft2020 is the dialect the catalogue's schemas are written in, and
+// the generic validator's default.
+const draft2020 = "https://json-schema.org/draft/2020-12/schema"
+
 type fastCompiler struct {
-	done        map[*jsonschema.Schema]*fastNode
+	root any
+	// done holds the node compiled for each place in the document, by
+	// its JSON pointer, so that a recursive "$ref" meets the node being
+	// built.
+	done        map[string]*fastNode
 	unsupported bool
 }
 
-func (c *fastCompiler) node(s *jsonschema.Schema) *fastNode {
-	if s == nil {
-		return nil
+// fastKeyword reports whether the fast check reads keyword k. Besides the
+// keywords it applies, it reads past annotations the generic validator
+// does not assert ("format" among them, as the 2020-12 dialect has it) and
+// "$defs", which holds schemas only for references; any other keyword
+// makes the schema unsupported.
+func fastKeyword(k string) bool {
+	switch k {
+	case "type", "enum", "const", "$ref", "not", "if", "then", "else", "allOf", "anyOf", "oneOf",
+		"minLength", "maxLength", "pattern",
+		"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+		"properties", "required", "additionalProperties", "minProperties", "maxProperties", "propertyNames",
+		"items", "minItems", "maxItems",
+		"$comment", "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
+		"format", "$defs":
+		return true
 	}
-	if n, ok := c.done[s]; ok {
+	return false
+}
+
+// node compiles the schema v found at path (a JSON pointer into the
+// document).
+func (c *fastCompiler) node(path string, v any) *fastNode {
+	if n, ok := c.done[path]; ok {
 		return n // a recursive schema refers to a node being built
 	}
 	n := &fastNode{minLen: -1, maxLen: -1, minItems: -1, maxItems: -1, minProps: -1, maxProps: -1}
-	c.done[s] = n
-	if s.DraftVersion < 2019 || s.RecursiveRef != nil || s.DynamicRef != nil || s.Format != nil ||
-		len(s.PatternProperties) > 0 ||
-		len(s.Dependencies) > 0 || len(s.DependentRequired) > 0 || len(s.DependentSchemas) > 0 ||
-		s.UnevaluatedProperties != nil || s.UniqueItems || s.Contains != nil ||
-		s.MinContains != nil || s.MaxContains != nil || s.Items != nil || s.AdditionalItems != nil ||
-		len(s.PrefixItems) > 0 || s.UnevaluatedItems != nil || s.ContentEncoding != nil ||
-		s.ContentMediaType != nil || s.ContentSchema != nil || s.MultipleOf != nil || len(s.Extensions) > 0 {
+	c.done[path] = n
+	switch s := v.(type) {
+	case bool:
+		n.never = !s
+		return n
+	case map[string]any:
+		c.object(n, path, s)
+	default:
 		c.unsupported = true
-		return n
 	}
-	if s.Bool != nil {
-		n.never = !*s.Bool
-		return n
-	}
-	if s.Types != nil {
-		for _, t := range s.Types.ToStrings() {
-			switch t {
-			case "null":
-				n.types |= jNull
-			case "boolean":
-				n.types |= jBool
-			case "number":
-				n.types |= jNumber | jInteger
-			case "integer":
-				n.types |= jInteger
-			case "string":
-				n.types |= jString
-			case "array":
-				n.types |= jArray
-			case "object":
-				n.types |= jObject
-			}
+	return n
+}
+
+// object compiles the keywords of schema s, found at path, into n.
+func (c *fastCompiler) object(n *fastNode, path string, s map[string]any) {
+	for k := range s {
+		// "$schema" and "$id" only at the root: elsewhere they start a
+		// resource of their own, with its own base for references.
+		if !fastKeyword(k) && (path != "" || (k != "$schema" && k != "$id")) {
+			c.unsupported = true
+			return
 		}
 	}
-	if s.Enum != nil {
-		n.hasEnum = true
-		for _, v := range s.Enum.Values {
-			sv, ok := c.scalar(v)
-			if !ok {
-				return n
-			}
-			n.enum = append(n.enum, sv)
-		}
+	if t, ok := s["type"]; ok {
+		n.types = c.types(t)
 	}
-	if s.Const != nil {
-		sv, ok := c.scalar(*s.Const)
+	if e, ok := s["enum"]; ok {
+		arr, ok := e.([]any)
 		if !ok {
-			return n
+			c.unsupported = true
+			return
 		}
-		n.hasConst, n.constVal = true, sv
+		n.hasEnum = true
+		for _, v := range arr {
+			n.enum = append(n.enum, c.scalar(v))
+		}
 	}
-	n.ref, n.not = c.node(s.Ref), c.node(s.Not)
-	n.ifN, n.thenN, n.elseN = c.node(s.If), c.node(s.Then), c.node(s.Else)
-	n.allOf, n.anyOf, n.oneOf = c.nodes(s.AllOf), c.nodes(s.AnyOf), c.nodes(s.OneOf)
-	if s.MinLength != nil {
-		n.minLen = *s.MinLength
+	if v, ok := s["const"]; ok {
+		n.hasConst, n.constVal = true, c.scalar(v)
 	}
-	if s.MaxLength != nil {
-		n.maxLen = *s.MaxLength
+	if r, ok := s["$ref"]; ok {
+		n.ref = c.ref(r)
 	}
-	n.pattern = fastPattern(s.Pattern)
-	n.minimum, n.maximum, n.exMinimum, n.exMaximum = s.Minimum, s.Maximum, s.ExclusiveMinimum, s.ExclusiveMaximum
+	n.not = c.sub(path, s, "not")
+	if _, ok := s["if"]; ok {
+		// As the generic validator does: "then" only under an "if" that
+		// may pass, "else" only under one that may fail.
+		n.ifN = c.sub(path, s, "if")
+		if b, ok := s["if"].(bool); !ok || b {
+			n.thenN = c.sub(path, s, "then")
+		}
+		if b, ok := s["if"].(bool); !ok || !b {
+			n.elseN = c.sub(path, s, "else")
+		}
+	}
+	n.allOf, n.anyOf, n.oneOf = c.subs(path, s, "allOf"), c.subs(path, s, "anyOf"), c.subs(path, s, "oneOf")
+	n.minLen, n.maxLen = c.count(s, "minLength"), c.count(s, "maxLength")
+	if p, ok := s["pattern"]; ok {
+		src, ok := p.(string)
+		if !ok {
+			c.unsupported = true
+			return
+		}
+		m, err := fastPattern(src)
+		if err != nil {
+			c.unsupported = true
+			return
+		}
+		n.pattern = m
+	}
+	n.minimum, n.maximum = c.number(s, "minimum"), c.number(s, "maximum")
+	n.exMinimum, n.exMaximum = c.number(s, "exclusiveMinimum"), c.number(s, "exclusiveMaximum")
 	n.intBounds = true
 	for _, b := range []struct {
 		r *big.Rat
 		i *int64
-	}{{s.Minimum, &n.minI}, {s.Maximum, &n.maxI}, {s.ExclusiveMinimum, &n.exMinI}, {s.ExclusiveMaximum, &n.exMaxI}} {
+	}{{n.minimum, &n.minI}, {n.maximum, &n.maxI}, {n.exMinimum, &n.exMinI}, {n.exMaximum, &n.exMaxI}} {
 		if b.r == nil {
 			continue
 		}
@@ -193,42 +239,192 @@ func (c *fastCompiler) node(s *jsonschema.Schema) *fastNode {
 		}
 		*b.i = b.r.Num().Int64()
 	}
-	if len(s.Properties) > 0 {
-		n.props = make(map[string]propNode, len(s.Properties))
-		for name, ps := range s.Properties {
-			n.props[name] = propNode{idx: len(n.props), node: c.node(ps)}
+	if p, ok := s["properties"]; ok {
+		props, ok := p.(map[string]any)
+		if !ok {
+			c.unsupported = true
+			return
+		}
+		n.props = make(map[string]propNode, len(props))
+		for name, ps := range props {
+			n.props[name] = propNode{idx: len(n.props), node: c.node(path+"/properties/"+escapePointer(name), ps)}
 		}
 	}
-	n.reqNames = s.Required
-	for _, r := range s.Required {
-		if p, ok := n.props[r]; ok {
-			n.required = append(n.required, p.idx)
-		} else {
-			n.required = append(n.required, -1)
+	if r, ok := s["required"]; ok {
+		arr, ok := r.([]any)
+		if !ok {
+			c.unsupported = true
+			return
+		}
+		for _, v := range arr {
+			name, ok := v.(string)
+			if !ok {
+				c.unsupported = true
+				return
+			}
+			n.reqNames = append(n.reqNames, name)
+			if p, ok := n.props[name]; ok {
+				n.required = append(n.required, p.idx)
+			} else {
+				n.required = append(n.required, -1)
+			}
 		}
 	}
-	switch a := s.AdditionalProperties.(type) {
+	switch a := s["additionalProperties"].(type) {
+	case nil:
 	case bool:
 		n.noAdditional = !a
-	case *jsonschema.Schema:
-		n.additional = c.node(a)
+	default:
+		n.additional = c.sub(path, s, "additionalProperties")
 	}
-	if s.MinProperties != nil {
-		n.minProps = *s.MinProperties
-	}
-	if s.MaxProperties != nil {
-		n.maxProps = *s.MaxProperties
-	}
-	n.propNames = c.node(s.PropertyNames)
-	n.items = c.node(s.Items2020)
-	if s.MinItems != nil {
-		n.minItems = *s.MinItems
-	}
-	if s.MaxItems != nil {
-		n.maxItems = *s.MaxItems
-	}
+	n.minProps, n.maxProps = c.count(s, "minProperties"), c.count(s, "maxProperties")
+	n.propNames = c.sub(path, s, "propertyNames")
+	n.items = c.sub(path, s, "items")
+	n.minItems, n.maxItems = c.count(s, "minItems"), c.count(s, "maxItems")
 	n.bare = n.ownAcceptsAll()
-	return n
+}
+
+// sub compiles the subschema under keyword k of s (at path), or returns
+// nil when s has none.
+func (c *fastCompiler) sub(path string, s map[string]any, k string) *fastNode {
+	v, ok := s[k]
+	if !ok {
+		return nil
+	}
+	return c.node(path+"/"+k, v)
+}
+
+// subs compiles the array of subschemas under keyword k of s (at path).
+func (c *fastCompiler) subs(path string, s map[string]any, k string) []*fastNode {
+	v, ok := s[k]
+	if !ok {
+		return nil
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) == 0 {
+		c.unsupported = true
+		return nil
+	}
+	out := make([]*fastNode, len(arr))
+	for i, sub := range arr {
+		out[i] = c.node(path+"/"+k+"/"+strconv.Itoa(i), sub)
+	}
+	return out
+}
+
+// ref compiles the schema a "$ref" names. Only references into the same
+// document by JSON pointer are supported.
+func (c *fastCompiler) ref(v any) *fastNode {
+	s, ok := v.(string)
+	if !ok || !strings.HasPrefix(s, "#") {
+		c.unsupported = true
+		return nil
+	}
+	frag, err := url.PathUnescape(s[1:])
+	if err != nil || (frag != "" && frag[0] != '/') {
+		c.unsupported = true // not a pointer: an anchor
+		return nil
+	}
+	target, path := c.root, ""
+	if frag != "" {
+		for _, tok := range strings.Split(frag[1:], "/") {
+			tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+			switch t := target.(type) {
+			case map[string]any:
+				if target, ok = t[tok]; !ok {
+					c.unsupported = true
+					return nil
+				}
+			case []any:
+				i, err := strconv.Atoi(tok)
+				if err != nil || i < 0 || i >= len(t) || strconv.Itoa(i) != tok {
+					c.unsupported = true
+					return nil
+				}
+				target = t[i]
+			default:
+				c.unsupported = true
+				return nil
+			}
+			path += "/" + escapePointer(tok)
+		}
+	}
+	return c.node(path, target)
+}
+
+// escapePointer escapes a name for a JSON pointer.
+func escapePointer(name string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(name, "~", "~0"), "/", "~1")
+}
+
+// types returns the type bits of a "type" keyword's value.
+func (c *fastCompiler) types(v any) uint8 {
+	var names []any
+	switch t := v.(type) {
+	case string:
+		names = []any{t}
+	case []any:
+		names = t
+	}
+	if len(names) == 0 {
+		c.unsupported = true
+		return 0
+	}
+	var bits uint8
+	for _, name := range names {
+		switch name {
+		case "null":
+			bits |= jNull
+		case "boolean":
+			bits |= jBool
+		case "number":
+			bits |= jNumber | jInteger
+		case "integer":
+			bits |= jInteger
+		case "string":
+			bits |= jString
+		case "array":
+			bits |= jArray
+		case "object":
+			bits |= jObject
+		default:
+			c.unsupported = true
+		}
+	}
+	return bits
+}
+
+// count returns a non-negative whole bound (minLength and the like), or
+// -1 when s has none.
+func (c *fastCompiler) count(s map[string]any, k string) int {
+	r := c.number(s, k)
+	if r == nil {
+		return -1
+	}
+	if !r.IsInt() || r.Sign() < 0 || !r.Num().IsInt64() || r.Num().Int64() > math.MaxInt32 {
+		c.unsupported = true
+		return -1
+	}
+	return int(r.Num().Int64())
+}
+
+// number returns the value of a numeric keyword, or nil when s has none.
+func (c *fastCompiler) number(s map[string]any, k string) *big.Rat {
+	v, ok := s[k]
+	if !ok {
+		return nil
+	}
+	num, ok := v.(json.Number)
+	if !ok {
+		c.unsupported = true
+		return nil
+	}
+	r, ok := new(big.Rat).SetString(string(num))
+	if !ok {
+		c.unsupported = true
+		return nil
+	}
+	return r
 }
 
 // readsAgain reports whether checking a value against n reads it more
@@ -248,28 +444,20 @@ func (n *fastNode) ownAcceptsAll() bool {
 		n.items == nil && n.minItems < 0 && n.maxItems < 0
 }
 
-func (c *fastCompiler) nodes(ss []*jsonschema.Schema) []*fastNode {
-	var out []*fastNode
-	for _, s := range ss {
-		out = append(out, c.node(s))
-	}
-	return out
-}
-
 // scalar returns an enum or const value as the fast check compares it
 // (strings, booleans and null as they are, numbers as *big.Rat), and
 // marks the schema unsupported for any other.
-func (c *fastCompiler) scalar(v any) (any, bool) {
+func (c *fastCompiler) scalar(v any) any {
 	switch v := v.(type) {
 	case string, bool, nil:
-		return v, true
+		return v
 	case json.Number:
 		if r, ok := new(big.Rat).SetString(string(v)); ok {
-			return r, true
+			return r
 		}
 	}
 	c.unsupported = true
-	return nil, false
+	return nil
 }
 
 // fastCheck checks raw JSON against n. It passes only a single well-formed

@@ -34,7 +34,7 @@ func genericValid(t testing.TB, c *Catalogue, typ string, raw []byte) bool {
 // only sends the data to the generic validator.
 func agree(t testing.TB, c *Catalogue, typ string, raw []byte, wellFormed bool) verdict {
 	t.Helper()
-	fast := c.compiledOnce(typ).fast
+	fast := c.fast(typ)
 	if fast == nil {
 		return unsure
 	}
@@ -56,7 +56,7 @@ func TestFastCheckCoversTheCatalogue(t *testing.T) {
 	c := newTestCatalogue(t)
 	all := samples(t)
 	for _, typ := range c.Types() {
-		if c.compiledOnce(typ).fast == nil {
+		if c.fast(typ) == nil {
 			t.Errorf("%s: the schema uses a keyword the fast check lacks; every event of it takes the generic validator", typ)
 			continue
 		}
@@ -91,7 +91,7 @@ func TestFastCheckReadsEachValueAboutOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		values, _ := reads(nil, raw) // any value: each read once
-		got, v := reads(c.compiledOnce(typ).fast, raw)
+		got, v := reads(c.fast(typ), raw)
 		if v != pass {
 			t.Fatalf("%s: %v, want pass", typ, v)
 		}
@@ -310,5 +310,125 @@ func FuzzFastCheck(f *testing.F) {
 			return
 		}
 		agree(t, c, typ, raw, false)
+	})
+}
+
+// TestCompileFastDocuments compiles small schema documents for the fast
+// check straight from their text: the forms it reads are decided as the
+// generic validator decides them, and every other form makes it leave the
+// whole schema to the generic validator.
+func TestCompileFastDocuments(t *testing.T) {
+	cases := []struct {
+		schema    string
+		supported bool
+		values    []string
+	}{
+		{`{"$schema":"https://json-schema.org/draft/2020-12/schema","$id":"urn:x","type":"object",
+		   "properties":{"a/b":{"$ref":"#/$defs/name"},"n":{"$ref":"#/properties/a~1b"},"t~":{"$ref":"#/allOf/0/properties/i"}},
+		   "required":["a/b","gone"],"additionalProperties":{"type":"integer"},
+		   "allOf":[{"properties":{"i":{"type":"integer","minimum":1,"exclusiveMaximum":3}}}],
+		   "$defs":{"name":{"type":"string","minLength":2,"maxLength":4,"pattern":"^[a-z]+$","format":"email"}}}`,
+			true, []string{`{"a/b":"ab","gone":1}`, `{"a/b":"ab"}`, `{"a/b":"a","gone":1}`, `{"a/b":"abcde","gone":1}`, `{"a/b":"AB","gone":1}`,
+				`{"a/b":"ab","gone":1,"n":"xy","t~":2}`, `{"a/b":"ab","gone":1,"t~":3}`, `{"a/b":"ab","gone":1,"t~":0}`, `{"a/b":"ab","gone":1,"t~":1.5}`, `{"a/b":"ab","gone":1,"x":1}`, `{"a/b":"ab","gone":"1"}`}},
+		{`{"$ref":"#/$defs/node","$defs":{"node":{"type":"object","properties":{"next":{"$ref":"#/$defs/node"},"v":{"enum":["a",1,null,true]}},"additionalProperties":false}}}`,
+			true, []string{`{}`, `{"next":{"next":{"v":1.0}}}`, `{"next":{"v":"b"}}`, `{"v":null}`, `[]`, `{"next":{"w":1}}`}},
+		{`{"if":{"properties":{"k":{"const":"x"}},"required":["k"]},"then":{"required":["x"]},"else":{"required":["y"]}}`,
+			true, []string{`{"k":"x","x":1}`, `{"k":"x","y":1}`, `{"k":"z","y":1}`, `{"k":"z","x":1}`, `{}`}},
+		{`{"if":true,"then":{"type":"string"},"else":{"type":"number"}}`, true, []string{`"a"`, `1`}},
+		{`{"if":false,"then":{"type":"string"},"else":{"type":"number"}}`, true, []string{`"a"`, `1`}},
+		{`{"then":{"type":"string"}}`, true, []string{`1`}},
+		{`{"type":["string","null"],"allOf":[{"maxLength":3}],"anyOf":[{"type":"null"},{"minLength":1}],"oneOf":[{"type":"null"},{"pattern":"a"}],"not":{"const":"b"}}`,
+			true, []string{`null`, `"a"`, `""`, `"b"`, `"abcd"`, `"xa"`, `1`}},
+		{`{"type":"array","items":{"type":"number","maximum":1.5},"minItems":1,"maxItems":2}`, true, []string{`[1]`, `[1.5,2]`, `[]`, `[1,1,1]`, `[1.6]`}},
+		{`{"type":"object","minProperties":1,"maxProperties":1,"propertyNames":{"pattern":"^x"},"additionalProperties":{"type":"boolean"}}`,
+			true, []string{`{"x":true}`, `{"y":true}`, `{"x":1}`, `{}`, `{"x":true,"xx":false}`}},
+		{`false`, true, []string{`null`}},
+		{`{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`, false, nil},
+		{`{"type":"object","properties":{"a":{"$id":"urn:other","type":"string"}}}`, false, nil},
+		{`{"type":"object","properties":{"a":{"$schema":"https://json-schema.org/draft/2020-12/schema"}}}`, false, nil},
+		{`{"$ref":"urn:elsewhere#/$defs/a"}`, false, nil},
+		{`{"$ref":"#anchor","$defs":{"a":{"$anchor":"anchor"}}}`, false, nil},
+		{`{"$ref":"#/$defs/missing"}`, false, nil},
+		{`{"$ref":"#/allOf/01","allOf":[true,true]}`, false, nil},
+		{`{"type":"string","x-extension":1}`, false, nil},
+		{`{"patternProperties":{"^a":true}}`, false, nil},
+		{`{"uniqueItems":true}`, false, nil},
+		{`{"multipleOf":2}`, false, nil},
+		{`{"type":"decimal"}`, false, nil},
+		{`{"minLength":1.5}`, false, nil},
+		{`{"minLength":-1}`, false, nil},
+		{`{"pattern":"(?<"}`, false, nil},
+		{`{"enum":[{"a":1}]}`, false, nil},
+		{`{"allOf":[]}`, false, nil},
+		{`"string"`, false, nil},
+	}
+	for i, tc := range cases {
+		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(tc.schema))
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		n := compileFast(doc)
+		if (n != nil) != tc.supported {
+			t.Errorf("case %d: supported %v, want %v: %s", i, n != nil, tc.supported, tc.schema)
+			continue
+		}
+		if n == nil {
+			continue
+		}
+		comp := jsonschema.NewCompiler()
+		comp.UseLoader(noLoader{})
+		if err := comp.AddResource("urn:test", doc); err != nil {
+			t.Fatal(err)
+		}
+		sch, err := comp.Compile("urn:test")
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		verdicts := map[verdict]int{}
+		for _, raw := range tc.values {
+			v := fastCheck(n, []byte(raw))
+			verdicts[v]++
+			inst, err := jsonschema.UnmarshalJSON(strings.NewReader(raw))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if valid := sch.Validate(inst) == nil; v != unsure && valid != (v == pass) {
+				t.Errorf("case %d: %s: fast check says %v, generic validator says valid=%v", i, raw, v, valid)
+			}
+		}
+		if len(tc.values) > 1 && (verdicts[pass] == 0 || verdicts[fail] == 0) {
+			t.Errorf("case %d: verdicts %v; want both a pass and a fail among %v", i, verdicts, tc.values)
+		}
+	}
+}
+
+// BenchmarkCompile compiles every type's schema in a new catalogue, as a
+// process does the first time it meets each type: for the fast check
+// alone (all a process that meets only valid data pays), and for the
+// generic validator too.
+func BenchmarkCompile(b *testing.B) {
+	b.Run("fast", func(b *testing.B) {
+		for b.Loop() {
+			c, err := NewCatalogue()
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, typ := range c.Types() {
+				if c.fast(typ) == nil {
+					b.Fatalf("%s: no fast check", typ)
+				}
+			}
+		}
+	})
+	b.Run("generic", func(b *testing.B) {
+		for b.Loop() {
+			c, err := NewCatalogue()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := c.CompileAll(); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 }
