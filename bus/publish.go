@@ -95,9 +95,18 @@ func expectLastOfSession(m *nats.Msg, session string, last uint64) {
 // event was already stored, nothing is written and the error wraps
 // ErrDuplicate. It is for writers that make the rest of a chain again
 // from what was written, as the orchestrator's level-triggered decisions
-// are made again from the session's events; it costs one round trip per
-// event, where the server stages an atomic batch in a store of its own,
-// synced to disk, per batch.
+// are made again from the session's events.
+//
+// The events go out together, without a round trip each: every one after
+// the first is guarded on the stream's last message being the one before
+// it. One that another writer's message came in front of is refused by
+// that guard and written again once the one before it is acknowledged,
+// guarded as above. The guard also holds for a copy stored earlier of
+// the one before: an event right after such a copy is written even if an
+// event before them in evs was refused, which only a chain that orders
+// events stored before differently from their first attempt can meet.
+// An atomic batch costs the server a staging store of its own, synced to
+// disk; a chain, no more than its messages.
 func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (Published, error) {
 	// Every event is encoded (and checked) before the first is written:
 	// an event that cannot be written does not leave the others half done.
@@ -112,13 +121,43 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 		}
 		msgs[i] = m
 	}
+	var sent []jetstream.PubAckFuture
+	if len(msgs) > 1 {
+		for i, m := range msgs {
+			if i == 0 {
+				expectLastOfSession(m, session, expectLast)
+			} else {
+				m.Header.Set(hdrExpectedLastMsgID, evs[i-1].ID)
+			}
+			f, err := b.eventsJS.PublishMsgAsync(m)
+			if err != nil {
+				break // the rest one by one
+			}
+			sent = append(sent, f)
+		}
+	}
 	var res Published
 	written := false
-	for _, m := range msgs {
-		expectLastOfSession(m, session, expectLast)
-		p, err := b.request(ctx, m)
+	for i, m := range msgs {
+		var p Published
+		err := errNotSent
+		if i < len(sent) {
+			p, err = b.awaitChained(ctx, m, sent[i])
+			if i == 0 && errors.Is(err, ErrStale) {
+				return res, err
+			}
+			if err != nil && ctx.Err() != nil {
+				return res, err
+			}
+		}
 		if err != nil {
-			return res, err
+			// Not written with the others: on its own, guarded on what
+			// was written before it.
+			m.Header.Del(hdrExpectedLastMsgID)
+			expectLastOfSession(m, session, expectLast)
+			if p, err = b.request(ctx, m); err != nil {
+				return res, err
+			}
 		}
 		if p.Duplicate {
 			continue // the session's newest event is still expectLast
@@ -129,6 +168,35 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 		return res, fmt.Errorf("%w (%s…): every event of the chain was stored before", ErrDuplicate, evs[0].ID)
 	}
 	return res, nil
+}
+
+// hdrExpectedLastMsgID makes a write conditional on the stream's last
+// message having the given id.
+const hdrExpectedLastMsgID = "Nats-Expected-Last-Msg-Id"
+
+// errNotSent marks an event of a chain that did not go out with the
+// others.
+var errNotSent = errors.New("not sent")
+
+// awaitChained waits for the acknowledgement of m, an event of a chain
+// sent without a wait. A refusal of a guard gives ErrStale; any other
+// failure (another refusal, no acknowledgement in time) is returned as it
+// is, for the caller to publish m again.
+func (b *Bus) awaitChained(ctx context.Context, m *nats.Msg, f jetstream.PubAckFuture) (Published, error) {
+	select {
+	case ack := <-f.Ok():
+		return Published{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+	case err := <-f.Err():
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == codeWrongLastSeq || apiErr.ErrorCode == codeWrongLastSeqConst) {
+			return Published{}, fmt.Errorf("%w (%s)", ErrStale, apiErr.Description)
+		}
+		return Published{}, err
+	case <-ctx.Done():
+		return Published{}, fmt.Errorf("publish %s: %w", m.Subject, ctx.Err())
+	case <-b.conn.closed:
+		return Published{}, fmt.Errorf("publish %s: %w", m.Subject, b.closedErr())
+	}
 }
 
 // PublishBatch commits evs, all of one session, atomically (all or none)

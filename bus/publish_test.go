@@ -284,7 +284,8 @@ func TestPublishBatchConcurrentDeciders(t *testing.T) {
 // one before; a stale expectation writes nothing; events stored before
 // are skipped and the rest written (a chain completed), and a chain
 // stored whole before is ErrDuplicate; an event that cannot be encoded
-// writes none.
+// writes none; an event sent with the others but refused because another
+// session's event came first is written again on its own.
 func TestPublishChain(t *testing.T) {
 	t.Parallel()
 	b, _ := testnats.Bus(t)
@@ -304,7 +305,7 @@ func TestPublishChain(t *testing.T) {
 	if _, err := b.PublishChain(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "c3")}); !errors.Is(err, bus.ErrStale) {
 		t.Errorf("stale chain: %v, want ErrStale", err)
 	}
-	res, err = b.PublishChain(ctx, "s1", 4, []schemas.Event{jobStarted("s1", "c1"), jobStarted("s1", "c4"), jobStarted("s1", "c2"), jobStarted("s1", "c5")})
+	res, err = b.PublishChain(ctx, "s1", 4, []schemas.Event{jobStarted("s1", "c1"), jobStarted("s1", "c2"), jobStarted("s1", "c4"), jobStarted("s1", "c5")})
 	if err != nil || res.Seq != 6 {
 		t.Errorf("chain completing an earlier one = %+v, %v; want Seq 6", res, err)
 	}
@@ -326,6 +327,25 @@ func TestPublishChain(t *testing.T) {
 	}
 	if last, err := b.SessionLastSeq(ctx, "s1"); err != nil || last != 6 {
 		t.Errorf("SessionLastSeq(s1) = %d, %v; want 6", last, err)
+	}
+
+	// c5 is stored but no longer the stream's last message: c9, sent
+	// with it, is refused as not right after it, and written on its own,
+	// after s2's event, the session's own events still in a row.
+	publish(t, b, jobStarted("s2", "other2"))
+	res, err = b.PublishChain(ctx, "s1", 6, []schemas.Event{jobStarted("s1", "c5"), jobStarted("s1", "c9")})
+	if err != nil || res.Seq != 8 {
+		t.Fatalf("chain after another session's event = %+v, %v; want Seq 8", res, err)
+	}
+	if ev, err := b.GetEvent(ctx, 8); err != nil || ev.ID != "c9" {
+		t.Errorf("event 8 = %q, %v; want c9", ev.ID, err)
+	}
+	// A stale chain of two writes neither.
+	if _, err := b.PublishChain(ctx, "s1", 6, []schemas.Event{jobStarted("s1", "c10"), jobStarted("s1", "c11")}); !errors.Is(err, bus.ErrStale) {
+		t.Errorf("stale chain of two: %v, want ErrStale", err)
+	}
+	if got := msgCount(t, b); got != 8 {
+		t.Errorf("stream holds %d events, want 8", got)
 	}
 }
 

@@ -361,8 +361,8 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 
 // publish writes one decision, guarded on the session's last event being
 // expect: as a chain (bus.PublishChain) when it is chainable, else as one
-// atomic batch. A chain costs a round trip per event, where the server
-// syncs a staging store of its own to disk for every batch.
+// atomic batch. A chain's events go out together; for every batch the
+// server syncs a staging store of its own to disk.
 func (s *Service) publish(ctx context.Context, id string, expect uint64, evs []schemas.Event) (bus.Published, error) {
 	if chainable(evs) {
 		return s.bus.PublishChain(ctx, id, expect, evs)
