@@ -214,7 +214,7 @@ echo '{}' > report.json
 	jr := request("s1.step.1", "step", 1, argv, "report.json")
 	publishRequest(t, b, jr)
 	workDir := t.TempDir()
-	startWorker(t, b, agentworker.Config{ID: "w1", WorkDir: workDir})
+	stop := startWorker(t, b, agentworker.Config{ID: "w1", WorkDir: workDir})
 	all, res := waitResult(t, b, jr.JobID)
 	jc, ok := res.Data.(*schemas.JobCompleted)
 	if !ok {
@@ -227,6 +227,7 @@ echo '{}' > report.json
 		t.Errorf("%d artifact.stored, want 1", n)
 	}
 	waitAcked(t, b)
+	stop() // the workspace is removed once the job is done, before Run returns
 	// The workspace, odd names and all, is gone, and nothing of the
 	// session is left in the work dir.
 	left, err := os.ReadDir(workDir)

@@ -239,6 +239,8 @@ type Service struct {
 	// workspaces are the jobs' workspaces, emptied and kept for the next
 	// while Run runs.
 	workspaces *workspace.Pool
+	// removals takes the workspaces of finished jobs to Run's remover.
+	removals chan *workspace.Workspace
 }
 
 // New returns a worker.
@@ -320,6 +322,20 @@ func (s *Service) Run(ctx context.Context) error {
 	defer wg.Wait()
 	defer s.announcePresence(fctx)() // before stopFollowing ends fctx
 	defer stopFollowing()
+	// Finished jobs' workspaces are removed here, after the jobs' slots
+	// are free; every one is removed before Run returns.
+	s.removals = make(chan *workspace.Workspace, s.cfg.Concurrency)
+	removed := make(chan struct{})
+	go func() {
+		defer close(removed)
+		for ws := range s.removals {
+			s.remove(ws)
+		}
+	}()
+	defer func() {
+		close(s.removals)
+		<-removed
+	}()
 	s.log.Info().Int("concurrency", s.cfg.Concurrency).Strs("lanes", s.cfg.Lanes).Msg("agent worker ready")
 	return s.bus.Consume(ctx, bus.ConsumerConfig{
 		Durable:     ConsumerName,
@@ -328,6 +344,24 @@ func (s *Service) Run(ctx context.Context) error {
 		MaxDeliver:  max(s.cfg.MaxAttempts+2, maxDeliveries),
 		Concurrency: s.cfg.Concurrency,
 	}, s.handle)
+}
+
+// release removes a finished job's workspace: on Run's remover when it
+// has room, so that the job's slot, and with it the worker's next fetch,
+// does not wait for the files to be removed (a millisecond and more), else
+// here.
+func (s *Service) release(ws *workspace.Workspace) {
+	select {
+	case s.removals <- ws:
+	default:
+		s.remove(ws)
+	}
+}
+
+func (s *Service) remove(ws *workspace.Workspace) {
+	if err := ws.Remove(); err != nil {
+		s.log.Warn().Err(err).Str("workspace", ws.Root).Msg("could not remove a job's workspace")
+	}
 }
 
 func (s *Service) event(req schemas.Event, typ string, data any, idParts ...string) schemas.Event {
@@ -546,7 +580,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 		return err
 	}
 	if !s.cfg.KeepWorkspaces {
-		defer ws.Remove()
+		defer s.release(ws)
 	}
 	env := ws.Env(s.cfg.Env, workspace.Vars{Session: req.Session, Step: jr.Step, Job: jr.JobID, Iteration: jr.Iteration}, jr.Agent.Env)
 	if sec, err = workspace.NewSecrets(env, secretNames(env, s.cfg.SecretEnv, jr.Agent)); err != nil {
