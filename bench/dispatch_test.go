@@ -170,27 +170,35 @@ func percentile(xs []float64, p float64) float64 {
 // connection of its own, as separate processes do. With fsync=default, 4
 // workers run once more reusing workspaces, as --reuse-workspaces does
 // (".../reuse"; the pipeline has no validate command, so the validator
-// makes none).
+// makes none), and once more with every service on one connection through
+// memory, as `loopbus serve` connects them (".../serve").
 func BenchmarkThroughput(b *testing.B) {
 	type variant struct {
 		workers int
 		reuse   bool
+		serve   bool
 	}
 	for _, mode := range modes() {
 		variants := []variant{{workers: 1}, {workers: 2}, {workers: 4}}
 		if mode.name == "default" {
-			variants = append(variants, variant{workers: 4, reuse: true})
+			variants = append(variants, variant{workers: 4, reuse: true}, variant{workers: 4, serve: true})
 		}
 		for _, v := range variants {
 			name := fmt.Sprintf("fsync=%s/workers=%d", mode.name, v.workers)
 			if v.reuse {
 				name += "/reuse"
 			}
+			if v.serve {
+				name += "/serve"
+			}
 			workers := v.workers
 			b.Run(name, func(b *testing.B) {
 				sessions := size(40, 300) * b.N
 				sys := newSystem(b, mode)
 				sys.reuse = v.reuse
+				if v.serve {
+					sys.serveMode()
+				}
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
 				for i := range sessions {

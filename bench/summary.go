@@ -41,6 +41,9 @@ func summaryFields() []summaryField {
 		{"steps_per_s_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "steps/s", 0},
 		{"limit_ratio_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "limit_ratio", 3},
 		{"cpu_ms_per_step_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "cpu_ms/step", 2},
+		{"steps_per_s_serve", "BenchmarkThroughput/fsync=default/workers=4/serve", "steps/s", 0},
+		{"limit_ratio_serve", "BenchmarkThroughput/fsync=default/workers=4/serve", "limit_ratio", 3},
+		{"cpu_ms_per_step_serve", "BenchmarkThroughput/fsync=default/workers=4/serve", "cpu_ms/step", 2},
 		{"rebuild_events_per_s", "BenchmarkRebuild/fsync=default", "events/s", 0},
 		{"rebuild_ratio", "BenchmarkRebuild/fsync=default", "rebuild_ratio", 3},
 		{"pass_to_merge_p50_ms", "BenchmarkMerge/fsync=default", "pass_to_merge_p50_ms", 1},
@@ -53,10 +56,11 @@ func summaryFields() []summaryField {
 // returns "append_ratio=X dispatch_p50_ms=X dispatch_p99_ms=X
 // dispatch_p50_ms_serve=X dispatch_p99_ms_serve=X steps_per_s=X
 // limit_ratio=X cpu_ms_per_step=X steps_per_s_reuse=X limit_ratio_reuse=X
-// cpu_ms_per_step_reuse=X rebuild_events_per_s=X
-// rebuild_ratio=X pass_to_merge_p50_ms=X tool_overhead_us=X
-// orch_live_bytes_per_session=X" from the default-fsync results. It fails, wrapping ErrFailed, if the output
-// reports a failure, and names any figure it did not find.
+// cpu_ms_per_step_reuse=X steps_per_s_serve=X limit_ratio_serve=X
+// cpu_ms_per_step_serve=X rebuild_events_per_s=X rebuild_ratio=X
+// pass_to_merge_p50_ms=X tool_overhead_us=X orch_live_bytes_per_session=X"
+// from the default-fsync results. It fails, wrapping ErrFailed, if the
+// output reports a failure, and names any figure it did not find.
 func Summary(r io.Reader) (string, error) {
 	procsSuffix := regexp.MustCompile(`-\d+$`)
 	metrics := map[string]map[string]float64{}
