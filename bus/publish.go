@@ -91,9 +91,9 @@ func expectLastOfSession(m *nats.Msg, session string, last uint64) {
 // was written by an earlier attempt at the same chain, which this one
 // completes. Unlike PublishBatch it is not atomic: it stops at the first
 // event refused (ErrStale) or failed, having written the events before
-// it. Published.Seq is the sequence of the last event written; when every
-// event was already stored, nothing is written and the error wraps
-// ErrDuplicate. It is for writers that make the rest of a chain again
+// it. Published.Seq is the sequence of the last event written, with an
+// error too; when every event was already stored, nothing is written and
+// the error wraps ErrDuplicate. It is for writers that make the rest of a chain again
 // from what was written, as the orchestrator's level-triggered decisions
 // are made again from the session's events.
 //
@@ -104,7 +104,8 @@ func expectLastOfSession(m *nats.Msg, session string, last uint64) {
 // guarded as above. The guard also holds for a copy stored earlier of
 // the one before: an event right after such a copy is written even if an
 // event before them in evs was refused, which only a chain that orders
-// events stored before differently from their first attempt can meet.
+// events stored before differently from their first attempt can meet;
+// Published.Seq then names it.
 // An atomic batch costs the server a staging store of its own, synced to
 // disk; a chain, no more than its messages.
 func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (Published, error) {
@@ -143,11 +144,8 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 		err := errNotSent
 		if i < len(sent) {
 			p, err = b.awaitChained(ctx, m, sent[i])
-			if i == 0 && errors.Is(err, ErrStale) {
-				return res, err
-			}
-			if err != nil && ctx.Err() != nil {
-				return res, err
+			if (i == 0 && errors.Is(err, ErrStale)) || (err != nil && ctx.Err() != nil) {
+				return b.drainChained(ctx, msgs, sent, i+1, res), err
 			}
 		}
 		if err != nil {
@@ -156,7 +154,7 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 			m.Header.Del(hdrExpectedLastMsgID)
 			expectLastOfSession(m, session, expectLast)
 			if p, err = b.request(ctx, m); err != nil {
-				return res, err
+				return b.drainChained(ctx, msgs, sent, i+1, res), err
 			}
 		}
 		if p.Duplicate {
@@ -168,6 +166,19 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 		return res, fmt.Errorf("%w (%s…): every event of the chain was stored before", ErrDuplicate, evs[0].ID)
 	}
 	return res, nil
+}
+
+// drainChained waits for the acknowledgements of the chain's events sent
+// with the others from index from on, after the chain stopped before
+// them, so that res names the last one written all the same (see
+// PublishChain for when one is).
+func (b *Bus) drainChained(ctx context.Context, msgs []*nats.Msg, sent []jetstream.PubAckFuture, from int, res Published) Published {
+	for j := from; j < len(sent); j++ {
+		if p, err := b.awaitChained(ctx, msgs[j], sent[j]); err == nil && !p.Duplicate && p.Seq > res.Seq {
+			res.Seq = p.Seq
+		}
+	}
+	return res
 }
 
 // hdrExpectedLastMsgID makes a write conditional on the stream's last

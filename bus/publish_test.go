@@ -347,6 +347,20 @@ func TestPublishChain(t *testing.T) {
 	if got := msgCount(t, b); got != 8 {
 		t.Errorf("stream holds %d events, want 8", got)
 	}
+
+	// A chain that orders events stored before differently: d3 cannot
+	// come between d1 and d2 any more and is refused; d4, sent with it,
+	// follows d2 and is written, and the result says so.
+	if res, err := b.PublishChain(ctx, "s4", 0, []schemas.Event{jobStarted("s4", "d1"), jobStarted("s4", "d2")}); err != nil || res.Seq != 10 {
+		t.Fatalf("chain of s4 = %+v, %v; want Seq 10", res, err)
+	}
+	res, err = b.PublishChain(ctx, "s4", 10, []schemas.Event{jobStarted("s4", "d1"), jobStarted("s4", "d3"), jobStarted("s4", "d2"), jobStarted("s4", "d4")})
+	if !errors.Is(err, bus.ErrStale) || res.Seq != 11 {
+		t.Errorf("reordered chain = %+v, %v; want Seq 11 and ErrStale", res, err)
+	}
+	if ev, err := b.GetEvent(ctx, 11); err != nil || ev.ID != "d4" {
+		t.Errorf("event 11 = %q, %v; want d4", ev.ID, err)
+	}
 }
 
 // TestAsyncPublish: events published without a wait for each are all

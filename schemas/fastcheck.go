@@ -270,8 +270,10 @@ func (c *fastCompiler) object(n *fastNode, path string, s map[string]any) {
 			}
 		}
 	}
-	switch a := s["additionalProperties"].(type) {
+	a, hasAdditional := s["additionalProperties"]
+	switch a := a.(type) {
 	case nil:
+		c.unsupported = c.unsupported || hasAdditional // null is no schema
 	case bool:
 		n.noAdditional = !a
 	default:
@@ -328,9 +330,19 @@ func (c *fastCompiler) ref(v any) *fastNode {
 	target, path := c.root, ""
 	if frag != "" {
 		for _, tok := range strings.Split(frag[1:], "/") {
+			if strings.Count(tok, "~") != strings.Count(tok, "~0")+strings.Count(tok, "~1") {
+				c.unsupported = true // an escape other than ~0 and ~1
+				return nil
+			}
 			tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
 			switch t := target.(type) {
 			case map[string]any:
+				// A schema passed through on the way that starts a resource
+				// of its own would be the base of references below it.
+				if path != "" && (t["$id"] != nil || t["$schema"] != nil) {
+					c.unsupported = true
+					return nil
+				}
 				if target, ok = t[tok]; !ok {
 					c.unsupported = true
 					return nil
