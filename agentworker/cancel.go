@@ -219,6 +219,37 @@ func (s *Service) starts(ctx context.Context, req schemas.Event, jr *schemas.Job
 	return len(deliveries), err
 }
 
+// finished reports whether a result of jr (job.completed or job.failed)
+// that this very request caused was stored. A result of another request
+// of the same job (a decision repeated) does not count: that request
+// runs.
+func (s *Service) finished(ctx context.Context, req schemas.Event, jr *schemas.JobRequested) (bool, error) {
+	var subjects []string
+	for _, typ := range []string{schemas.TypeJobCompleted, schemas.TypeJobFailed} {
+		subject, err := schemas.SubjectFor(req.Session, typ)
+		if err != nil {
+			return false, fmt.Errorf("%w: %w", bus.ErrPermanent, err)
+		}
+		subjects = append(subjects, subject)
+	}
+	found := false
+	err := s.bus.Read(ctx, bus.ReadOptions{Subjects: subjects, StartSeq: req.Seq + 1}, func(ev schemas.Event) error {
+		var id string
+		switch d := ev.Data.(type) {
+		case *schemas.JobCompleted:
+			id = d.JobID
+		case *schemas.JobFailed:
+			id = d.JobID
+		}
+		if id == jr.JobID && ev.Causation == req.ID {
+			found = true
+			return bus.ErrStop
+		}
+		return nil
+	})
+	return found, err
+}
+
 // missingLane returns a tool the job's agent will use whose lane this
 // worker does not run, among those its backend plans (agent.ToolPlanner:
 // claude's allowed tools, exec's program). Other backends (codex) do not

@@ -349,8 +349,13 @@ func (s *Service) Run(ctx context.Context) error {
 // release removes a finished job's workspace: on Run's remover when it
 // has room, so that the job's slot, and with it the worker's next fetch,
 // does not wait for the files to be removed (a millisecond and more), else
-// here.
+// here. A workspace the pool keeps goes back to it here, before the slot
+// is free, so that the next job finds it.
 func (s *Service) release(ws *workspace.Workspace) {
+	if s.cfg.ReuseWorkspaces {
+		s.remove(ws)
+		return
+	}
 	select {
 	case s.removals <- ws:
 	default:
@@ -379,14 +384,16 @@ func (s *Service) event(req schemas.Event, typ string, data any, idParts ...stri
 }
 
 // announce publishes job.started for this delivery of the job. A worker
-// that signs its events states its lease: its ack wait.
-func (s *Service) announce(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, delivery uint64) error {
+// that signs its events states its lease: its ack wait. again reports
+// that this delivery was announced before (its job.started was stored
+// already).
+func (s *Service) announce(ctx context.Context, req schemas.Event, jr *schemas.JobRequested, delivery uint64) (again bool, err error) {
 	js := &schemas.JobStarted{JobID: jr.JobID, Worker: s.cfg.ID, Delivery: int(delivery)}
 	if s.bus.SignerKey() != "" {
 		js.LeaseMs = s.cfg.AckWait.Milliseconds()
 	}
-	_, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, js, jr.JobID, strconv.FormatUint(delivery, 10)))
-	return err
+	p, err := s.bus.Publish(ctx, s.event(req, schemas.TypeJobStarted, js, jr.JobID, strconv.FormatUint(delivery, 10)))
+	return p.Duplicate, err
 }
 
 // holdLease keeps the lease of a job this worker announced, when it signs
@@ -556,15 +563,29 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 			// With signed events only the job's holder may state its
 			// result: the worker that fails it takes it over first.
 			if s.bus.SignerKey() != "" {
-				if err := s.announce(ctx, req, jr, d.NumDelivered); err != nil {
+				if _, err := s.announce(ctx, req, jr, d.NumDelivered); err != nil {
 					return err
 				}
 			}
 			return failWith(fmt.Sprintf("job abandoned: workers started it %d time(s) and never finished it (they stopped or crashed)", starts), -1, 0, "", true)
 		}
 	}
-	if err := s.announce(ctx, req, jr, d.NumDelivered); err != nil {
+	again, err := s.announce(ctx, req, jr, d.NumDelivered)
+	if err != nil {
 		return err
+	}
+	if again {
+		// The server handed the job out again under the same delivery
+		// count: it lost its record of the first hand-out (killed right
+		// after it). A job that has its result already is not run again.
+		done, err := s.finished(ctx, req, jr)
+		if err != nil {
+			return err
+		}
+		if done {
+			log.Info().Uint64("delivery", d.NumDelivered).Msg("the job was handed out again after its result was stored; not running it again")
+			return nil
+		}
 	}
 	defer s.holdLease(ctx, req, jr, d.NumDelivered, log)(&err)
 	log.Info().Int("iteration", jr.Iteration).Uint64("delivery", d.NumDelivered).Msg("job started")

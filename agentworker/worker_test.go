@@ -706,6 +706,66 @@ func TestInterruptedJobIsHandedBack(t *testing.T) {
 	waitAcked(t, b)
 }
 
+// TestJobHandedOutAgainAfterItsResult: a server that loses its record of
+// a hand-out (killed right after it) hands the job out again under the
+// same delivery count, here by losing the consumer while the worker is
+// stopped. The worker finds the delivery announced before and the
+// request's result stored, acknowledges it, and does not run the agent
+// again.
+func TestJobHandedOutAgainAfterItsResult(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	runs := filepath.Join(t.TempDir(), "runs")
+	jr := request("s1.step.1", "step", 1, writeScript(t, `echo run >> "`+runs+`"
+echo done > "$LOOPBUS_OUTPUT_DIR/report.txt"
+`), "report.txt")
+	reqSeq := publishRequest(t, b, jr)
+	stop := startWorker(t, b, agentworker.Config{ID: "w1"})
+	if _, res := waitResult(t, b, jr.JobID); res.Type != schemas.TypeJobCompleted {
+		t.Fatalf("result %s, want job.completed", res.Type)
+	}
+	waitAcked(t, b)
+	stop()
+
+	ctx := context.Background()
+	if err := b.JetStream().DeleteConsumer(ctx, b.StreamName(), agentworker.ConsumerName); err != nil {
+		t.Fatal(err)
+	}
+	// The worker makes the consumer again, which hands out the request
+	// anew; wait until it is acknowledged.
+	startWorker(t, b, agentworker.Config{ID: "w1"})
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		cons, err := b.JetStream().Consumer(ctx, b.StreamName(), agentworker.ConsumerName)
+		if err == nil {
+			info, err := cons.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.Delivered.Stream >= reqSeq && info.NumAckPending == 0 && info.NumPending == 0 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request was not handed out again and acknowledged")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got, err := os.ReadFile(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(got), "run\n"); n != 1 {
+		t.Errorf("the agent ran %d times, want 1", n)
+	}
+	all := ofJob(sessionEvents(t, b), jr.JobID)
+	if n := len(ofType(all, schemas.TypeJobStarted)); n != 1 {
+		t.Errorf("%d job.started, want 1:%s", n, describe(all))
+	}
+	if n := len(ofType(all, schemas.TypeJobCompleted)); n != 1 {
+		t.Errorf("%d job.completed, want 1:%s", n, describe(all))
+	}
+}
+
 // TestAbandonedJobFails: a job whose workers keep stopping is failed, not
 // run again, by the worker that gets it once MaxAttempts starts are used
 // up. Unsigned, that worker does not start the job; with signed events
