@@ -93,9 +93,9 @@ func expectLastOfSession(m *nats.Msg, session string, last uint64) {
 // event refused (ErrStale) or failed, having written the events before
 // it. Published.Seq is the sequence of the last event written, with an
 // error too; when every event was already stored, nothing is written and
-// the error wraps ErrDuplicate. It is for writers that make the rest of a chain again
-// from what was written, as the orchestrator's level-triggered decisions
-// are made again from the session's events.
+// the error wraps ErrDuplicate. It is for writers that make the rest of a
+// chain again from what was written, as the orchestrator's
+// level-triggered decisions are made again from the session's events.
 //
 // The events go out together, without a round trip each: every one after
 // the first is guarded on the stream's last message being the one before
@@ -141,14 +141,16 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 	written := false
 	for i, m := range msgs {
 		var p Published
-		err := errNotSent
+		var err error
+		stored := false
 		if i < len(sent) {
-			p, err = b.awaitChained(ctx, m, sent[i])
+			p, err = b.waitAck(ctx, m, sent[i])
 			if (i == 0 && errors.Is(err, ErrStale)) || (err != nil && ctx.Err() != nil) {
 				return b.drainChained(ctx, msgs, sent, i+1, res), err
 			}
+			stored = err == nil
 		}
-		if err != nil {
+		if !stored {
 			// Not written with the others: on its own, guarded on what
 			// was written before it.
 			m.Header.Del(hdrExpectedLastMsgID)
@@ -174,7 +176,7 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 // PublishChain for when one is).
 func (b *Bus) drainChained(ctx context.Context, msgs []*nats.Msg, sent []jetstream.PubAckFuture, from int, res Published) Published {
 	for j := from; j < len(sent); j++ {
-		if p, err := b.awaitChained(ctx, msgs[j], sent[j]); err == nil && !p.Duplicate && p.Seq > res.Seq {
+		if p, err := b.waitAck(ctx, msgs[j], sent[j]); err == nil && !p.Duplicate && p.Seq > res.Seq {
 			res.Seq = p.Seq
 		}
 	}
@@ -185,15 +187,11 @@ func (b *Bus) drainChained(ctx context.Context, msgs []*nats.Msg, sent []jetstre
 // message having the given id.
 const hdrExpectedLastMsgID = "Nats-Expected-Last-Msg-Id"
 
-// errNotSent marks an event of a chain that did not go out with the
-// others.
-var errNotSent = errors.New("not sent")
-
-// awaitChained waits for the acknowledgement of m, an event of a chain
-// sent without a wait. A refusal of a guard gives ErrStale; any other
-// failure (another refusal, no acknowledgement in time) is returned as it
-// is, for the caller to publish m again.
-func (b *Bus) awaitChained(ctx context.Context, m *nats.Msg, f jetstream.PubAckFuture) (Published, error) {
+// waitAck waits for the acknowledgement of m, an event sent without a
+// wait. A refusal of a guard gives ErrStale; any other failure (another
+// refusal, no acknowledgement in time) is returned as it is, for the
+// caller to publish m again; so are the ends of ctx and of the connection.
+func (b *Bus) waitAck(ctx context.Context, m *nats.Msg, f jetstream.PubAckFuture) (Published, error) {
 	select {
 	case ack := <-f.Ok():
 		return Published{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
@@ -422,15 +420,15 @@ func (a *Async) waitOldest(ctx context.Context) error {
 	p := a.pending[0]
 	a.pending[0] = pendingEvent{}
 	a.pending = a.pending[1:]
-	select {
-	case <-p.f.Ok():
-		return nil
-	case <-p.f.Err(): // refused, lost, or not acknowledged in time
-	case <-ctx.Done():
-		return fmt.Errorf("publish %s: %w", p.m.Subject, ctx.Err())
-	case <-a.b.conn.closed:
-		return fmt.Errorf("publish %s: %w", p.m.Subject, a.b.closedErr())
+	_, err := a.b.waitAck(ctx, p.m, p.f)
+	if err == nil || ctx.Err() != nil {
+		return err
 	}
-	_, err := a.b.request(ctx, p.m)
+	select {
+	case <-a.b.conn.closed:
+		return err
+	default: // refused, lost, or not acknowledged in time
+	}
+	_, err = a.b.request(ctx, p.m)
 	return err
 }
