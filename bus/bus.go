@@ -49,6 +49,9 @@ type Bus struct {
 	workers   jetstream.KeyValue // worker presence (workers.go)
 	artifacts jetstream.Stream   // write-once artifact stream (store.go)
 	legacy    *legacyArtifacts   // object store of earlier releases, read only
+	// replicated: the event stream had more than one replica when
+	// provisioned (see chainsTogether).
+	replicated bool
 
 	// Shared with every Bus derived by WithSource.
 	deadLettered *atomic.Int64
@@ -533,6 +536,7 @@ func (b *Bus) provision(ctx context.Context) error {
 		return err
 	}
 	b.stream = s
+	b.replicated = s.CachedInfo().Config.Replicas > 1
 	if _, err := b.ensureStream(ctx, jetstream.StreamConfig{
 		Name:        cfg.DLQStream,
 		Description: "loopbus dead letters: events a consumer could not accept, with the reason",

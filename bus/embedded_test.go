@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -304,15 +306,7 @@ func TestEmbeddedCluster(t *testing.T) {
 	}
 	urls = append(urls, third.URL())
 
-	nc, err := nats.Connect(strings.Join(urls, ","))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := clusterJetStream(t, urls)
 	var info *jetstream.StreamInfo
 	waitFor(t, 60*time.Second, "an R3 stream on the cluster", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -327,6 +321,21 @@ func TestEmbeddedCluster(t *testing.T) {
 	if info.Cluster.Name != "test-cluster" {
 		t.Errorf("stream cluster %q, want test-cluster", info.Cluster.Name)
 	}
+}
+
+// clusterJetStream connects to the cluster of urls for the test.
+func clusterJetStream(t *testing.T, urls []string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // TestInProcessConnection: with Config.InProcess the bus reaches the
@@ -366,4 +375,67 @@ func TestInProcessConnection(t *testing.T) {
 	if err != nil || ev.ID != "e1" {
 		t.Fatalf("GetEvent(%d) = %s, %v; want e1", p.Seq, ev.ID, err)
 	}
+}
+
+// TestPublishChainOnReplicatedStream: on a stream of three replicas, a
+// chain refused part-way (another session's event in front of its second
+// event, then a stale chain) leaves every replica applying the stream:
+// each holds the event written after them.
+func TestPublishChainOnReplicatedStream(t *testing.T) {
+	t.Parallel()
+	routes := []string{"nats://" + freeAddr(t), "nats://" + freeAddr(t), "nats://" + freeAddr(t)}
+	var nodes []*bus.Embedded
+	var urls []string
+	for i := range routes {
+		srv, _ := startEmbedded(t, bus.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0",
+			ClusterListen: strings.TrimPrefix(routes[i], "nats://"), ClusterName: "chain", Routes: routes})
+		nodes = append(nodes, srv)
+		urls = append(urls, srv.URL())
+	}
+	js := clusterJetStream(t, urls)
+	waitFor(t, 60*time.Second, "the cluster's JetStream meta leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err == nil
+	})
+	b := testnats.ConnectConfig(t, bus.Config{URL: strings.Join(urls, ","), Replicas: 3},
+		"test/chain", testnats.Logger(t))
+	ctx := ctxT(t)
+	seed := publish(t, b, jobRequested("s1", "r0"))
+	res, err := b.PublishChain(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "c1"), jobRequested("s1", "c2")})
+	if err != nil {
+		t.Fatalf("chain: %v", err)
+	}
+	publish(t, b, jobStarted("s2", "other"))
+	if res, err = b.PublishChain(ctx, "s1", res.Seq, []schemas.Event{jobRequested("s1", "c2"), jobStarted("s1", "c3")}); err != nil {
+		t.Fatalf("chain after another session's event: %v", err)
+	}
+	if _, err := b.PublishChain(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "c4"), jobStarted("s1", "c5")}); !errors.Is(err, bus.ErrStale) {
+		t.Fatalf("stale chain of two: %v, want ErrStale", err)
+	}
+	last := publish(t, b, jobStarted("s2", "after"))
+	if last != res.Seq+1 {
+		t.Errorf("event after the chains at %d, want %d", last, res.Seq+1)
+	}
+	waitFor(t, 30*time.Second, fmt.Sprintf("every replica to hold event %d", last), func() bool {
+		for _, n := range nodes {
+			jsz, err := n.Server().Jsz(&server.JSzOptions{Accounts: true, Streams: true})
+			if err != nil {
+				return false
+			}
+			held := uint64(0)
+			for _, acc := range jsz.AccountDetails {
+				for _, s := range acc.Streams {
+					if s.Name == bus.DefaultStream {
+						held = s.State.LastSeq
+					}
+				}
+			}
+			if held != last {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -97,16 +97,18 @@ func expectLastOfSession(m *nats.Msg, session string, last uint64) {
 // chain again from what was written, as the orchestrator's
 // level-triggered decisions are made again from the session's events.
 //
-// The events go out together, without a round trip each: every one after
-// the first is guarded on the stream's last message being the one before
-// it. One that another writer's message came in front of is refused by
-// that guard and written again once the one before it is acknowledged,
-// guarded as above. The guard also holds for a copy stored earlier of
-// the one before: an event right after such a copy is written even if an
-// event before them in evs was refused, which only a chain that orders
-// events stored before differently from their first attempt can meet;
-// Published.Seq then names it.
-// An atomic batch costs the server a staging store of its own, synced to
+// On a server outside a cluster, with a stream of one replica, the events
+// go out together, without a round trip each (elsewhere one at a time,
+// each guarded on the session's last event being the one before it, see
+// chainsTogether): every one after the first is guarded on the stream's
+// last message being the one before it. One that another writer's
+// message came in front of is refused by that guard and written again
+// once the one before it is acknowledged, guarded as above. The guard
+// also holds for a copy stored earlier of the one before: an event right
+// after such a copy is written even if an event before them in evs was
+// refused, which only a chain that orders events stored before
+// differently from their first attempt can meet; Published.Seq then
+// names it. An atomic batch costs the server a staging store of its own, synced to
 // disk; a chain, no more than its messages.
 func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (Published, error) {
 	// Every event is encoded (and checked) before the first is written:
@@ -123,7 +125,7 @@ func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint6
 		msgs[i] = m
 	}
 	var sent []jetstream.PubAckFuture
-	if len(msgs) > 1 {
+	if len(msgs) > 1 && b.chainsTogether() {
 		for i, m := range msgs {
 			if i == 0 {
 				expectLastOfSession(m, session, expectLast)
@@ -181,6 +183,17 @@ func (b *Bus) drainChained(ctx context.Context, msgs []*nats.Msg, sent []jetstre
 		}
 	}
 	return res
+}
+
+// chainsTogether reports whether PublishChain may send a chain's events
+// together, guarded by hdrExpectedLastMsgID: only to a stream of one
+// replica on a server outside a cluster. A replicated stream checks that
+// guard only as each replica applies the message, and a refusal there
+// stops the replica for good (nats-server reports a critical write error
+// and the stream loses its quorum); a cluster may replicate a stream of
+// one replica later.
+func (b *Bus) chainsTogether() bool {
+	return !b.replicated && b.nc.ConnectedClusterName() == ""
 }
 
 // hdrExpectedLastMsgID makes a write conditional on the stream's last
