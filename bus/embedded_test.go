@@ -399,8 +399,19 @@ func TestPublishChainOnReplicatedStream(t *testing.T) {
 		_, err := js.AccountInfo(ctx)
 		return err == nil
 	})
-	b := testnats.ConnectConfig(t, bus.Config{URL: strings.Join(urls, ","), Replicas: 3},
-		"test/chain", testnats.Logger(t))
+	cat, err := schemas.NewCatalogue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Provisioning every stream with three replicas takes a while on a
+	// loaded machine: more than testnats.ConnectConfig waits.
+	cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := bus.Connect(cctx, bus.Config{URL: strings.Join(urls, ","), Replicas: 3}, "test/chain", cat, testnats.Logger(t))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(b.Close)
 	ctx := ctxT(t)
 	seed := publish(t, b, jobRequested("s1", "r0"))
 	res, err := b.PublishChain(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "c1"), jobRequested("s1", "c2")})
