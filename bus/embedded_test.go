@@ -379,8 +379,8 @@ func TestInProcessConnection(t *testing.T) {
 
 // TestPublishChainOnReplicatedStream: on a stream of three replicas, a
 // chain refused part-way (another session's event in front of its second
-// event, then a stale chain) leaves every replica applying the stream:
-// each holds the event written after them.
+// event, then a stale chain), and a stale atomic batch, leave every
+// replica applying the stream: each holds the event written after them.
 func TestPublishChainOnReplicatedStream(t *testing.T) {
 	t.Parallel()
 	routes := []string{"nats://" + freeAddr(t), "nats://" + freeAddr(t), "nats://" + freeAddr(t)}
@@ -424,6 +424,13 @@ func TestPublishChainOnReplicatedStream(t *testing.T) {
 	}
 	if _, err := b.PublishChain(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "c4"), jobStarted("s1", "c5")}); !errors.Is(err, bus.ErrStale) {
 		t.Fatalf("stale chain of two: %v, want ErrStale", err)
+	}
+	// Atomic batches, refused and written, on the same stream.
+	if _, err := b.PublishBatch(ctx, "s1", seed, []schemas.Event{jobStarted("s1", "b1"), jobStarted("s1", "b2")}); !errors.Is(err, bus.ErrStale) {
+		t.Fatalf("stale batch: %v, want ErrStale", err)
+	}
+	if res, err = b.PublishBatch(ctx, "s1", res.Seq, []schemas.Event{jobStarted("s1", "b3"), jobStarted("s1", "b4")}); err != nil {
+		t.Fatalf("batch: %v", err)
 	}
 	last := publish(t, b, jobStarted("s2", "after"))
 	if last != res.Seq+1 {
