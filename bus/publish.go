@@ -108,8 +108,8 @@ func expectLastOfSession(m *nats.Msg, session string, last uint64) {
 // after such a copy is written even if an event before them in evs was
 // refused, which only a chain that orders events stored before
 // differently from their first attempt can meet; Published.Seq then
-// names it. An atomic batch costs the server a staging store of its own, synced to
-// disk; a chain, no more than its messages.
+// names it. An atomic batch costs the server a staging store of its
+// own, synced to disk; a chain, no more than its messages.
 func (b *Bus) PublishChain(ctx context.Context, session string, expectLast uint64, evs []schemas.Event) (Published, error) {
 	// Every event is encoded (and checked) before the first is written:
 	// an event that cannot be written does not leave the others half done.
