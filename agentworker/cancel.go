@@ -219,11 +219,12 @@ func (s *Service) starts(ctx context.Context, req schemas.Event, jr *schemas.Job
 	return len(deliveries), err
 }
 
-// finished reports whether a result of jr (job.completed or job.failed)
-// that this very request caused was stored. A result of another request
-// of the same job (a decision repeated) does not count: that request
-// runs.
-func (s *Service) finished(ctx context.Context, req schemas.Event, jr *schemas.JobRequested) (bool, error) {
+// finished reports whether a result of req's job (job.completed or
+// job.failed) that this very request caused was stored: one whose
+// causation is the request's id, as resultEvent writes it. A result of
+// another request of the same job (a decision repeated) does not count:
+// that request runs.
+func (s *Service) finished(ctx context.Context, req schemas.Event) (bool, error) {
 	var subjects []string
 	for _, typ := range []string{schemas.TypeJobCompleted, schemas.TypeJobFailed} {
 		subject, err := schemas.SubjectFor(req.Session, typ)
@@ -234,14 +235,7 @@ func (s *Service) finished(ctx context.Context, req schemas.Event, jr *schemas.J
 	}
 	found := false
 	err := s.bus.Read(ctx, bus.ReadOptions{Subjects: subjects, StartSeq: req.Seq + 1}, func(ev schemas.Event) error {
-		var id string
-		switch d := ev.Data.(type) {
-		case *schemas.JobCompleted:
-			id = d.JobID
-		case *schemas.JobFailed:
-			id = d.JobID
-		}
-		if id == jr.JobID && ev.Causation == req.ID {
+		if ev.Causation == req.ID && ev.Job == req.Job {
 			found = true
 			return bus.ErrStop
 		}

@@ -578,7 +578,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 		// The server handed the job out again under the same delivery
 		// count: it lost its record of the first hand-out (killed right
 		// after it). A job that has its result already is not run again.
-		done, err := s.finished(ctx, req, jr)
+		done, err := s.finished(ctx, req)
 		if err != nil {
 			return err
 		}
