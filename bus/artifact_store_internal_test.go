@@ -16,6 +16,12 @@ import (
 // storeBus connects a Bus to an embedded server of its own.
 func storeBus(t *testing.T) *Bus {
 	t.Helper()
+	return storeBusWith(t, Config{})
+}
+
+// storeBusWith is storeBus with cfg (its URL and Name are set here).
+func storeBusWith(t *testing.T, cfg Config) *Bus {
+	t.Helper()
 	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -27,12 +33,50 @@ func storeBus(t *testing.T) *Bus {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := Connect(ctx, Config{URL: srv.URL(), Name: "store-test"}, "test/store", cat, zerolog.Nop())
+	cfg.URL, cfg.Name = srv.URL(), "store-test"
+	b, err := Connect(ctx, cfg, "test/store", cat, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
 	return b
+}
+
+// A put whose chunks are never acknowledged (a subscriber takes them
+// where the artifact stream should, and answers nothing) fails after
+// Config.ArtifactAckWait with a time-out, and its chunks do not stay
+// pending on the connection: each would hold its 128 KiB until a
+// reconnect, and enough of them would stall every later put.
+func TestPutArtifactAckNeverComes(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	b := storeBusWith(t, Config{ArtifactAckWait: wait})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.js.DeleteStream(ctx, b.cfg.ArtifactsBucket); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := b.nc.SubscribeSync(artifactChunkPrefix + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	big := bytes.Repeat([]byte("x"), 3*ArtifactChunkSize+5)
+	_, err = b.PutArtifact(ctx, "s1/output/big.bin", "big.bin", bytes.NewReader(big))
+	if !errors.Is(err, nats.ErrTimeout) || !strings.Contains(err.Error(), "no acknowledgement in "+wait.String()) {
+		t.Fatalf("put with no acknowledgement = %v, want a time-out", err)
+	}
+	if _, err := sub.NextMsg(5 * time.Second); err != nil {
+		t.Fatalf("no chunk reached the subscriber: %v", err)
+	}
+	select {
+	case <-b.js.PublishAsyncComplete():
+	case <-time.After(20 * wait):
+		t.Fatalf("%d chunk publishes still pending %s after the put failed", b.js.PublishAsyncPending(), 20*wait)
+	}
 }
 
 // A put whose subject someone else wrote first fails with

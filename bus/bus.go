@@ -256,7 +256,9 @@ func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalo
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	// The artifact store's chunks go out without a wait too: one never
+	// acknowledged is given up with its put, not held until a reconnect.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(cfg.ArtifactAckWait))
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)

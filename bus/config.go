@@ -23,6 +23,7 @@ const (
 	DefaultWorkersBucket   = "LOOPBUS_WORKERS"
 	DefaultDuplicateWindow = 10 * time.Minute
 	DefaultReadStall       = 10 * time.Second
+	DefaultArtifactAckWait = 30 * time.Second
 	// DLQSubjectPrefix prefixes dead-letter subjects:
 	// loopbus.dlq.<consumer>.<event stream sequence>.
 	DLQSubjectPrefix = "loopbus.dlq"
@@ -93,6 +94,10 @@ type Config struct {
 	// event it has not delivered before it replaces its consumer (one
 	// stuck on a dead cluster node, say); 0 means DefaultReadStall.
 	ReadStall time.Duration
+	// ArtifactAckWait is how long PutArtifact waits for the server to
+	// acknowledge a chunk before the put fails (a stream without quorum,
+	// say); 0 means DefaultArtifactAckWait.
+	ArtifactAckWait time.Duration
 
 	// SignKeyFile is an nkey user seed file (see LoadSignKey): every event
 	// this Bus publishes is signed with it. Empty publishes unsigned events.
@@ -127,6 +132,9 @@ func (c Config) withDefaults() Config {
 	if c.Replicas == 0 {
 		c.Replicas = 1
 	}
+	if c.ArtifactAckWait == 0 {
+		c.ArtifactAckWait = DefaultArtifactAckWait
+	}
 	if c.ReadStall == 0 {
 		c.ReadStall = DefaultReadStall
 	}
@@ -149,7 +157,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
 	case c.MaxAge < 0 || c.MaxBytes < 0 || c.DuplicateWindow < 0:
 		return fmt.Errorf("%w: negative retention", ErrConfig)
-	case c.ConnectTimeout < 0 || c.GiveUpAfter < 0 || c.ReadStall < 0:
+	case c.ConnectTimeout < 0 || c.GiveUpAfter < 0 || c.ReadStall < 0 || c.ArtifactAckWait < 0:
 		return fmt.Errorf("%w: negative timeout", ErrConfig)
 	case (c.TLSCert == "") != (c.TLSKey == ""):
 		return fmt.Errorf("%w: TLS client cert and key must be given together", ErrConfig)

@@ -84,9 +84,6 @@ const (
 	// getWindow those a get has requested.
 	putWindow = 32
 	getWindow = 16
-	// artifactAckWait is how long a put waits for the server to
-	// acknowledge a chunk before it gives up.
-	artifactAckWait = 30 * time.Second
 	// Bounds on the chunk size metadata may declare.
 	minChunkSize = 1 << 10
 	maxChunkSize = 8 << 20
@@ -329,12 +326,19 @@ func (b *Bus) awaitAck(ctx context.Context, f jetstream.PubAckFuture, start time
 	m := f.Msg()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	deadline := time.Now().Add(artifactAckWait)
+	wait := b.cfg.ArtifactAckWait
+	deadline := time.Now().Add(wait)
+	timedOut := func() error {
+		return fmt.Errorf("publish %s: %w (no acknowledgement in %s)", m.Subject, nats.ErrTimeout, wait)
+	}
 	for {
 		select {
 		case <-f.Ok():
 			return nil
 		case err := <-f.Err():
+			if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+				return timedOut()
+			}
 			var apiErr *jetstream.APIError
 			if errors.As(err, &apiErr) && subjectTaken(int(apiErr.ErrorCode), apiErr.Description) {
 				return b.sameArtifactMsg(ctx, m, apiErr.Description)
@@ -349,7 +353,7 @@ func (b *Bus) awaitAck(ctx context.Context, f jetstream.PubAckFuture, start time
 				return fmt.Errorf("publish %s: %w (the user lacks the permission to publish there)", m.Subject, ErrPermissionDenied)
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("publish %s: %w (no acknowledgement in %s)", m.Subject, nats.ErrTimeout, artifactAckWait)
+				return timedOut()
 			}
 		}
 	}
