@@ -232,8 +232,10 @@ func BenchmarkThroughput(b *testing.B) {
 				// The machine's limit, measured right after: the same agent
 				// processes, as many at once as there are workers, with no
 				// bus, no workspace, no validation.
+				rawCPU0 := processCPU(b)
 				raw := spawnRate(b, int(steps), workers)
 				b.ReportMetric(raw, "raw_steps/s")
+				b.ReportMetric(float64(processCPU(b)-rawCPU0)/float64(time.Millisecond)/steps, "raw_cpu_ms/step")
 				b.ReportMetric(steps/elapsed.Seconds()/raw, "limit_ratio")
 				b.ReportMetric(0, "ns/op")
 			})

@@ -38,6 +38,7 @@ func summaryFields() []summaryField {
 		{"steps_per_s", "BenchmarkThroughput/fsync=default/workers=4", "steps/s", 0},
 		{"limit_ratio", "BenchmarkThroughput/fsync=default/workers=4", "limit_ratio", 3},
 		{"cpu_ms_per_step", "BenchmarkThroughput/fsync=default/workers=4", "cpu_ms/step", 2},
+		{"raw_cpu_ms_per_step", "BenchmarkThroughput/fsync=default/workers=4", "raw_cpu_ms/step", 2},
 		{"steps_per_s_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "steps/s", 0},
 		{"limit_ratio_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "limit_ratio", 3},
 		{"cpu_ms_per_step_reuse", "BenchmarkThroughput/fsync=default/workers=4/reuse", "cpu_ms/step", 2},
@@ -55,9 +56,10 @@ func summaryFields() []summaryField {
 // Summary reads the output of `go test -bench` over this package and
 // returns "append_ratio=X dispatch_p50_ms=X dispatch_p99_ms=X
 // dispatch_p50_ms_serve=X dispatch_p99_ms_serve=X steps_per_s=X
-// limit_ratio=X cpu_ms_per_step=X steps_per_s_reuse=X limit_ratio_reuse=X
-// cpu_ms_per_step_reuse=X steps_per_s_serve=X limit_ratio_serve=X
-// cpu_ms_per_step_serve=X rebuild_events_per_s=X rebuild_ratio=X
+// limit_ratio=X cpu_ms_per_step=X raw_cpu_ms_per_step=X
+// steps_per_s_reuse=X limit_ratio_reuse=X cpu_ms_per_step_reuse=X
+// steps_per_s_serve=X limit_ratio_serve=X cpu_ms_per_step_serve=X
+// rebuild_events_per_s=X rebuild_ratio=X
 // pass_to_merge_p50_ms=X tool_overhead_us=X orch_live_bytes_per_session=X"
 // from the default-fsync results. It fails, wrapping ErrFailed, if the
 // output reports a failure, and names any figure it did not find.

@@ -14,7 +14,7 @@ BenchmarkAppend/fsync=default-2        	       1	         0.5207 append_ratio	  
 BenchmarkDispatch/fsync=default-2        	       1	         2.028 orch_p50_ms	         6.341 orch_p99_ms	         2.997 p50_ms	         7.462 p99_ms	        80.00 samples
 BenchmarkDispatch/fsync=default/serve-2  	       1	         1.528 orch_p50_ms	         4.341 orch_p99_ms	         1.997 p50_ms	         5.462 p99_ms	        80.00 samples
 BenchmarkThroughput/fsync=default/workers=1-2        	       1	        55.89 steps/s
-BenchmarkThroughput/fsync=default/workers=4-2        	       1	       133.5 steps/s	      11.44 cpu_ms/step	       0.1234 limit_ratio	      1082 raw_steps/s
+BenchmarkThroughput/fsync=default/workers=4-2        	       1	       133.5 steps/s	      11.44 cpu_ms/step	       0.1234 limit_ratio	      1.846 raw_cpu_ms/step	      1082 raw_steps/s
 BenchmarkThroughput/fsync=default/workers=4/reuse-2  	       1	       150.7 steps/s	      10.21 cpu_ms/step	       0.1391 limit_ratio	      1082 raw_steps/s
 BenchmarkThroughput/fsync=default/workers=4/serve-2  	       1	       171.2 steps/s	      8.873 cpu_ms/step	       0.1582 limit_ratio	      1082 raw_steps/s
 BenchmarkRebuild/fsync=default-2         	       1	      8681 events/s	      4771 projector_events/s	    105173 raw_events/s	         0.08254 rebuild_ratio
@@ -37,7 +37,7 @@ func TestSummary(t *testing.T) {
 		{
 			name: "default-fsync figures in order",
 			in:   sampleOutput,
-			want: "append_ratio=0.521 dispatch_p50_ms=3.00 dispatch_p99_ms=7.46 dispatch_p50_ms_serve=2.00 dispatch_p99_ms_serve=5.46 steps_per_s=134 limit_ratio=0.123 cpu_ms_per_step=11.44 steps_per_s_reuse=151 limit_ratio_reuse=0.139 cpu_ms_per_step_reuse=10.21 steps_per_s_serve=171 limit_ratio_serve=0.158 cpu_ms_per_step_serve=8.87 rebuild_events_per_s=8681 rebuild_ratio=0.083 pass_to_merge_p50_ms=133.0 tool_overhead_us=188 orch_live_bytes_per_session=2462",
+			want: "append_ratio=0.521 dispatch_p50_ms=3.00 dispatch_p99_ms=7.46 dispatch_p50_ms_serve=2.00 dispatch_p99_ms_serve=5.46 steps_per_s=134 limit_ratio=0.123 cpu_ms_per_step=11.44 raw_cpu_ms_per_step=1.85 steps_per_s_reuse=151 limit_ratio_reuse=0.139 cpu_ms_per_step_reuse=10.21 steps_per_s_serve=171 limit_ratio_serve=0.158 cpu_ms_per_step_serve=8.87 rebuild_events_per_s=8681 rebuild_ratio=0.083 pass_to_merge_p50_ms=133.0 tool_overhead_us=188 orch_live_bytes_per_session=2462",
 		},
 		{
 			name:    "a missing benchmark is named",
