@@ -14,6 +14,7 @@ import (
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
 	"github.com/loopbus/loopbus/workspace/procrun"
 )
 
@@ -270,13 +271,20 @@ func stageLatencies(tb testing.TB, bs *bus.Bus, sessions []string) map[string][]
 
 // spawnRate runs the no-op agent's process (touch out/x, through procrun
 // as the exec backend does) n times, conc at once, and returns runs per
-// second.
+// second. The process gets the environment a worker gives its agent: this
+// process's (workspace.BaseEnv, as agentworker.Config.Env defaults to)
+// and a job's LOOPBUS_* variables. What the agent does with it (a
+// program loads its locale's files when LANG names one) is the agent's
+// own cost, and the workers' agents pay it too.
 func spawnRate(tb testing.TB, n, conc int) float64 {
 	tb.Helper()
 	dir := tb.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, "out"), 0o755); err != nil {
 		tb.Fatal(err)
 	}
+	ws := &workspace.Workspace{Root: dir, In: filepath.Join(dir, "in"), Out: filepath.Join(dir, "out"),
+		PromptFile: filepath.Join(dir, "prompt.md"), FeedbackFile: filepath.Join(dir, "feedback.md")}
+	env := ws.Env(workspace.BaseEnv(), workspace.Vars{Session: "t000000", Step: chain()[0], Job: "t000000-a-1", Iteration: 1}, nil)
 	next := make(chan int, n)
 	for i := range n {
 		next <- i
@@ -290,7 +298,7 @@ func spawnRate(tb testing.TB, n, conc int) float64 {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				res, err := procrun.Run(context.Background(), procrun.Spec{Argv: []string{"touch", "out/" + strconv.Itoa(i)}, Dir: dir})
+				res, err := procrun.Run(context.Background(), procrun.Spec{Argv: []string{"touch", "out/" + strconv.Itoa(i)}, Dir: dir, Env: env})
 				if err == nil && res.ExitCode != 0 {
 					err = fmt.Errorf("touch exited %d", res.ExitCode)
 				}
