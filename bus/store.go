@@ -321,23 +321,21 @@ func (cp *chunkPut) wait(ctx context.Context, keep int) error {
 	return nil
 }
 
-// awaitAck waits for the ack of an asynchronous artifact publish.
+// awaitAck waits for the ack of an asynchronous artifact publish. The
+// bus's JetStream context gives up on it after Config.ArtifactAckWait
+// (and drops it from its pending publishes), which fails the wait with a
+// time-out.
 func (b *Bus) awaitAck(ctx context.Context, f jetstream.PubAckFuture, start time.Time) error {
 	m := f.Msg()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	wait := b.cfg.ArtifactAckWait
-	deadline := time.Now().Add(wait)
-	timedOut := func() error {
-		return fmt.Errorf("publish %s: %w (no acknowledgement in %s)", m.Subject, nats.ErrTimeout, wait)
-	}
 	for {
 		select {
 		case <-f.Ok():
 			return nil
 		case err := <-f.Err():
 			if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
-				return timedOut()
+				return fmt.Errorf("publish %s: %w (no acknowledgement in %s)", m.Subject, nats.ErrTimeout, b.cfg.ArtifactAckWait)
 			}
 			var apiErr *jetstream.APIError
 			if errors.As(err, &apiErr) && subjectTaken(int(apiErr.ErrorCode), apiErr.Description) {
@@ -351,9 +349,6 @@ func (b *Bus) awaitAck(ctx context.Context, f jetstream.PubAckFuture, start time
 		case <-tick.C:
 			if b.conn.refusedSince(m.Subject, start) {
 				return fmt.Errorf("publish %s: %w (the user lacks the permission to publish there)", m.Subject, ErrPermissionDenied)
-			}
-			if time.Now().After(deadline) {
-				return timedOut()
 			}
 		}
 	}
