@@ -8,11 +8,11 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/testcpu"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/workspace"
 	"github.com/loopbus/loopbus/workspace/procrun"
@@ -135,24 +135,6 @@ func firstStored(tb testing.TB, bs *bus.Bus, sessions []string, types ...string)
 	return first
 }
 
-// processCPU is the user+system CPU time used so far by this process and
-// its waited-for children (the agents).
-func processCPU(tb testing.TB) time.Duration {
-	tb.Helper()
-	var self, kids syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &self); err != nil {
-		tb.Fatal(err)
-	}
-	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids); err != nil {
-		tb.Fatal(err)
-	}
-	total := time.Duration(0)
-	for _, ru := range []syscall.Rusage{self, kids} {
-		total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	return total
-}
-
 // percentile returns the p-th percentile (nearest rank) of xs.
 func percentile(xs []float64, p float64) float64 {
 	if len(xs) == 0 {
@@ -209,10 +191,10 @@ func BenchmarkThroughput(b *testing.B) {
 				sys.startValidator()
 				sys.startWorkers(workers)
 				b.ResetTimer()
-				start, cpu0 := time.Now(), processCPU(b)
+				start, cpu0 := time.Now(), testcpu.Used(b)
 				sys.startOrchestrator()
 				waitEnds(b, ends, sessions, 10*time.Minute)
-				elapsed, cpu := time.Since(start), processCPU(b)-cpu0
+				elapsed, cpu := time.Since(start), testcpu.Used(b)-cpu0
 				b.StopTimer()
 				if v.reuse {
 					sys.reused(b)
@@ -233,10 +215,10 @@ func BenchmarkThroughput(b *testing.B) {
 				// The machine's limit, measured right after: the same agent
 				// processes, as many at once as there are workers, with no
 				// bus, no workspace, no validation.
-				rawCPU0 := processCPU(b)
+				rawCPU0 := testcpu.Used(b)
 				raw := spawnRate(b, int(steps), workers)
 				b.ReportMetric(raw, "raw_steps/s")
-				b.ReportMetric(float64(processCPU(b)-rawCPU0)/float64(time.Millisecond)/steps, "raw_cpu_ms/step")
+				b.ReportMetric(float64(testcpu.Used(b)-rawCPU0)/float64(time.Millisecond)/steps, "raw_cpu_ms/step")
 				b.ReportMetric(steps/elapsed.Seconds()/raw, "limit_ratio")
 				b.ReportMetric(0, "ns/op")
 			})

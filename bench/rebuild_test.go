@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/internal/testcpu"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/projections/projector"
@@ -51,14 +52,14 @@ func BenchmarkRebuild(b *testing.B) {
 			b.ResetTimer()
 			var rawTime, foldTime, rawCPU, foldCPU time.Duration
 			for range b.N {
-				c0, t0 := processCPU(b), time.Now()
+				c0, t0 := testcpu.Used(b), time.Now()
 				if n := rawRead(b, bs); n != total {
 					b.Fatalf("raw read %d messages, want %d", n, total)
 				}
-				c1, t1 := processCPU(b), time.Now()
+				c1, t1 := testcpu.Used(b), time.Now()
 				manifests := foldAll(b, bs)
 				foldTime += time.Since(t1)
-				foldCPU += processCPU(b) - c1
+				foldCPU += testcpu.Used(b) - c1
 				rawTime += t1.Sub(t0)
 				rawCPU += c1 - c0
 				if want := (total + 25) / 26; len(manifests) < want {

@@ -15,7 +15,7 @@ import (
 // sharing a rank, never import each other. A new package must be given
 // its rank here.
 var layers = map[string]int{
-	"schemas": 0, "workspace/procrun": 0,
+	"schemas": 0, "workspace/procrun": 0, "internal/testcpu": 0,
 
 	"bus": 1, "backlog": 1, "workspace": 1, "definition/yamlread": 1, "gitrepo": 1,
 	"agent": 2,
@@ -35,6 +35,10 @@ var layers = map[string]int{
 	"cmd/loopbus": 9, "bench": 8, "bench/cmd/benchline": 9,
 	"e2e": 10,
 }
+
+// testSupport are the packages under internal/: helpers for tests and
+// benchmarks, nothing a service runs.
+var testSupport = map[string]bool{"internal/testnats": true, "internal/modelserver": true, "internal/testcpu": true}
 
 // TestImportsRunOneWay checks every package's non-test imports against
 // layers, and that only test support lives under internal/.
@@ -66,7 +70,7 @@ func TestImportsRunOneWay(t *testing.T) {
 			t.Errorf("package %s has no rank in layers: place it", name)
 			continue
 		}
-		if strings.HasPrefix(name, "internal/") && name != "internal/testnats" && name != "internal/modelserver" {
+		if strings.HasPrefix(name, "internal/") && !testSupport[name] {
 			t.Errorf("package %s is under internal/, which holds test support only", name)
 		}
 		for _, imp := range p.Imports {

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/loopbus/loopbus/internal/testcpu"
 )
 
 // want describes the expected Result of a run; empty fields are not checked
@@ -650,7 +652,7 @@ func BenchmarkRun(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
-			cpu0 := cpuTime(b)
+			cpu0 := testcpu.Used(b)
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					if err := tc.run(); err != nil {
@@ -659,23 +661,9 @@ func BenchmarkRun(b *testing.B) {
 					}
 				}
 			})
-			b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu_us/run")
+			b.ReportMetric(float64(testcpu.Used(b)-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu_us/run")
 		})
 	}
-}
-
-// cpuTime is the user and system CPU used so far by this process and its
-// waited-for children.
-func cpuTime(tb testing.TB) time.Duration {
-	var total time.Duration
-	for _, who := range []int{syscall.RUSAGE_SELF, syscall.RUSAGE_CHILDREN} {
-		var ru syscall.Rusage
-		if err := syscall.Getrusage(who, &ru); err != nil {
-			tb.Fatal(err)
-		}
-		total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	return total
 }
 
 // TestSweepFinds: a process of a run that left its group is killed by a
