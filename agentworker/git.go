@@ -150,7 +150,13 @@ func (w *worktree) remove(ctx context.Context) {
 	_ = w.cache.RemoveWorktree(context.WithoutCancel(ctx), w.dir)
 }
 
-// commit commits what the agent left and stores the commits since the base.
+// errCommit marks a commit of the agent's work that git refused (a lock
+// the agent left, a worktree it broke): the job's failure, reported with
+// git's words, not a worker fault to retry until the job is abandoned.
+var errCommit = errors.New("committing the agent's work")
+
+// commitWork commits what the agent left and stores the commits since the
+// base. A commit git refuses wraps errCommit.
 func (s *Service) commitWork(ctx context.Context, w *worktree, req schemas.Event, jr *schemas.JobRequested, ws *workspace.Workspace, delivery uint64) (*schemas.GitResult, error) {
 	// The commit is titled by the loop's part of its parent's output (a
 	// section's heading), else by the prompt.
@@ -166,7 +172,10 @@ func (s *Service) commitWork(ctx context.Context, w *worktree, req schemas.Event
 		{gitrepo.TrailerSession, req.Session}, {gitrepo.TrailerLoop, jr.Step}, {gitrepo.TrailerJob, jr.JobID},
 	})
 	if err != nil {
-		return nil, err
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %w", errCommit, err)
 	}
 	g := &schemas.GitResult{Commit: head, Base: w.spec.Base, Changed: head != w.spec.Base}
 	if g.Changed {

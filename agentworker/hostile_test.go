@@ -14,6 +14,7 @@ import (
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/loopbus/loopbus/workspace"
 )
 
 // tamperingBus is a real bus whose deliveries are altered after decoding,
@@ -100,10 +101,10 @@ func TestHostileRequestIsRefused(t *testing.T) {
 			if objs := objects(t, b); len(objs) != 1 {
 				t.Errorf("object store holds %v, want only the input", objs)
 			}
-			// Nothing was laid out: no workspace (which would have made
-			// the work dir), so nothing fetched anywhere.
-			if _, err := os.Stat(workDir); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("the work dir was made (%v): a workspace was laid out", err)
+			// Nothing was laid out: the work dir (made when the worker
+			// started) holds no workspace, so nothing was fetched anywhere.
+			if entries, err := os.ReadDir(workDir); err != nil || len(entries) != 0 {
+				t.Errorf("the work dir holds %v (%v): a workspace was laid out", entries, err)
 			}
 		})
 	}
@@ -296,5 +297,41 @@ printf '%s\n' "$seen" > out/look.txt
 	// re-moded, was not, but a new directory may get its inode number).
 	if inodes[0] != inodes[1] {
 		t.Errorf("workspace inodes %v: the second job did not get the first one's workspace", inodes)
+	}
+}
+
+// TestSharedWorkDirIsRefused: a work directory another user may write
+// (made by someone else before the worker started, with a repository
+// cache planted in it whose configuration runs a command) is refused when
+// the worker starts: it names the directory and takes no job.
+func TestSharedWorkDirIsRefused(t *testing.T) {
+	t.Parallel()
+	b, _ := testnats.Bus(t)
+	work := filepath.Join(t.TempDir(), "loopbus-work")
+	planted := filepath.Join(work, "repos", session+".git")
+	if err := os.MkdirAll(planted, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	pwned := filepath.Join(t.TempDir(), "pwned")
+	if err := os.WriteFile(filepath.Join(planted, "config"), []byte("[core]\n\tbare = true\n\tfsmonitor = touch "+pwned+"; false\n[commit]\n\tgpgsign = true\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{work, filepath.Dir(planted), planted} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := agentworker.New(agentworker.Config{WorkDir: work, Env: baseEnv()}, b, testnats.Logger(t), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	err = w.Run(ctx)
+	if !errors.Is(err, workspace.ErrUnsafeDir) || !strings.Contains(err.Error(), work) {
+		t.Fatalf("Run with a work directory anyone may write: %v; want ErrUnsafeDir naming it", err)
+	}
+	if _, err := os.Stat(pwned); err == nil {
+		t.Error("the planted configuration ran its command")
 	}
 }

@@ -78,7 +78,10 @@ type Config struct {
 	ID string
 	// Concurrency is the number of jobs run at once; default 1.
 	Concurrency int
-	// WorkDir holds job workspaces; default $TMPDIR/loopbus-work.
+	// WorkDir holds job workspaces; default $TMPDIR/loopbus-work-UID (see
+	// workspace.DefaultDir). Run refuses one another user could change
+	// (workspace.PrivateDir), and each repository cache that is not the
+	// worker's user's alone (gitrepo.OpenCache).
 	WorkDir string
 	// RepoCache holds the worker's git repository caches, one per session,
 	// for worktree and merge jobs; default WorkDir/repos. It is never the
@@ -186,7 +189,7 @@ func (c Config) withDefaults() Config {
 		c.Concurrency = 1
 	}
 	if c.WorkDir == "" {
-		c.WorkDir = filepath.Join(os.TempDir(), "loopbus-work")
+		c.WorkDir = workspace.DefaultDir("loopbus-work")
 	}
 	if c.RepoCache == "" {
 		c.RepoCache = filepath.Join(c.WorkDir, "repos")
@@ -295,6 +298,10 @@ const maxDeliveries = 10000
 // Alongside, Run follows job.cancelled from its start on and kills the
 // agents of cancelled jobs (see followCancellations).
 func (s *Service) Run(ctx context.Context) error {
+	// Refused now rather than at the first job (see workspace.Pool.Create).
+	if err := workspace.PrivateDir(s.cfg.WorkDir); err != nil {
+		return err
+	}
 	defer func() {
 		if err := s.workspaces.Close(); err != nil {
 			s.log.Warn().Err(err).Msg("removing idle workspaces")
@@ -732,6 +739,9 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 	var g *schemas.GitResult
 	if wt != nil {
 		if g, err = s.commitWork(ctx, wt, req, jr, ws, d.NumDelivered); err != nil {
+			if errors.Is(err, errCommit) {
+				return fail(err.Error(), res.ExitCode, res.Duration, res.Tail)
+			}
 			return err
 		}
 	}

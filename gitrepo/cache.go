@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/loopbus/loopbus/schemas"
@@ -18,7 +19,13 @@ import (
 // or validator keeps per session. It is safe for concurrent use by the
 // goroutines of one process: a mutex serializes the git commands that
 // write its refs and objects. Commands ignore the user's global git
-// configuration and hooks.
+// configuration and hooks, and the cache's own configuration is put back
+// as OpenCache wrote it before every use: agents work in the cache's
+// worktrees, and what they write there with git config (a filter, a
+// gpg.program, an include) must never run as the worker, nor carry into
+// later jobs. An agent still running in another worktree of the same
+// cache while a command starts could write it in between; agents of one
+// session are one another's, so that race is left to the session.
 type Cache struct {
 	dir string
 	mu  sync.Mutex
@@ -31,9 +38,10 @@ type Cache struct {
 	admin map[string]string
 }
 
-// OpenCache opens the cache of session under root, creating root and the
-// bare repository root/<session>.git when missing. session must pass
-// schemas.ValidateSessionID.
+// OpenCache opens the cache of session under root, creating root (mode
+// 0700) and the bare repository root/<session>.git when missing. session
+// must pass schemas.ValidateSessionID. A cache directory that is not this
+// user's, or that others may write, is refused (ErrUnsafeCache).
 func OpenCache(root, session string) (*Cache, error) {
 	if err := schemas.ValidateSessionID(session); err != nil {
 		return nil, err
@@ -42,10 +50,15 @@ func OpenCache(root, session string) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
+	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("gitrepo: cache root: %w", err)
 	}
 	c := &Cache{dir: filepath.Join(root, session+".git"), fetched: map[string]bool{}}
+	for _, d := range []string{root, c.dir} {
+		if err := ownDir(d); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := os.Stat(filepath.Join(c.dir, "HEAD")); errors.Is(err, fs.ErrNotExist) {
 		if _, err := (gitCmd{isolated: true}).run(context.Background(), "init", "-q", "--bare", "--template=", "--initial-branch=main", c.dir); err != nil {
 			return nil, fmt.Errorf("gitrepo: creating cache: %w", err)
@@ -53,7 +66,61 @@ func OpenCache(root, session string) (*Cache, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("gitrepo: cache: %w", err)
 	}
+	if err := c.restoreConfig(); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// cacheConfig is the whole configuration of a cache: what git init --bare
+// writes.
+const cacheConfig = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n"
+
+// restoreConfig writes the cache's configuration file back to cacheConfig
+// when anything else is there. Only that file configures git for the
+// cache and its worktrees: the user's global and system files are not
+// read (gitCmd.env), and a worktree's own config.worktree only with an
+// extension cacheConfig does not enable.
+func (c *Cache) restoreConfig() error {
+	path := filepath.Join(c.dir, "config")
+	if b, err := os.ReadFile(path); err == nil && string(b) == cacheConfig {
+		return nil
+	}
+	f, err := os.CreateTemp(c.dir, "config.loopbus-")
+	if err != nil {
+		return fmt.Errorf("gitrepo: restoring the cache's configuration: %w", err)
+	}
+	_, err = f.WriteString(cacheConfig)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		// A rename replaces whatever is at path, a link included.
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("gitrepo: restoring the cache's configuration: %w", err)
+	}
+	return nil
+}
+
+// ownDir refuses dir when it exists and is not a directory of this user's
+// that only this user may write.
+func ownDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("gitrepo: cache: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok || st.Uid != uint32(os.Geteuid()) || fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%w: %s (%s) is not a directory of this user's (uid %d) that only it may write; remove it",
+			ErrUnsafeCache, dir, fi.Mode(), os.Geteuid())
+	}
+	return nil
 }
 
 // Dir returns the cache's git directory.
@@ -78,6 +145,9 @@ func (c *Cache) FetchBundle(ctx context.Context, path string) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.restoreConfig(); err != nil {
+		return err
+	}
 	heads, err := c.git().unbundle(ctx, path)
 	if err != nil {
 		return fmt.Errorf("gitrepo: fetching bundle %s: %w: %w", filepath.Base(path), ErrBadBundle, err)
@@ -92,7 +162,7 @@ func (c *Cache) FetchBundle(ctx context.Context, path string) error {
 
 // Has reports whether commit is in the cache.
 func (c *Cache) Has(ctx context.Context, commit string) bool {
-	if checkRev("commit", commit) != nil {
+	if checkRev("commit", commit) != nil || c.restoreConfig() != nil {
 		return false
 	}
 	_, err := c.git().run(ctx, "cat-file", "-e", commit+"^{commit}")
@@ -104,6 +174,9 @@ func (c *Cache) Has(ctx context.Context, commit string) bool {
 // tip. When tip is reachable from base the bundle would be empty: it
 // returns an error wrapping ErrEmpty and writes nothing.
 func (c *Cache) Bundle(ctx context.Context, path, tip, base string) error {
+	if err := c.restoreConfig(); err != nil {
+		return err
+	}
 	return writeBundle(ctx, c.git(), path, tip, base)
 }
 
@@ -150,12 +223,19 @@ func (c *Cache) Commit(ctx context.Context, dir string, id schemas.GitIdentity, 
 	if !ok {
 		return "", fmt.Errorf("gitrepo: %s is not a worktree of this cache", dir)
 	}
+	// The agent that worked here may have configured the cache.
+	if err := c.restoreConfig(); err != nil {
+		return "", err
+	}
 	return commit(ctx, gitCmd{dir: dir, gitDir: gitDir, workTree: dir, isolated: true, id: &id}, message, trailers)
 }
 
 // removeWorktree is RemoveWorktree without the lock.
 func (c *Cache) removeWorktree(ctx context.Context, dir string) error {
 	delete(c.admin, dir)
+	if err := c.restoreConfig(); err != nil {
+		return err
+	}
 	if _, err := c.git().run(ctx, "worktree", "remove", "--force", "--force", dir); err != nil {
 		if _, serr := os.Stat(dir); !errors.Is(serr, fs.ErrNotExist) {
 			return err
@@ -217,6 +297,9 @@ func (c *Cache) Prepare(ctx context.Context, dir string, spec schemas.WorktreeSp
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.restoreConfig(); err != nil {
+		return "", err
+	}
 	if err := c.addWorktree(ctx, dir, start, "-B", spec.Branch); err != nil {
 		return "", fmt.Errorf("gitrepo: preparing worktree: %w", err)
 	}
@@ -296,6 +379,9 @@ func (c *Cache) Merge(ctx context.Context, dir string, base, from, fromBase stri
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.restoreConfig(); err != nil {
+		return "", nil, err
+	}
 	if err := c.addWorktree(ctx, dir, from, "--detach"); err != nil {
 		return "", nil, fmt.Errorf("gitrepo: merge: %w", err)
 	}

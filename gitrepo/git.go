@@ -42,6 +42,10 @@ var (
 	// ErrCheckedOut: Pull was asked to move a branch checked out in a work
 	// tree of the repository.
 	ErrCheckedOut = errors.New("branch is checked out")
+	// ErrUnsafeCache: a repository cache's directory belongs to another
+	// user or others may write it, so its configuration could run their
+	// commands as this user.
+	ErrUnsafeCache = errors.New("unsafe repository cache")
 )
 
 // Trailer keys of commits loopbus makes.
@@ -97,7 +101,11 @@ func (g gitCmd) run(ctx context.Context, args ...string) (string, error) {
 		argv = append(argv, "--work-tree="+g.workTree)
 	}
 	if g.isolated {
-		argv = append(argv, "-c", "core.hooksPath="+os.DevNull, "-c", "core.fsmonitor=false")
+		// Besides restoring the cache's configuration (Cache.restoreConfig),
+		// the settings that run a command or sign are fixed here: the
+		// command line outranks every file.
+		argv = append(argv, "-c", "core.hooksPath="+os.DevNull, "-c", "core.fsmonitor=false",
+			"-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false", "-c", "core.attributesFile="+os.DevNull)
 	}
 	argv = append(argv, args...)
 	cmd := exec.CommandContext(ctx, "git", argv...)

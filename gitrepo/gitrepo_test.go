@@ -617,3 +617,90 @@ func TestCommitIgnoresARewrittenGitFile(t *testing.T) {
 		t.Error("Commit in a directory the cache did not make succeeded")
 	}
 }
+
+// TestAgentGitConfigNeverRunsAsTheWorker: an agent that runs git config in
+// its worktree writes the cache's configuration: a clean filter for every
+// file, signing with a gpg.program of its own, an include of another file.
+// The worker's commit runs none of them and succeeds; the cache's
+// configuration is what OpenCache wrote again; a later worktree of the
+// same cache, checked out from that commit (whose .gitattributes names the
+// filter), runs none of them either.
+func TestAgentGitConfigNeverRunsAsTheWorker(t *testing.T) {
+	t.Parallel()
+	c, base, _ := newCache(t, newRepo(t))
+	dir := filepath.Join(t.TempDir(), "wt")
+	if _, err := c.Prepare(ctx, dir, schemas.WorktreeSpec{Base: base, Branch: "loopbus/s/l1"}); err != nil {
+		t.Fatal(err)
+	}
+	marks := t.TempDir()
+	gpg := filepath.Join(marks, "gpg.sh")
+	write(t, gpg, "#!/bin/sh\ntouch "+filepath.Join(marks, "gpg")+"\nexit 1\n")
+	if err := os.Chmod(gpg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	included := filepath.Join(marks, "included.cfg")
+	write(t, included, "[core]\n\tfsmonitor = touch "+filepath.Join(marks, "include")+"; false\n")
+	// The agent, with git's ordinary environment.
+	git(t, dir, "config", "filter.evil.clean", "touch "+filepath.Join(marks, "clean")+"; cat")
+	git(t, dir, "config", "filter.evil.smudge", "touch "+filepath.Join(marks, "smudge")+"; cat")
+	git(t, dir, "config", "filter.evil.required", "true")
+	git(t, dir, "config", "commit.gpgSign", "true")
+	git(t, dir, "config", "gpg.program", gpg)
+	git(t, dir, "config", "include.path", included)
+	write(t, filepath.Join(dir, ".gitattributes"), "* filter=evil\n")
+	write(t, filepath.Join(dir, "work.txt"), "done\n")
+	if got := git(t, dir, "config", "--get", "gpg.program"); got != gpg {
+		t.Fatalf("the agent's git config did not take: gpg.program is %q", got)
+	}
+
+	head, err := c.Commit(ctx, dir, DefaultIdentity(), "work", workerTrailers("j1"))
+	if err != nil {
+		t.Fatalf("commit after the agent configured the cache: %v", err)
+	}
+	if head == base || !c.Has(ctx, head) {
+		t.Fatalf("no new commit in the cache (head %s)", head)
+	}
+	if got := read(t, filepath.Join(c.Dir(), "config")); got != cacheConfig {
+		t.Errorf("the cache's configuration after the commit:\n%s\nwant what OpenCache wrote:\n%s", got, cacheConfig)
+	}
+	if err := c.RemoveWorktree(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	next := filepath.Join(t.TempDir(), "wt2")
+	if _, err := c.Prepare(ctx, next, schemas.WorktreeSpec{Base: head, Branch: "loopbus/s/l2"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, filepath.Join(next, "work.txt")); got != "done\n" {
+		t.Errorf("work.txt in the next worktree: %q", got)
+	}
+	for _, m := range []string{"clean", "smudge", "gpg", "include"} {
+		if _, err := os.Stat(filepath.Join(marks, m)); err == nil {
+			t.Errorf("the agent's %s command ran as the worker", m)
+		}
+	}
+}
+
+// TestCacheOfAnotherUserIsRefused: a cache directory others may write
+// (planted in a shared work directory, say) is not opened.
+func TestCacheOfAnotherUserIsRefused(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	planted := filepath.Join(root, "s.git")
+	git(t, "", "init", "-q", "--bare", planted)
+	git(t, planted, "config", "core.fsmonitor", "touch "+filepath.Join(root, "pwned")+"; false")
+	if err := os.Chmod(planted, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenCache(root, "s"); !errors.Is(err, ErrUnsafeCache) {
+		t.Fatalf("OpenCache of a cache anyone may write: %v, want ErrUnsafeCache", err)
+	}
+	if err := os.Chmod(planted, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(root, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenCache(root, "s"); !errors.Is(err, ErrUnsafeCache) {
+		t.Fatalf("OpenCache under a root anyone may write: %v, want ErrUnsafeCache", err)
+	}
+}

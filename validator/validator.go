@@ -66,7 +66,10 @@ type Config struct {
 	// Concurrency is the number of verdicts worked on at once; default 2.
 	Concurrency int
 	// WorkDir holds the workspaces of validate commands (outputs are
-	// otherwise checked in memory); default $TMPDIR/loopbus-validate.
+	// otherwise checked in memory); default $TMPDIR/loopbus-validate-UID.
+	// It is made with the first workspace, and refused then when another
+	// user could change it (workspace.PrivateDir); each repository cache
+	// when it is not the validator's user's alone.
 	WorkDir string
 	// RepoCache holds the validator's git repository caches, one per
 	// session, in which the commits of worktree jobs are checked out to run
@@ -128,7 +131,7 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 		cfg.Concurrency = 2
 	}
 	if cfg.WorkDir == "" {
-		cfg.WorkDir = filepath.Join(os.TempDir(), "loopbus-validate")
+		cfg.WorkDir = workspace.DefaultDir("loopbus-validate")
 	}
 	if cfg.RepoCache == "" {
 		cfg.RepoCache = filepath.Join(cfg.WorkDir, "repos")

@@ -56,7 +56,9 @@ const MaxIdle = 16
 // not have shown it.
 type Pool struct {
 	base   string
-	spread sync.Once // makes base and marks it (spreadSubdirs) before the first workspace
+	spread sync.Once // makes base, checks it and marks it (spreadSubdirs) before the first workspace
+	// unsafe is PrivateDir's refusal of base, returned by every Create.
+	unsafe error
 
 	mu sync.Mutex
 	// resolved is base with its links resolved, as the kernel shows
@@ -100,9 +102,10 @@ func NewPool(base string, reuse bool) (*Pool, error) {
 
 // Create returns an empty workspace named session.name-RANDOM under the
 // pool's base: a kept one renamed, or a new one. session and name must be
-// safe tokens. Before the first new one is made, base (links resolved) is
-// marked so that ext4 spreads them over the disk's block groups
-// (spreadSubdirs), where base is a work dir of this user's own.
+// safe tokens. Before the first new one is made, base is made if missing
+// and refused, for good, when another user could change it (PrivateDir);
+// then (links resolved) it is marked so that ext4 spreads workspaces over
+// the disk's block groups (spreadSubdirs).
 func (p *Pool) Create(session, name string) (*Workspace, error) {
 	if err := checkNames(session, name); err != nil {
 		return nil, err
@@ -131,12 +134,15 @@ func (p *Pool) Create(session, name string) (*Workspace, error) {
 		// Before the first workspace, so that an empty base counts as
 		// one made to be the work dir; a missing one is made as create
 		// would make it.
-		if err := os.MkdirAll(p.base, 0o700); err == nil {
+		if p.unsafe = PrivateDir(p.base); p.unsafe == nil {
 			if base := p.resolvedBase(); base != "" {
 				spreadSubdirs(base)
 			}
 		}
 	})
+	if p.unsafe != nil {
+		return nil, p.unsafe
+	}
 	w, err := create(p.base, prefix)
 	if err != nil || !p.reusing() {
 		return w, err

@@ -1,6 +1,7 @@
 package workspace_test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -69,7 +70,9 @@ func setFlags(t *testing.T, dir string, add uint32) {
 // before the first workspace; given, made by the pool, or reached through
 // a link), as a top of directory hierarchies on ext4, keeping its other
 // flags, so that its workspaces spread over the block groups; any other
-// directory is left as it is. Elsewhere workspaces are made as before.
+// directory of the user's is left as it is. Elsewhere workspaces are made
+// as before. A base others may write, or another user's, gets no
+// workspace and no mark (PrivateDir).
 func TestPoolSpreadsWorkspaces(t *testing.T) {
 	type setup struct {
 		base, check string // the pool's base, and the directory to check
@@ -123,17 +126,35 @@ func TestPoolSpreadsWorkspaces(t *testing.T) {
 			}
 			return su
 		}, false},
-		{"shared", func() setup { return chmod(0o1777) }, false},
 	}
+	// refused are bases Create must refuse without touching them.
+	refused := []spreadCase{{"shared", func() setup { return chmod(0o1777) }, false}}
 	if os.Geteuid() == 0 {
 		// Only root can give a directory to another user.
-		cases = append(cases, spreadCase{"another user's", func() setup {
+		refused = append(refused, spreadCase{"another user's", func() setup {
 			d := t.TempDir()
 			if err := os.Chown(d, 65534, 65534); err != nil {
 				t.Fatal(err)
 			}
 			return setup{base: d, check: d}
 		}, false})
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			su := tc.setup()
+			p, err := workspace.NewPool(su.base, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 2 {
+				if w, err := p.Create("s1", "a"); !errors.Is(err, workspace.ErrUnsafeDir) {
+					t.Fatalf("Create under %s: %v, %v; want ErrUnsafeDir", su.base, w, err)
+				}
+			}
+			if flags, kept := dirFlags(t, su.check); kept && flags&fsTopDir != 0 {
+				t.Fatalf("%s was marked (flags %#x)", su.check, flags)
+			}
+		})
 	}
 	for _, tc := range cases {
 		for _, reuse := range []bool{false, true} {

@@ -667,7 +667,7 @@ func newAgentworkerCmd(g *globals) *cobra.Command {
 	metricsFlag(cmd, &metricsAddr)
 	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 1, "jobs this worker runs at once")
 	cmd.Flags().StringVar(&cfg.ID, "id", "", "worker id shown in job.started (default host-pid)")
-	cmd.Flags().StringVar(&cfg.WorkDir, "work-dir", "", "directory for job workspaces (default $TMPDIR/loopbus-work)")
+	cmd.Flags().StringVar(&cfg.WorkDir, "work-dir", "", "directory for job workspaces (default $TMPDIR/loopbus-work-UID; refused when another user could change it)")
 	cmd.Flags().BoolVar(&cfg.KeepWorkspaces, "keep-workspaces", false, "keep job workspaces on disk for debugging")
 	cmd.Flags().BoolVar(&cfg.ReuseWorkspaces, "reuse-workspaces", false, reuseWorkspacesUsage)
 	cmd.Flags().DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "a job whose worker sends no heartbeat this long goes to another worker")

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -50,13 +52,36 @@ func (h *httpFlags) config() (cfg dashboard.Config, ok bool, err error) {
 
 // secured reports whether this process holds credentials or a signing key:
 // a dashboard without a token would let anyone on the machine read and act
-// with them (loopback is every local user's, and the agents').
+// with them (loopback is every local user's, and the agents'). A user,
+// password or token inside a --nats URL (or LOOPBUS_NATS_URL) counts.
 func (g *globals) secured() bool {
-	return g.signKey != "" || g.trust != "" || g.user != "" || g.password != "" || g.token != "" || g.creds != "" || g.nkey != "" || g.tlsCert != ""
+	return g.signKey != "" || g.trust != "" || g.user != "" || g.password != "" || g.token != "" || g.creds != "" || g.nkey != "" || g.tlsCert != "" ||
+		urlHoldsCredentials(g.natsURL)
+}
+
+// urlHoldsCredentials reports whether any URL of a comma-separated NATS
+// server list carries user information (nats://user:pass@host,
+// nats://token@host). A URL that does not parse counts as holding them:
+// refusing a dashboard is the safe side of a guess.
+func urlHoldsCredentials(urls string) bool {
+	for _, raw := range strings.Split(urls, ",") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			continue
+		}
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw // nats.go accepts host:port alone
+		}
+		u, err := url.Parse(raw)
+		if err != nil || u.User != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // errTokenNeeded says why a secured process's dashboard needs a token.
-var errTokenNeeded = errors.New("this process holds NATS credentials or a signing key, so its dashboard needs a token even on loopback (any local user, or agent, could act with them): give --http-token or " + httpTokenEnv)
+var errTokenNeeded = errors.New("this process holds NATS credentials (flags, a credentials file, or a user or token in the --nats URL) or a signing key, so its dashboard needs a token even on loopback (any local user, or agent, could act with them): give --http-token or " + httpTokenEnv)
 
 // serveDashboard serves the dashboard, with /metrics on the same listener
 // (and, with mcfg.Listen, on that address too: one metrics service reads
