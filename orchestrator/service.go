@@ -250,23 +250,8 @@ func (s *Service) rehydrate(ctx context.Context, rerun schemas.Event) (restore f
 	return restore, nil
 }
 
-// history reads a session's events from the stream (see HistoryReader).
-// Read ends without an error when ctx does: that is an error here, or a
-// history cut short would be taken for the whole.
-func (s *Service) history(ctx context.Context) HistoryReader {
-	return func(session string, until uint64, fn func(schemas.Event) error) error {
-		err := s.bus.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}}, func(ev schemas.Event) error {
-			if until != 0 && ev.Seq > until {
-				return bus.ErrStop
-			}
-			return fn(ev)
-		})
-		if err == nil {
-			err = ctx.Err()
-		}
-		return err
-	}
-}
+// history reads a session's events from the stream (see HistoryOf).
+func (s *Service) history(ctx context.Context) HistoryReader { return HistoryOf(ctx, s.bus) }
 
 // trackWait notes whether session has a rate-limit wait. s.mu is held.
 func (s *Service) trackWait(session string) {

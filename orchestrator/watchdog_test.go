@@ -142,3 +142,43 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestOwed: a session just started is owed its first job; once that is
+// in its history it is owed nothing (it waits for the worker); a session
+// with no events is owed nothing.
+func TestOwed(t *testing.T) {
+	const session = "owed"
+	in := inputRef(session)
+	start := schemas.Event{
+		ID: schemas.DeterministicID(session, schemas.TypeSessionStarted), Type: schemas.TypeSessionStarted, Session: session, Seq: 1,
+		Time: time.Now(), Data: &schemas.SessionStarted{Pipeline: twoSteps(), Input: in, SourceHash: schemas.ShortHash(in.Digest)},
+	}
+	history := []schemas.Event{start}
+	read := func(s string, until uint64, fn func(schemas.Event) error) error {
+		for _, ev := range history {
+			if ev.Session == s && (until == 0 || ev.Seq <= until) {
+				if err := fn(ev); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	now := time.Now()
+	evs, err := orchestrator.Owed(session, read, now)
+	if err != nil {
+		t.Fatalf("Owed: %v", err)
+	}
+	if len(evs) != 1 || evs[0].Type != schemas.TypeJobRequested || evs[0].Step != "draft" {
+		t.Fatalf("owed after session.started: %s, want job.requested for draft", describe(evs))
+	}
+	jr := evs[0]
+	jr.Seq = 2
+	history = append(history, jr)
+	if evs, err := orchestrator.Owed(session, read, now); err != nil || len(evs) != 0 {
+		t.Errorf("owed with the job requested: %s, %v; want nothing", describe(evs), err)
+	}
+	if evs, err := orchestrator.Owed("none", read, now); err != nil || len(evs) != 0 {
+		t.Errorf("owed to a session without events: %s, %v; want nothing", describe(evs), err)
+	}
+}
