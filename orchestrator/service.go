@@ -311,8 +311,9 @@ func (s *Service) touch(session string) {
 // waiting for ever. So a session still for cfg.StallAfter, with no
 // commit under way, is decided for again: a decision made then was
 // owed, and is logged as an error and passed to cfg.OnStall. A session
-// the orchestrator wrote a decision to and has not read it back for that
-// long is logged: the read lags (or lost events). s.mu is held.
+// with events the orchestrator knows of (its own decision, or newer
+// events a refusal named) and has not read for that long is logged: the
+// read lags, or lost events. s.mu is held.
 func (s *Service) watch(ctx context.Context, now time.Time) {
 	for id, since := range s.still {
 		quiet := now.Sub(since)
@@ -329,8 +330,8 @@ func (s *Service) watch(ctx context.Context, now time.Time) {
 			continue // the commit's end touches the session
 		case mark > sess.LastSeq:
 			delete(s.still, id)
-			s.log.Warn().Str("session", id).Uint64("written", mark).Uint64("read", sess.LastSeq).Dur("for", quiet).
-				Msg("the session's events up to its last decision are not read back yet; deciding again once they are")
+			s.log.Warn().Str("session", id).Uint64("stored", mark).Uint64("read", sess.LastSeq).Dur("for", quiet).
+				Msg("watchdog: the session has events stored that the orchestrator has not read yet; it decides again once it has")
 			continue
 		}
 		delete(s.still, id)
