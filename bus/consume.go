@@ -380,8 +380,8 @@ func (b *Bus) deadLetter(ctx context.Context, consumer, subject string, seq uint
 	m.Header.Set(HeaderDLQSubject, subject)
 	m.Header.Set(HeaderDLQSeq, sseq)
 	m.Header.Set(HeaderDLQConsumer, consumer)
-	m.Header.Set("Nats-Expected-Last-Subject-Sequence", "0")
-	m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", DLQSubjectPrefix+".*."+sseq)
+	m.Header.Set(hdrExpectedLastSubjSeq, "0")
+	m.Header.Set(hdrExpectedLastSubjSeqSubj, DLQSubjectPrefix+".*."+sseq)
 	m.Data = data
 	if len(data) > MaxEventBytes {
 		// The original may be as large as the server allows; the copy

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/loopbus/loopbus/schemas"
@@ -32,7 +33,83 @@ const (
 	codeWrongLastSeq      = 10071
 	codeWrongLastSeqConst = 10164
 	codeBatchDuplicate    = 10201
+	// codeMsgIDInProcess: a message of the same id is being replicated
+	// (an earlier attempt of this very publish): retried, it is stored
+	// or recognised as a duplicate once that attempt settles.
+	codeMsgIDInProcess = 10158
 )
+
+// errMsgIDInProcess: the server is still replicating an earlier attempt of
+// the same message (codeMsgIDInProcess); the publish is retried.
+var errMsgIDInProcess = errors.New("a message with the same id is being stored")
+
+// StaleError is the server's refusal of a write guarded on a session's
+// newest event (see PublishExpect); it wraps ErrStale. Last is the
+// sequence of the session's newest event as the server saw it, when the
+// server said (Known).
+//
+// On a replicated stream the leader checks the guard against the events
+// it has applied, which can be fewer than a reader has already been
+// given: a follower (where the reader's consumer may be placed) can
+// apply an event before the leader does, and the leader answers a
+// publish before it forgets the guard of the event it has just applied
+// (the refusal then names no sequence). Either refusal is a moment's:
+// the bus retries it for up to staleRetryFor (see Bus.unsettled), and
+// returns it only after that.
+type StaleError struct {
+	Last   uint64
+	Known  bool
+	Reason string
+}
+
+func (e *StaleError) Error() string { return fmt.Sprintf("%v (%s)", ErrStale, e.Reason) }
+
+// Unwrap returns ErrStale.
+func (e *StaleError) Unwrap() error { return ErrStale }
+
+// staleError makes a StaleError of the server's description of a
+// refused guard, "wrong last sequence[: N]".
+func staleError(desc string) *StaleError {
+	e := &StaleError{Reason: desc}
+	if _, n, ok := strings.Cut(desc, "wrong last sequence: "); ok {
+		if last, err := strconv.ParseUint(strings.TrimSpace(n), 10, 64); err == nil {
+			e.Last, e.Known = last, true
+		}
+	}
+	return e
+}
+
+// staleRetryFor bounds how long a guarded publish refused by a leader
+// that has not yet applied the event it is guarded on is retried (see
+// StaleError). It takes a millisecond on a healthy cluster, longer just
+// after a leader change; a refusal that lasts longer is returned.
+const staleRetryFor = 10 * time.Second
+
+// hdrExpectedLastSubjSeq guards a write on the newest event on a subject
+// (hdrExpectedLastSubjSeqSubj, when set) being at a sequence.
+const (
+	hdrExpectedLastSubjSeq     = "Nats-Expected-Last-Subject-Sequence"
+	hdrExpectedLastSubjSeqSubj = "Nats-Expected-Last-Subject-Sequence-Subject"
+)
+
+// unsettled reports whether err, the refusal of guard's expected last
+// sequence, may only mean that the stream's leader has not applied yet
+// what the publisher read (see StaleError), so that the publish is worth
+// retrying: the stream is replicated, the refusal names no sequence or
+// one before the expected one, and staleRetryFor has not passed since
+// start. On a stream of one replica every refusal is final.
+func (b *Bus) unsettled(err error, guard *nats.Msg, start time.Time) bool {
+	var se *StaleError
+	if !errors.As(err, &se) || guard == nil || time.Since(start) >= staleRetryFor ||
+		(!b.replicated && b.nc.ConnectedClusterName() == "") {
+		return false
+	}
+	if !se.Known {
+		return true
+	}
+	expect, perr := strconv.ParseUint(guard.Header.Get(hdrExpectedLastSubjSeq), 10, 64)
+	return perr == nil && se.Last < expect
+}
 
 // Published is the outcome of a publish.
 type Published struct {
@@ -80,8 +157,8 @@ func (b *Bus) PublishExpect(ctx context.Context, ev schemas.Event, expectLast ui
 // expectLastOfSession makes m's write conditional on the newest event of
 // session being at stream sequence last (0: the session has none).
 func expectLastOfSession(m *nats.Msg, session string, last uint64) {
-	m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(last, 10))
-	m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", schemas.SessionSubjects(session))
+	m.Header.Set(hdrExpectedLastSubjSeq, strconv.FormatUint(last, 10))
+	m.Header.Set(hdrExpectedLastSubjSeqSubj, schemas.SessionSubjects(session))
 }
 
 // PublishChain writes evs, all of one session, in order, each only if the
@@ -211,7 +288,7 @@ func (b *Bus) waitAck(ctx context.Context, m *nats.Msg, f jetstream.PubAckFuture
 	case err := <-f.Err():
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == codeWrongLastSeq || apiErr.ErrorCode == codeWrongLastSeqConst) {
-			return Published{}, fmt.Errorf("%w (%s)", ErrStale, apiErr.Description)
+			return Published{}, staleError(apiErr.Description)
 		}
 		return Published{}, err
 	case <-ctx.Done():
@@ -270,7 +347,7 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 		if err == nil {
 			res, err = b.requestOnce(ctx, last)
 		}
-		if err == nil || !retryable(err) {
+		if err == nil || !retryable(err) && !b.unsettled(err, msgs[0], start) {
 			return res, b.connErr(err)
 		}
 		if b.conn.refusedSince(last.Subject, start) {
@@ -286,12 +363,13 @@ func (b *Bus) PublishBatch(ctx context.Context, session string, expectLast uint6
 
 // request publishes m and waits for the stream's ack, retrying while the
 // server is unreachable (the message id makes a retry of a write that did
-// land a duplicate, not a second copy).
+// land a duplicate, not a second copy), and while a refusal of m's guard
+// may only mean the stream's leader is behind (see Bus.unsettled).
 func (b *Bus) request(ctx context.Context, m *nats.Msg) (Published, error) {
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		res, err := b.requestOnce(ctx, m)
-		if err == nil || !retryable(err) {
+		if err == nil || !retryable(err) && !b.unsettled(err, m, start) {
 			return res, b.connErr(err)
 		}
 		// A refused publish gets no reply, only an asynchronous error:
@@ -309,7 +387,11 @@ func (b *Bus) request(ctx context.Context, m *nats.Msg) (Published, error) {
 // error when ctx ends or the connection is closed for good.
 func (b *Bus) backoff(ctx context.Context, attempt int, cause error) error {
 	if attempt == 3 {
-		b.log.Warn().Err(cause).Msg("publish not acknowledged; retrying")
+		msg := "publish not acknowledged; retrying"
+		if errors.Is(cause, ErrStale) {
+			msg = "guarded publish refused: the stream's leader has not applied the event it is guarded on yet; retrying"
+		}
+		b.log.Warn().Err(cause).Msg(msg)
 	}
 	t := time.NewTimer(backoffDelay(attempt))
 	defer t.Stop()
@@ -325,7 +407,7 @@ func (b *Bus) backoff(ctx context.Context, attempt int, cause error) error {
 
 func retryable(err error) bool {
 	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrConnectionReconnecting)
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, errMsgIDInProcess)
 }
 
 func (b *Bus) requestOnce(ctx context.Context, m *nats.Msg) (Published, error) {
@@ -345,7 +427,9 @@ func (b *Bus) requestOnce(ctx context.Context, m *nats.Msg) (Published, error) {
 	if ack.Error != nil {
 		switch ack.Error.ErrCode {
 		case codeWrongLastSeq, codeWrongLastSeqConst:
-			return Published{}, fmt.Errorf("%w (%s)", ErrStale, ack.Error.Description)
+			return Published{}, staleError(ack.Error.Description)
+		case codeMsgIDInProcess:
+			return Published{}, fmt.Errorf("%w: %s", errMsgIDInProcess, ack.Error.Description)
 		case codeBatchDuplicate:
 			return Published{}, fmt.Errorf("%w (%s)", ErrDuplicate, ack.Error.Description)
 		}

@@ -2,11 +2,14 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/loopbus/loopbus/bus"
+	"github.com/loopbus/loopbus/schemas"
 )
 
 // Check is one finding of Doctor.
@@ -106,6 +109,49 @@ func Doctor(ctx context.Context, b *bus.Bus, where string) []Check {
 		add("sh", nil, "found (exec agents and validate commands)")
 	}
 	return out
+}
+
+// QuietSession is a session not finished whose newest event was stored a
+// while ago (see QuietSessions).
+type QuietSession struct {
+	ID string
+	// Last is the session's newest event; Last.Stored is when the server
+	// stored it.
+	Last schemas.Event
+}
+
+// QuietSessions looks at the newest limit sessions started and neither
+// completed, failed nor closed (all of them when limit is 0), and returns
+// those whose newest event was stored at least quiet before now, in the
+// order they started; running is how many such sessions there are. A
+// session whose newest event cannot be decoded is left out (the services
+// dead-lettered it).
+func QuietSessions(ctx context.Context, b *bus.Bus, quiet time.Duration, now time.Time, limit int) (out []QuietSession, running int, err error) {
+	dests, err := runningSessions(ctx, b)
+	if err != nil {
+		return nil, 0, err
+	}
+	running = len(dests)
+	if limit > 0 && len(dests) > limit {
+		dests = dests[len(dests)-limit:]
+	}
+	for _, d := range dests {
+		seq, err := b.SessionLastSeq(ctx, d.Session)
+		if err != nil {
+			return nil, running, err
+		}
+		ev, err := b.GetEvent(ctx, seq)
+		switch {
+		case errors.Is(err, bus.ErrMalformed):
+			continue
+		case err != nil:
+			return nil, running, fmt.Errorf("session %s: %w", d.Session, err)
+		}
+		if now.Sub(ev.Stored) >= quiet {
+			out = append(out, QuietSession{ID: d.Session, Last: ev})
+		}
+	}
+	return out, running, nil
 }
 
 // atLeast reports whether a "major.minor.patch" version is at least

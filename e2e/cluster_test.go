@@ -120,116 +120,9 @@ steps:
 `,
 	})
 
-	// Three nodes, each with its own data directory, all given the same
-	// route list (a node ignores the route to itself).
-	var clientAddrs, routeURLs []string
-	for range 3 {
-		clientAddrs = append(clientAddrs, freePort(t))
-		routeURLs = append(routeURLs, "nats://"+freePort(t))
-	}
-	var nodes []*clusterNode
-	var all []*process
-	for i := range 3 {
-		name := fmt.Sprintf("n%d", i+1)
-		p := startProcess(t, dir, name, "nats", "--data", filepath.Join(dir, name), "--listen", clientAddrs[i],
-			"--name", name, "--cluster-name", "loopbus-e2e",
-			"--cluster-listen", strings.TrimPrefix(routeURLs[i], "nats://"), "--routes", strings.Join(routeURLs, ","))
-		nodes = append(nodes, &clusterNode{process: p, url: "nats://" + clientAddrs[i]})
-		all = append(all, p)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(tails(all))
-		}
-	})
-	var urls []string
-	for _, n := range nodes {
-		urls = append(urls, n.url)
-	}
-	natsURL := strings.Join(urls, ",")
-	// The nodes may not listen yet: keep trying in the background.
-	nc, err := nats.Connect(natsURL, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
-	if err != nil {
-		t.Fatalf("connect %s: %v\n%s", natsURL, err, tails(all))
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// JetStream answers once the cluster has elected a meta leader.
-	jsReady := func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, err := js.AccountInfo(ctx)
-		return err == nil
-	}
-	if !within(90*time.Second, jsReady) {
-		t.Fatalf("the cluster elected no JetStream meta leader in 90s\n%s", tails(all))
-	}
-
-	global := []string{"--nats", natsURL, "--replicas", "3"}
-	svc := func(name string, args ...string) {
-		all = append(all, startProcess(t, dir, name, append(args, global...)...))
-	}
-	// Everything loopbus stores is replicated to all three nodes.
-	streams := []string{"LOOPBUS", "LOOPBUS_DLQ", "KV_LOOPBUS_VIEWS", "LOOPBUS_ARTIFACTS"}
-	streamInfo := func(name string) *jetstream.StreamInfo {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s, err := js.Stream(ctx, name)
-		if err != nil {
-			return nil
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			return nil
-		}
-		return info
-	}
-	// allLed: every stream has a leader, and it is not on the node skip.
-	allLed := func(skip string) bool {
-		for _, name := range streams {
-			if info := streamInfo(name); info == nil || info.Cluster == nil || info.Cluster.Leader == "" || info.Cluster.Leader == skip {
-				return false
-			}
-		}
-		return true
-	}
-	// The orchestrator provisions alone first: a service exits when its
-	// provisioning fails, and on a loaded machine several processes
-	// creating R3 streams at once can exceed the JetStream API timeout.
-	svc("orchestrator", "orchestrator")
-	if !within(90*time.Second, func() bool { return allLed("") }) {
-		t.Fatalf("the orchestrator did not provision %v in 90s\n%s", streams, tails(all))
-	}
-	svc("validator", "validator")
-	svc("projector", "projector")
-	svc("worker-1", "agentworker", "--id", "worker-1", "--concurrency", "2", "--ack-wait", "10s")
-	svc("worker-2", "agentworker", "--id", "worker-2", "--concurrency", "2", "--ack-wait", "10s")
-	ready := map[string]string{
-		"orchestrator": "caught up with the stream", "validator": "validator ready", "projector": "views caught up",
-		"worker-1": "agent worker ready", "worker-2": "agent worker ready",
-	}
-	if !within(90*time.Second, func() bool {
-		for _, p := range all[len(nodes):] {
-			if b, _ := os.ReadFile(p.log); !strings.Contains(string(b), ready[p.name]) {
-				return false
-			}
-		}
-		return true
-	}) {
-		t.Fatalf("the services were not all ready in 90s\n%s", tails(all))
-	}
-	for _, name := range streams {
-		info := streamInfo(name)
-		if info == nil {
-			t.Fatalf("stream %s: no info", name)
-		}
-		if info.Config.Replicas != 3 || len(info.Cluster.Replicas) != 2 {
-			t.Errorf("stream %s: %d replicas configured, leader %s and %d followers; want 3 on 3 nodes", name, info.Config.Replicas, info.Cluster.Leader, len(info.Cluster.Replicas))
-		}
-	}
+	c := startCluster(t, dir)
+	c.startServices(t, nil, []string{"--ack-wait", "10s"})
+	nodes, global, all := c.nodes, c.global, c.all
 
 	sessions := []string{"cl-1", "cl-2", "cl-3"}
 	for _, s := range sessions {
@@ -246,7 +139,7 @@ steps:
 
 	// Kill the node that leads the event stream: its followers must elect
 	// a new leader while jobs are in flight.
-	info := streamInfo("LOOPBUS")
+	info := c.streamInfo("LOOPBUS")
 	if info == nil || info.Cluster == nil {
 		t.Fatalf("no info on stream LOOPBUS\n%s", tails(all))
 	}
@@ -265,10 +158,10 @@ steps:
 	}
 	killed := time.Now()
 	// Reading commands provision too, which needs every stream led.
-	if !within(60*time.Second, func() bool { return allLed(victim.name) }) {
-		t.Fatalf("%v not all led by the remaining nodes 60s after %s was killed\n%s", streams, victim.name, tails(all))
+	if !within(60*time.Second, func() bool { return c.allLed(victim.name) }) {
+		t.Fatalf("%v not all led by the remaining nodes 60s after %s was killed\n%s", clusterStreams, victim.name, tails(all))
 	}
-	t.Logf("stream LOOPBUS: new leader %q after %v", streamInfo("LOOPBUS").Cluster.Leader, time.Since(killed).Round(100*time.Millisecond))
+	t.Logf("stream LOOPBUS: new leader %q after %v", c.streamInfo("LOOPBUS").Cluster.Leader, time.Since(killed).Round(100*time.Millisecond))
 
 	for _, s := range sessions {
 		w := loopbus(t, append([]string{"wait", s, "--json"}, global...)...)
@@ -289,6 +182,151 @@ steps:
 		}
 	}
 	t.Logf("all sessions completed %v after the kill", time.Since(killed).Round(100*time.Millisecond))
+}
+
+// testCluster is three `loopbus nats` nodes forming a JetStream cluster,
+// and the loopbus services on it, each a process of the test.
+type testCluster struct {
+	nodes []*clusterNode
+	// all is every process: the nodes, then the services.
+	all []*process
+	// global are the flags that reach the cluster with three replicas.
+	global []string
+	js     jetstream.JetStream
+	dir    string
+}
+
+// startCluster starts three nodes, each with its own data directory
+// under dir, all given the same route list (a node ignores the route to
+// itself), and waits for JetStream's meta leader. Their logs are in the
+// test's log if it fails.
+func startCluster(t *testing.T, dir string) *testCluster {
+	t.Helper()
+	var clientAddrs, routeURLs []string
+	for range 3 {
+		clientAddrs = append(clientAddrs, freePort(t))
+		routeURLs = append(routeURLs, "nats://"+freePort(t))
+	}
+	c := &testCluster{dir: dir}
+	for i := range 3 {
+		name := fmt.Sprintf("n%d", i+1)
+		p := startProcess(t, dir, name, "nats", "--data", filepath.Join(dir, name), "--listen", clientAddrs[i],
+			"--name", name, "--cluster-name", "loopbus-e2e",
+			"--cluster-listen", strings.TrimPrefix(routeURLs[i], "nats://"), "--routes", strings.Join(routeURLs, ","))
+		c.nodes = append(c.nodes, &clusterNode{process: p, url: "nats://" + clientAddrs[i]})
+		c.all = append(c.all, p)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(tails(c.all))
+		}
+	})
+	var urls []string
+	for _, n := range c.nodes {
+		urls = append(urls, n.url)
+	}
+	natsURL := strings.Join(urls, ",")
+	// The nodes may not listen yet: keep trying in the background.
+	nc, err := nats.Connect(natsURL, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect %s: %v\n%s", natsURL, err, tails(c.all))
+	}
+	t.Cleanup(nc.Close)
+	if c.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	// JetStream answers once the cluster has elected a meta leader.
+	jsReady := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := c.js.AccountInfo(ctx)
+		return err == nil
+	}
+	if !within(90*time.Second, jsReady) {
+		t.Fatalf("the cluster elected no JetStream meta leader in 90s\n%s", tails(c.all))
+	}
+	c.global = []string{"--nats", natsURL, "--replicas", "3"}
+	return c
+}
+
+// clusterStreams are the streams loopbus stores in, each replicated to
+// all three nodes.
+var clusterStreams = []string{"LOOPBUS", "LOOPBUS_DLQ", "KV_LOOPBUS_VIEWS", "LOOPBUS_ARTIFACTS"}
+
+// streamInfo is the info of stream name, nil if it cannot be had.
+func (c *testCluster) streamInfo(name string) *jetstream.StreamInfo {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := c.js.Stream(ctx, name)
+	if err != nil {
+		return nil
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil
+	}
+	return info
+}
+
+// allLed: every stream has a leader, and it is not on the node skip.
+func (c *testCluster) allLed(skip string) bool {
+	for _, name := range clusterStreams {
+		if info := c.streamInfo(name); info == nil || info.Cluster == nil || info.Cluster.Leader == "" || info.Cluster.Leader == skip {
+			return false
+		}
+	}
+	return true
+}
+
+// svc starts a service process of the cluster.
+func (c *testCluster) svc(t *testing.T, name string, args ...string) *process {
+	t.Helper()
+	p := startProcess(t, c.dir, name, append(args, c.global...)...)
+	c.all = append(c.all, p)
+	return p
+}
+
+// startServices starts the orchestrator (with orchestratorArgs), then
+// the validator, the projector and two agent workers of two job slots
+// (with workerArgs), each connected to every node, and waits until each
+// is ready and every stream is replicated to the three nodes.
+func (c *testCluster) startServices(t *testing.T, orchestratorArgs, workerArgs []string) {
+	t.Helper()
+	// The orchestrator provisions alone first: a service exits when its
+	// provisioning fails, and on a loaded machine several processes
+	// creating R3 streams at once can exceed the JetStream API timeout.
+	first := len(c.all)
+	c.svc(t, "orchestrator", append([]string{"orchestrator"}, orchestratorArgs...)...)
+	if !within(90*time.Second, func() bool { return c.allLed("") }) {
+		t.Fatalf("the orchestrator did not provision %v in 90s\n%s", clusterStreams, tails(c.all))
+	}
+	c.svc(t, "validator", "validator")
+	c.svc(t, "projector", "projector")
+	c.svc(t, "worker-1", append([]string{"agentworker", "--id", "worker-1", "--concurrency", "2"}, workerArgs...)...)
+	c.svc(t, "worker-2", append([]string{"agentworker", "--id", "worker-2", "--concurrency", "2"}, workerArgs...)...)
+	ready := map[string]string{
+		"orchestrator": "caught up with the stream", "validator": "validator ready", "projector": "views caught up",
+		"worker-1": "agent worker ready", "worker-2": "agent worker ready",
+	}
+	if !within(90*time.Second, func() bool {
+		for _, p := range c.all[first:] {
+			if b, _ := os.ReadFile(p.log); !strings.Contains(string(b), ready[p.name]) {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("the services were not all ready in 90s\n%s", tails(c.all))
+	}
+	for _, name := range clusterStreams {
+		info := c.streamInfo(name)
+		if info == nil {
+			t.Fatalf("stream %s: no info", name)
+		}
+		if info.Config.Replicas != 3 || len(info.Cluster.Replicas) != 2 {
+			t.Errorf("stream %s: %d replicas configured, leader %s and %d followers; want 3 on 3 nodes", name, info.Config.Replicas, info.Cluster.Leader, len(info.Cluster.Replicas))
+		}
+	}
 }
 
 // clusterEvents is events, with the processes' logs on failure.

@@ -89,6 +89,10 @@ type Config struct {
 	// DLQStream is the dead-letter stream's name; empty means
 	// bus.DefaultDLQStream.
 	DLQStream string
+	// Collectors are registered beside the stream-fed metrics: those of
+	// services in this process that are not in the stream (e.g.
+	// StalledDecisions of the orchestrator).
+	Collectors []prometheus.Collector
 }
 
 // ErrInvalidConfig: a Config value is out of range.
@@ -107,6 +111,11 @@ func (c Config) Validate() error {
 	for _, name := range c.Consumers {
 		if name == "" {
 			return fmt.Errorf("%w: empty consumer name", ErrInvalidConfig)
+		}
+	}
+	for _, col := range c.Collectors {
+		if col == nil {
+			return fmt.Errorf("%w: nil collector", ErrInvalidConfig)
 		}
 	}
 	return nil
@@ -162,11 +171,11 @@ func New(cfg Config, b Bus, log zerolog.Logger) (*Service, error) {
 	reg := prometheus.NewRegistry()
 	counts := newStreamCounts(b.Catalogue(), cfg)
 	js := newJetStreamCollector(b.JetStream(), b.StreamName(), cfg, log)
-	for _, c := range []prometheus.Collector{
+	for _, c := range append([]prometheus.Collector{
 		counts, js,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	} {
+	}, cfg.Collectors...) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}

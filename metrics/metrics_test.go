@@ -19,6 +19,7 @@ import (
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/serve"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -389,6 +390,39 @@ func TestServedSessionMetrics(t *testing.T) {
 	for _, consumer := range []string{"agentworker", "validator"} {
 		want(t, f, "loopbus_consumer_pending_messages", labels{"consumer": consumer}, 0)
 	}
+	// The orchestrator runs beside the metrics: its watchdog's count is
+	// served, and it lost no decision.
+	want(t, f, "loopbus_orchestrator_stalled_decisions_total", labels{}, 0)
+}
+
+// TestStalledDecisionsServed: collectors of Config.Collectors are served
+// beside the stream's metrics; StalledDecisions counts what it observes.
+func TestStalledDecisionsServed(t *testing.T) {
+	b, _ := testnats.Bus(t)
+	stalls := metrics.NewStalledDecisions()
+	addrs := make(chan string, 1)
+	m, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", OnListen: func(a string) { addrs <- a }, Collectors: []prometheus.Collector{stalls}}, b, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	url := "http://" + <-addrs + metrics.Path
+	stalls.Observe("s1")
+	stalls.Observe("s2")
+	await(t, url, func(f families) error {
+		if m, ok := f.find("loopbus_orchestrator_stalled_decisions_total", labels{}); !ok || m.GetCounter().GetValue() != 2 {
+			return fmt.Errorf("stalled decisions %v, want 2", m)
+		}
+		return nil
+	})
 }
 
 // idleConsumer creates a durable consumer on subject that takes nothing.
@@ -466,6 +500,7 @@ func TestConfigValidate(t *testing.T) {
 		{"negative timeout", metrics.Config{ScrapeTimeout: -time.Second}, false},
 		{"negative bound", metrics.Config{MaxTracked: -1}, false},
 		{"empty consumer", metrics.Config{Consumers: []string{""}}, false},
+		{"nil collector", metrics.Config{Collectors: []prometheus.Collector{nil}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()

@@ -28,10 +28,24 @@ type Bus interface {
 type Config struct {
 	// Name identifies this replica in logs and dead letters; default "orchestrator".
 	Name string
-	// Tick is how often rate-limit waits are checked for their end;
-	// default 1s.
+	// Tick is how often rate-limit waits are checked for their end, and
+	// the watchdog looks for sessions left without a decision; default 1s.
 	Tick time.Duration
+	// StallAfter is how long the watchdog lets a session go without an
+	// event, and without a decision being committed, before it asks
+	// Decide whether the session is owed one: if so, a decision was lost
+	// (a refused or dropped commit), and the watchdog makes it, logs an
+	// error and calls OnStall. Default DefaultStallAfter.
+	StallAfter time.Duration
+	// OnStall, if set, is called with the session's id for each decision
+	// the watchdog makes (e.g. to count them: metrics.StalledDecisions).
+	// It is called with the service's lock held and must not block.
+	OnStall func(session string)
 }
+
+// DefaultStallAfter is Config.StallAfter's default: far above the time a
+// decision takes, even while a cluster elects a new leader.
+const DefaultStallAfter = 30 * time.Second
 
 // Validate reports the first invalid value: Name must be one subject token
 // (it names dead letters, loopbus.dlq.<name>.<seq>).
@@ -43,6 +57,9 @@ func (c Config) Validate() error {
 	}
 	if c.Tick < 0 {
 		return fmt.Errorf("orchestrator: tick %v is negative", c.Tick)
+	}
+	if c.StallAfter < 0 {
+		return fmt.Errorf("orchestrator: stall bound %v is negative", c.StallAfter)
 	}
 	return nil
 }
@@ -71,7 +88,12 @@ type Service struct {
 	// waits holds the sessions with a rate-limit wait; the ticker decides
 	// for them when it ends. Rebuilt from the stream on start, so a wait
 	// survives a restart.
-	waits    map[string]struct{}
+	waits map[string]struct{}
+	// still holds the sessions the watchdog watches (not finished), each
+	// with when it last changed: an event folded or a commit ended. The
+	// watchdog drops a session once it has looked at it; the session's
+	// next change puts it back.
+	still    map[string]time.Time
 	caughtUp bool
 	// commits runs the background commits; slots bounds how many at once.
 	commits sync.WaitGroup
@@ -96,13 +118,16 @@ func New(cfg Config, b Bus, log zerolog.Logger, now func() time.Time) (*Service,
 	if cfg.Tick == 0 {
 		cfg.Tick = time.Second
 	}
+	if cfg.StallAfter == 0 {
+		cfg.StallAfter = DefaultStallAfter
+	}
 	if b == nil || now == nil {
 		return nil, errors.New("orchestrator: bus and clock are required")
 	}
 	st := NewState()
 	st.Prompts = NewPromptCache()
 	return &Service{cfg: cfg, bus: b, log: log, now: now, state: st, inflight: map[string]uint64{}, waits: map[string]struct{}{},
-		slots: make(chan struct{}, maxCommits)}, nil
+		still: map[string]time.Time{}, slots: make(chan struct{}, maxCommits)}, nil
 }
 
 // Run folds and decides until ctx ends, then waits for the commits under
@@ -131,6 +156,7 @@ func (s *Service) Run(ctx context.Context) error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			Skip(s.state, session, seq)
+			s.touch(session)
 			if sess := s.state.Sessions[session]; s.caughtUp && sess != nil {
 				// A decision refused because of this message is made again.
 				s.decide(ctx, schemas.Event{ID: sess.LastID, Session: session})
@@ -181,6 +207,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return fmt.Errorf("%w: %w", bus.ErrMalformed, err)
 		}
 		s.trackWait(ev.Session)
+		s.touch(ev.Session)
 		if s.caughtUp {
 			s.decide(ctx, ev)
 		}
@@ -223,23 +250,8 @@ func (s *Service) rehydrate(ctx context.Context, rerun schemas.Event) (restore f
 	return restore, nil
 }
 
-// history reads a session's events from the stream (see HistoryReader).
-// Read ends without an error when ctx does: that is an error here, or a
-// history cut short would be taken for the whole.
-func (s *Service) history(ctx context.Context) HistoryReader {
-	return func(session string, until uint64, fn func(schemas.Event) error) error {
-		err := s.bus.Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(session)}}, func(ev schemas.Event) error {
-			if until != 0 && ev.Seq > until {
-				return bus.ErrStop
-			}
-			return fn(ev)
-		})
-		if err == nil {
-			err = ctx.Err()
-		}
-		return err
-	}
-}
+// history reads a session's events from the stream (see HistoryOf).
+func (s *Service) history(ctx context.Context) HistoryReader { return HistoryOf(ctx, s.bus) }
 
 // trackWait notes whether session has a rate-limit wait. s.mu is held.
 func (s *Service) trackWait(session string) {
@@ -253,7 +265,7 @@ func (s *Service) trackWait(session string) {
 }
 
 // tick decides again, every cfg.Tick, for the sessions whose rate-limit
-// wait has ended, until ctx ends.
+// wait has ended, then runs the watchdog (watch), until ctx ends.
 func (s *Service) tick(ctx context.Context) {
 	t := time.NewTicker(s.cfg.Tick)
 	defer t.Stop()
@@ -275,31 +287,95 @@ func (s *Service) tick(ctx context.Context) {
 					s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
 				}
 			}
+			s.watch(ctx, now)
 		}
 		s.mu.Unlock()
 	}
 }
 
+// touch notes that session changed (an event folded, a commit ended),
+// for the watchdog: a finished session is no longer watched. s.mu is
+// held.
+func (s *Service) touch(session string) {
+	if sess := s.state.Sessions[session]; sess == nil || sess.terminal() && len(sess.Pending) == 0 && len(sess.Orphans) == 0 {
+		delete(s.still, session)
+		return
+	}
+	s.still[session] = s.now()
+}
+
+// watch is the watchdog. Every decision Decide owes a session is made
+// when the event that calls for it is folded, or when a commit ends; one
+// can still be lost (a commit refused for a reason that was not, or
+// dropped), and nothing would make it again but a restart, the session
+// waiting for ever. So a session still for cfg.StallAfter, with no
+// commit under way, is decided for again: a decision made then was
+// owed, and is logged as an error and passed to cfg.OnStall. A session
+// with events the orchestrator knows of (its own decision, or newer
+// events a refusal named) and has not read for that long is logged: the
+// read lags, or lost events. s.mu is held.
+func (s *Service) watch(ctx context.Context, now time.Time) {
+	for id, since := range s.still {
+		quiet := now.Sub(since)
+		if quiet < s.cfg.StallAfter {
+			continue
+		}
+		sess := s.state.Sessions[id]
+		if sess == nil {
+			delete(s.still, id)
+			continue
+		}
+		switch mark := s.inflight[id]; {
+		case mark == committing:
+			continue // the commit's end touches the session
+		case mark > sess.LastSeq:
+			delete(s.still, id)
+			s.log.Warn().Str("session", id).Uint64("stored", mark).Uint64("read", sess.LastSeq).Dur("for", quiet).
+				Msg("watchdog: the session has events stored that the orchestrator has not read yet; it decides again once it has")
+			continue
+		}
+		delete(s.still, id)
+		evs := s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
+		if len(evs) == 0 {
+			s.log.Debug().Str("session", id).Dur("still_for", quiet).Msg("watchdog: the session waits for others; no decision owed")
+			continue
+		}
+		types := make([]string, len(evs))
+		for i, ev := range evs {
+			types[i] = ev.Type
+		}
+		s.log.Error().Str("session", id).Uint64("last_seq", sess.LastSeq).Dur("still_for", quiet).Strs("decided", types).
+			Msg("watchdog: the session was owed a decision that was never made; deciding now")
+		if s.cfg.OnStall != nil {
+			s.cfg.OnStall(id)
+		}
+	}
+}
+
 // decide makes the decision trigger calls for and commits it in the
-// background. s.mu is held.
-func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
+// background; it returns the decision (nil when there is none to make,
+// or one is being committed). s.mu is held.
+func (s *Service) decide(ctx context.Context, trigger schemas.Event) []schemas.Event {
 	sess := s.state.Sessions[trigger.Session]
 	switch {
 	case sess == nil:
-		return
+		return nil
 	case sess.terminal() && len(sess.Pending) == 0 && len(sess.Orphans) == 0:
 		if s.inflight[sess.ID] != committing {
 			delete(s.inflight, sess.ID) // nothing more to decide
 		}
-		return
+		return nil
 	case s.inflight[sess.ID] > sess.LastSeq:
-		return
+		return nil
 	}
 	evs := SafeDecide(s.state, trigger, s.now())
 	if len(evs) == 0 {
-		return
+		return nil
 	}
 	id, expect := sess.ID, sess.LastSeq
+	// The commit gives the events ids of its own (own): a copy of their
+	// slice, as evs is returned.
+	commit := slices.Clone(evs)
 	s.inflight[id] = committing
 	s.commits.Add(1)
 	go func() {
@@ -313,8 +389,9 @@ func (s *Service) decide(ctx context.Context, trigger schemas.Event) {
 		if ctx.Err() != nil {
 			return // both were ready: do not start a batch while stopping
 		}
-		s.commit(ctx, trigger, id, expect, evs)
+		s.commit(ctx, trigger, id, expect, commit)
 	}()
+	return evs
 }
 
 // commit publishes one decision and settles the session's inflight mark.
@@ -333,7 +410,7 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 		log.Debug().Err(err).Msg("decision superseded")
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.superseded(ctx, id, expect)
+		s.superseded(ctx, id, expect, err)
 	case ctx.Err() != nil, errors.Is(err, bus.ErrConnectionLost):
 		// Not ours to judge: a restarted orchestrator decides again.
 	default:
@@ -350,11 +427,13 @@ func (s *Service) commit(ctx context.Context, trigger schemas.Event, id string, 
 		case ferr == nil:
 			s.settled(ctx, id, fres.Seq)
 		case errors.Is(ferr, bus.ErrStale), errors.Is(ferr, bus.ErrDuplicate):
-			s.superseded(ctx, id, expect)
+			s.superseded(ctx, id, expect, ferr)
 		default:
-			// The next event of the session (or a restart) tries again.
+			// The next event of the session (or the watchdog, or a
+			// restart) tries again.
 			log.Error().Err(ferr).Msg("could not record the session's failure either")
 			delete(s.inflight, id)
+			s.touch(id)
 		}
 	}
 }
@@ -402,13 +481,29 @@ func (s *Service) own(evs []schemas.Event) []schemas.Event {
 	return evs
 }
 
-// superseded: newer events than expect exist. Those read while the batch
-// was committed found the session busy; decide again now if there were
-// any, else when they arrive. s.mu is held.
-func (s *Service) superseded(ctx context.Context, id string, expect uint64) {
+// superseded: newer events than expect exist (err says so, and may say
+// up to where: bus.StaleError). Those read while the batch was committed
+// found the session busy; decide again now if there were any, else when
+// they arrive: when the server named a sequence, not before the read has
+// reached it. A refusal without newer events read nor named is logged:
+// the watchdog decides again if none arrive. s.mu is held.
+func (s *Service) superseded(ctx context.Context, id string, expect uint64, err error) {
 	delete(s.inflight, id)
-	if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq > expect {
+	s.touch(id)
+	sess := s.state.Sessions[id]
+	if sess == nil {
+		return
+	}
+	var stale *bus.StaleError
+	named := errors.As(err, &stale) && stale.Known
+	switch {
+	case named && stale.Last > sess.LastSeq:
+		s.inflight[id] = stale.Last
+	case sess.LastSeq > expect:
 		s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
+	case errors.Is(err, bus.ErrStale) && !named || named && stale.Last < expect:
+		s.log.Warn().Err(err).Str("session", id).Uint64("expected", expect).Dur("watchdog_after", s.cfg.StallAfter).
+			Msg("decision refused as stale, but no newer event of the session is known; the watchdog decides again unless one arrives")
 	}
 }
 
@@ -418,6 +513,7 @@ func (s *Service) superseded(ctx context.Context, id string, expect uint64) {
 // with nothing to do is none). s.mu is held.
 func (s *Service) settled(ctx context.Context, id string, seq uint64) {
 	s.inflight[id] = seq
+	s.touch(id)
 	if sess := s.state.Sessions[id]; sess != nil && sess.LastSeq >= seq {
 		s.decide(ctx, schemas.Event{ID: sess.LastID, Session: id})
 	}

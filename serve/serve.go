@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/loopbus/loopbus/agentworker"
@@ -49,6 +50,13 @@ type Services struct {
 	// (named "metrics") that follows the stream from this process and
 	// serves /metrics there; the zero value serves none.
 	Metrics metrics.Config
+	// StallAfter: see orchestrator.Config.StallAfter.
+	StallAfter time.Duration
+	// Stalls counts the decisions the orchestrator's watchdog makes; nil
+	// makes one when Metrics are served here, and serves it with them.
+	// Set it to serve it from a metrics service of its own (register it
+	// in that one's Config.Collectors).
+	Stalls *metrics.StalledDecisions
 	// Traces, when set, adds the tracing service (named "tracing"): it
 	// follows the stream and exports spans over OTLP. One process of a
 	// deployment should run it (serve, or the orchestrator's).
@@ -64,6 +72,9 @@ func All(workers int) Services {
 func (s Services) Validate() error {
 	if s.Workers < 0 {
 		return fmt.Errorf("serve: workers must be >= 0, got %d", s.Workers)
+	}
+	if s.StallAfter < 0 {
+		return fmt.Errorf("serve: stall bound must be >= 0, got %v", s.StallAfter)
 	}
 	if err := s.Metrics.Validate(); err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -103,7 +114,16 @@ func (s Services) Build(b *bus.Bus, log zerolog.Logger, now func() time.Time) ([
 	var out []Named
 	sub := func(name string) zerolog.Logger { return log.With().Str("service", name).Logger() }
 	if s.Orchestrator {
-		o, err := orchestrator.New(orchestrator.Config{}, b.WithSource(SourceName("orchestrator")), sub("orchestrator"), now)
+		ocfg := orchestrator.Config{StallAfter: s.StallAfter}
+		stalls := s.Stalls
+		if stalls == nil && s.Metrics.Listen != "" {
+			stalls = metrics.NewStalledDecisions()
+			s.Metrics.Collectors = append(slices.Clip(s.Metrics.Collectors), stalls)
+		}
+		if stalls != nil {
+			ocfg.OnStall = stalls.Observe
+		}
+		o, err := orchestrator.New(ocfg, b.WithSource(SourceName("orchestrator")), sub("orchestrator"), now)
 		if err != nil {
 			return nil, err
 		}

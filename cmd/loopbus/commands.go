@@ -15,6 +15,7 @@ import (
 	"github.com/loopbus/loopbus/dashboard"
 	"github.com/loopbus/loopbus/definition"
 	"github.com/loopbus/loopbus/metrics"
+	"github.com/loopbus/loopbus/orchestrator"
 	"github.com/loopbus/loopbus/projections"
 	"github.com/loopbus/loopbus/schemas"
 	"github.com/loopbus/loopbus/serve"
@@ -440,7 +441,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var web httpFlags
 	var workers int
 	var keep, reuse bool
-	var ackWait time.Duration
+	var ackWait, stallAfter time.Duration
 	var maxOutput int64
 	var secretEnv []string
 	cmd := &cobra.Command{
@@ -480,13 +481,15 @@ func newServeCmd(g *globals) *cobra.Command {
 			}
 			set := serve.All(workers)
 			set.Worker, set.SecretEnv, set.ValidatorAckWait, set.Metrics = wcfg, secretEnv, ackWait, mcfg
-			set.ValidatorReuseWorkspaces = reuse
+			set.ValidatorReuseWorkspaces, set.StallAfter = reuse, stallAfter
 			set.Traces = tracesConfig()
 			if !withDashboard {
 				return g.runServices(ctx, "serve", set)
 			}
 			given := cmd.Flags().Changed("http")
 			set.Metrics = metrics.Config{} // the dashboard's metrics service serves --metrics too
+			set.Stalls = metrics.NewStalledDecisions()
+			mcfg.Collectors = append(mcfg.Collectors, set.Stalls)
 			return g.runService(ctx, "serve", func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error {
 				return set.Run(ctx, b, log, func(ctx context.Context) error { return serveDashboard(ctx, dcfg, given, mcfg, b, log) })
 			})
@@ -501,6 +504,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job (or job completion) whose worker (or validator) sends no heartbeat this long goes to another one")
 	cmd.Flags().Int64Var(&maxOutput, "max-output-bytes", 64<<20, "largest output artifact stored; a larger one fails its job")
 	cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
+	stallAfterFlag(cmd, &stallAfter)
 	cmd.Flags().String("lanes", "", "tool lanes the worker runs, comma-separated: no-net, net, heavy (default all; also worker-lanes in config files, "+config.WorkerLanesEnv+")")
 	return cmd
 }
@@ -566,7 +570,7 @@ own --data and --listen, and use --replicas 3 with the services, e.g.
 // newServiceCmd builds the orchestrator, validator and projector commands.
 func newServiceCmd(g *globals, name string) *cobra.Command {
 	var secretEnv []string
-	var ackWait time.Duration
+	var ackWait, stallAfter time.Duration
 	var reuse bool
 	var metricsAddr string
 	cmd := &cobra.Command{
@@ -579,7 +583,7 @@ func newServiceCmd(g *globals, name string) *cobra.Command {
 				return err
 			}
 			set := serve.Services{Orchestrator: name == "orchestrator", Validator: name == "validator", Projector: name == "projector",
-				SecretEnv: secretEnv, ValidatorAckWait: ackWait, ValidatorReuseWorkspaces: reuse, Metrics: mcfg}
+				SecretEnv: secretEnv, ValidatorAckWait: ackWait, ValidatorReuseWorkspaces: reuse, Metrics: mcfg, StallAfter: stallAfter}
 			if name == "orchestrator" {
 				set.Traces = tracesConfig()
 			}
@@ -587,6 +591,9 @@ func newServiceCmd(g *globals, name string) *cobra.Command {
 		},
 	}
 	metricsFlag(cmd, &metricsAddr)
+	if name == "orchestrator" {
+		stallAfterFlag(cmd, &stallAfter)
+	}
 	if name == "validator" {
 		cmd.Flags().StringArrayVar(&secretEnv, "secret-env", nil, secretEnvUsage)
 		cmd.Flags().DurationVar(&ackWait, "ack-wait", 30*time.Second, "a job completion whose validator sends no heartbeat this long goes to another validator")
@@ -608,6 +615,12 @@ func tracesConfig() *tracing.Config {
 // metricsFlag adds --metrics ADDR to a command that runs services.
 func metricsFlag(cmd *cobra.Command, addr *string) {
 	cmd.Flags().StringVar(addr, "metrics", "", "serve Prometheus metrics at /metrics on this host:port (e.g. 127.0.0.1:9464; a non-loopback address is logged); empty serves none")
+}
+
+// stallAfterFlag adds --stall-after to a command that runs the orchestrator.
+func stallAfterFlag(cmd *cobra.Command, d *time.Duration) {
+	cmd.Flags().DurationVar(d, "stall-after", orchestrator.DefaultStallAfter,
+		"the orchestrator's watchdog makes a decision a session was owed and did not get once the session has been still this long (logged as an error, counted in loopbus_orchestrator_stalled_decisions_total)")
 }
 
 // metricsConfig is the metrics service of --metrics ADDR; a bad address

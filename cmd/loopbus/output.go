@@ -14,7 +14,7 @@ import (
 func newDoctorCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "doctor",
-		Short: "Check the NATS connection, stream, buckets, consumers and agent prerequisites",
+		Short: "Check the NATS connection, stream, buckets, consumers, agent prerequisites, and sessions owed a decision",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
@@ -30,6 +30,7 @@ func newDoctorCmd(g *globals) *cobra.Command {
 				where = "embedded on " + g.dataDir
 			}
 			checks := client.Doctor(ctx, c.Bus, where)
+			checks = append(checks, decisionsCheck(ctx, c.Bus, doctorDecisionBound, time.Now()))
 			if g.natsURL == "" {
 				dc := client.Check{Name: "data directory", OK: true, Detail: g.dataDir}
 				if err := os.MkdirAll(g.dataDir, 0o700); err != nil {

@@ -4,6 +4,7 @@ package testnats
 
 import (
 	"context"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/schemas"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
 
@@ -132,4 +135,53 @@ func Run(t testing.TB, name string, run func(context.Context) error) (stop func(
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// Cluster starts n embedded servers forming one JetStream cluster, each
+// on a data directory of its own, waits until the cluster has elected its
+// JetStream meta leader, and returns the servers' client URLs. Connect
+// with bus.Config.Replicas set to provision replicated streams.
+func Cluster(t testing.TB, n int) []string {
+	t.Helper()
+	routes := make([]string, n)
+	for i := range routes {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes[i] = "nats://" + l.Addr().String()
+		l.Close()
+	}
+	urls := make([]string, n)
+	for i := range routes {
+		srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0",
+			ClusterListen: strings.TrimPrefix(routes[i], "nats://"), ClusterName: "testnats", Routes: routes}, Logger(t))
+		if err != nil {
+			t.Fatalf("embedded NATS cluster node %d: %v", i+1, err)
+		}
+		t.Cleanup(srv.Shutdown)
+		urls[i] = srv.URL()
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		t.Fatalf("connect to the cluster: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := js.AccountInfo(ctx)
+		cancel()
+		if err == nil {
+			return urls
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cluster elected no JetStream meta leader in a minute: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
