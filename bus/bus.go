@@ -21,6 +21,12 @@ import (
 // with an error wrapping this one.
 var ErrConnectionLost = errors.New("lost the connection to NATS")
 
+// ErrNoAnswer: JetStream did not answer for a stream within the bound a
+// command set (Config.AnswerTimeout, or provisioning's ConnectTimeout):
+// the stream has no leader, its cluster lost a quorum, say. Errors
+// wrapping it name the stream and the server connected to.
+var ErrNoAnswer = errors.New("no answer from JetStream")
+
 // ErrPermissionDenied: the NATS server refused an operation because the
 // user lacks a publish or subscribe permission. Errors wrapping it name the
 // refused subject.
@@ -311,14 +317,32 @@ func (b *Bus) provisionRetrying(ctx context.Context, limit time.Duration) error 
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		err := b.provision(ctx)
-		if err == nil || ctx.Err() != nil || !transientAPI(err) || (limit > 0 && time.Since(start) > limit) {
+		if err == nil || ctx.Err() != nil || !transientAPI(err) {
 			return err
+		}
+		if limit > 0 && time.Since(start) > limit {
+			return b.noAnswer("the streams and buckets", time.Since(start), err)
 		}
 		if attempt%10 == 3 {
 			b.log.Warn().Err(err).Msg("cannot look up or create the streams yet; retrying")
 		}
 		sleep(ctx, backoffDelay(attempt))
 	}
+}
+
+// noAnswer is the error of an operation on what (a stream) that found
+// no answer for waited: it wraps ErrNoAnswer and last, and names the
+// server this connection is on, where the operator would look first.
+func (b *Bus) noAnswer(what string, waited time.Duration, last error) error {
+	server := "no server (disconnected)"
+	if b.nc.IsConnected() {
+		server = fmt.Sprintf("server %s at %s", b.nc.ConnectedServerName(), b.nc.ConnectedUrlRedacted())
+		if cluster := b.nc.ConnectedClusterName(); cluster != "" {
+			server += " (cluster " + cluster + ")"
+		}
+	}
+	return fmt.Errorf("%w for %s in %s through %s: %w (is a cluster node down or cut off, leaving it without a leader?)",
+		ErrNoAnswer, what, waited.Round(time.Second), server, last)
 }
 
 // transientAPI reports whether a JetStream API error may pass on a retry.

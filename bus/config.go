@@ -90,6 +90,13 @@ type Config struct {
 	// that long; from then on every operation fails with an error wrapping
 	// ErrConnectionLost. 0 reconnects forever (services).
 	GiveUpAfter time.Duration
+	// AnswerTimeout bounds how long opening a read retries a stream that
+	// does not answer (no leader: cluster nodes down or cut off); the
+	// error then wraps ErrNoAnswer and names the stream and the server.
+	// 0 retries until the context ends (services); commands a person
+	// waits on set it. A read already under way that replaces a stalled
+	// consumer retries for as long as the read lasts.
+	AnswerTimeout time.Duration
 	// ReadStall is how long a Read may wait while the stream holds an
 	// event it has not delivered before it replaces its consumer (one
 	// stuck on a dead cluster node, say); 0 means DefaultReadStall.
@@ -157,7 +164,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
 	case c.MaxAge < 0 || c.MaxBytes < 0 || c.DuplicateWindow < 0:
 		return fmt.Errorf("%w: negative retention", ErrConfig)
-	case c.ConnectTimeout < 0 || c.GiveUpAfter < 0 || c.ReadStall < 0 || c.ArtifactAckWait < 0:
+	case c.ConnectTimeout < 0 || c.GiveUpAfter < 0 || c.AnswerTimeout < 0 || c.ReadStall < 0 || c.ArtifactAckWait < 0:
 		return fmt.Errorf("%w: negative timeout", ErrConfig)
 	case (c.TLSCert == "") != (c.TLSKey == ""):
 		return fmt.Errorf("%w: TLS client cert and key must be given together", ErrConfig)

@@ -245,6 +245,9 @@ func (b *Bus) openReadSource(ctx context.Context, oc jetstream.OrderedConsumerCo
 			(!retry && b.conn.refusedUnderSince("$JS.API.CONSUMER.", start)) {
 			return nil, nil, err
 		}
+		if limit := b.cfg.AnswerTimeout; !retry && limit > 0 && time.Since(start) > limit {
+			return nil, nil, b.noAnswer("stream "+b.cfg.Stream, time.Since(start), err)
+		}
 		// A consumer the cluster placed on a node that is down (and not yet
 		// known to be) times out; the next one has a new name and place.
 		if attempt%10 == 3 {

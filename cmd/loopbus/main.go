@@ -204,7 +204,7 @@ func (g *globals) busConfig(name string, service bool) bus.Config {
 	if service {
 		cfg.Reconfigure = g.retentionSet
 	} else {
-		cfg.ConnectTimeout, cfg.GiveUpAfter = 10*time.Second, 30*time.Second
+		cfg.ConnectTimeout, cfg.GiveUpAfter, cfg.AnswerTimeout = 10*time.Second, 30*time.Second, 20*time.Second
 	}
 	return cfg
 }
