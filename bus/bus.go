@@ -86,6 +86,37 @@ type connState struct {
 	// refused: when the server last refused a publish to a subject, so a
 	// publish waiting for an ack that will never come can fail instead.
 	refused map[string]time.Time
+	// leaderRefused holds the streams whose leader this user may not ask
+	// for a message (see confirmMiss): misses there are not asked again.
+	leaderRefused sync.Map
+	// laggards: the servers on which a read's consumer was found to lag
+	// the event stream's leader, and when (see Read).
+	laggards map[string]time.Time
+}
+
+// laggardMemory is how long a server a read found lagging is taken to lag
+// still: a read's consumer placed there is replaced at once.
+const laggardMemory = time.Minute
+
+// markLaggard records that server lags; it reports whether that was news.
+func (c *connState) markLaggard(server string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.laggards == nil || len(c.laggards) > 100 {
+		c.laggards = map[string]time.Time{}
+	}
+	at, ok := c.laggards[server]
+	c.laggards[server] = time.Now()
+	return !ok || time.Since(at) > laggardMemory
+}
+
+// knownLaggard reports whether a read found server lagging within
+// laggardMemory.
+func (c *connState) knownLaggard(server string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.laggards[server]
+	return ok && time.Since(at) <= laggardMemory
 }
 
 // watchDenied starts collecting permission violations; fn is called on
@@ -831,21 +862,22 @@ func (b *Bus) SessionLastSeq(ctx context.Context, session string) (uint64, error
 // SubjectLastSeq returns the stream sequence of the newest event on
 // subject (which may contain wildcards), or 0 if there is none. It is one
 // request to the server: a cheap way to learn whether anything was
-// published on a subject since a sequence before reading it.
+// published on a subject since a sequence before reading it. The stream's
+// leader answers it, never a replica (whatever the stream's allow_direct):
+// what it says exists, exists, and reads are checked against it. While the
+// stream has no leader it retries, then fails with ErrNoLeader.
 func (b *Bus) SubjectLastSeq(ctx context.Context, subject string) (uint64, error) {
-	m, err := b.stream.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
+	last, err := b.leaderLastSeq(ctx, []string{subject})
 	if err != nil {
-		return 0, fmt.Errorf("last event on %s: %w", subject, b.connErr(err))
+		return 0, b.connErr(err)
 	}
-	return m.Sequence, nil
+	return last, nil
 }
 
-// GetEvent reads and decodes the event stored at seq.
+// GetEvent reads and decodes the event stored at seq. An event a replica
+// does not hold (a stream with allow_direct) is asked of the leader.
 func (b *Bus) GetEvent(ctx context.Context, seq uint64) (schemas.Event, error) {
-	m, err := b.stream.GetMsg(ctx, seq)
+	m, err := b.msgAt(ctx, b.stream, seq)
 	if err != nil {
 		return schemas.Event{}, fmt.Errorf("event %d: %w", seq, b.connErr(err))
 	}

@@ -113,6 +113,25 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 	// or skipped): a replacement consumer starts after it, so fn sees no
 	// event twice and none out of order.
 	var cursor atomic.Uint64
+	// target is the newest event on subjects the stream's leader held when
+	// the read started. The server may place a read's consumer on any
+	// replica, and a replica may lag (its store is full, say): its
+	// consumer then says there is nothing more while the leader holds more.
+	// So the read is caught up (and, without Follow, done) only once it is
+	// past target. A stream of one replica has none to lag.
+	var target uint64
+	if b.replicated {
+		var err error
+		if target, err = b.readTarget(lctx, subjects); err != nil {
+			return fail(err)
+		}
+	}
+	reached := func() bool { return cursor.Load() >= target }
+	// lagWait is how long a consumer that has delivered all its replica
+	// holds, short of target, may take to deliver more before it is
+	// replaced by one that may be placed on another replica.
+	lagWait := readLagWait
+	lagged := 0 // consumers replaced for that
 	// Every source has ended and deleted its consumer when Read returns.
 	var sources sync.WaitGroup
 	defer sources.Wait()
@@ -126,7 +145,13 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			// whichever the start option.
 			cursor.Store(info.Delivered.Stream)
 		}
-		if info.NumPending == 0 {
+		// atHead: the consumer has nothing more to deliver from its replica.
+		atHead := info.NumPending == 0
+		var server string // where the consumer is
+		if info.Cluster != nil {
+			server = info.Cluster.Leader
+		}
+		if atHead && reached() {
 			markCaughtUp()
 			if !opts.Follow {
 				src.release()
@@ -148,24 +173,55 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 			defer sources.Done()
 			b.watchRead(sctx, subjects, &cursor, &waiting, stalled)
 		}()
-		stop, err := func() (bool, error) {
+		stop, lags, err := func() (bool, bool, error) {
 			defer scancel()
 			for {
+				// The replica lags the leader: wait lagWait for it, unless
+				// it was found lagging a moment ago.
+				var lag *time.Timer
+				var lagC <-chan time.Time
+				if atHead && !caughtUp && !reached() {
+					wait := lagWait
+					if b.conn.knownLaggard(server) {
+						wait = 0
+					}
+					lag = time.NewTimer(wait)
+					lagC = lag.C
+				}
 				waiting.Store(time.Now().UnixNano())
 				var n readNext
 				select {
 				case n = <-next:
+				case <-lagC:
+					owed, err := b.leaderNextSeq(sctx, subjects, cursor.Load())
+					if sctx.Err() != nil {
+						return true, false, fail(nil)
+					}
+					if err == nil && (owed == 0 || owed > target) {
+						// The leader holds nothing the read still owes
+						// (retention removed it): caught up after all.
+						target = cursor.Load()
+						markCaughtUp()
+						if !opts.Follow {
+							return true, false, nil
+						}
+						continue
+					}
+					return false, true, nil
 				case <-stalled:
-					return false, nil
+					return false, false, nil
 				case <-sctx.Done():
-					return true, fail(nil)
+					return true, false, fail(nil)
+				}
+				if lag != nil {
+					lag.Stop()
 				}
 				waiting.Store(0)
 				if n.err != nil {
 					if errors.Is(n.err, jetstream.ErrMsgIteratorClosed) {
-						return true, fail(nil)
+						return true, false, fail(nil)
 					}
-					return true, fail(n.err)
+					return true, false, fail(n.err)
 				}
 				msg := n.msg
 				meta, err := msg.Metadata()
@@ -180,11 +236,11 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 					if err := b.containedRead(fn, ev); err != nil {
 						switch {
 						case errors.Is(err, ErrStop):
-							return true, nil
+							return true, false, nil
 						case errors.Is(err, ErrMalformed):
 							derr = err
 						default:
-							return true, err
+							return true, false, err
 						}
 					}
 				}
@@ -198,10 +254,11 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 						opts.OnSkip(msg.Subject(), meta.Sequence.Stream)
 					}
 				}
-				if meta.NumPending == 0 {
+				atHead = meta.NumPending == 0
+				if atHead && reached() {
 					markCaughtUp()
 					if !opts.Follow {
-						return true, nil
+						return true, false, nil
 					}
 				}
 			}
@@ -209,12 +266,60 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 		if stop {
 			return err
 		}
-		b.log.Warn().Strs("subjects", subjects).Uint64("after", cursor.Load()).
-			Msg("read stalled with events to deliver; replacing its consumer")
+		if lags {
+			ev := b.log.Debug()
+			if b.conn.markLaggard(server) {
+				ev = b.log.Warn()
+				lagWait = min(2*lagWait, b.cfg.ReadStall)
+			}
+			ev.Strs("subjects", subjects).Uint64("after", cursor.Load()).Uint64("leader_holds", target).Str("server", server).
+				Msg("read's consumer is on a replica that lags the stream leader; replacing its consumer")
+			// The server places the next one: it may pick the same
+			// replica again, but not in a tight loop.
+			if lagged++; lagged > 2 {
+				sleep(lctx, backoffDelay(lagged-3))
+			}
+		} else {
+			b.log.Warn().Strs("subjects", subjects).Uint64("after", cursor.Load()).
+				Msg("read stalled with events to deliver; replacing its consumer")
+		}
 		oc = jetstream.OrderedConsumerConfig{
 			FilterSubjects: subjects,
 			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 			OptStartSeq:    cursor.Load() + 1,
+		}
+	}
+}
+
+// readLagWait is how long a read first waits for a consumer that has
+// delivered everything its replica holds while the stream leader holds
+// more (a replica applies what the leader commits a moment later),
+// before replacing it; doubled on each replacement, up to
+// Config.ReadStall.
+const readLagWait = 250 * time.Millisecond
+
+// readTarget is the newest event on subjects as the event stream's leader
+// knows it. It waits while the stream has no leader, until ctx ends. A
+// user that may not ask the leader (a permission missing) reads without
+// the check: 0, with a warning the first time.
+func (b *Bus) readTarget(ctx context.Context, subjects []string) (uint64, error) {
+	if _, refused := b.conn.leaderRefused.Load(b.cfg.Stream); refused {
+		return 0, nil
+	}
+	for attempt := 0; ; attempt++ {
+		last, err := b.leaderLastSeq(ctx, subjects)
+		switch {
+		case errors.Is(err, ErrPermissionDenied):
+			if _, seen := b.conn.leaderRefused.LoadOrStore(b.cfg.Stream, true); !seen {
+				b.log.Warn().Err(err).Str("stream", b.cfg.Stream).
+					Msg("cannot ask the stream leader how far a read must go: a replica that lags may end reads early (grant the permission)")
+			}
+			return 0, nil
+		case err == nil || ctx.Err() != nil || !errors.Is(err, ErrNoLeader):
+			return last, err
+		}
+		if attempt == 0 {
+			b.log.Warn().Err(err).Strs("subjects", subjects).Msg("the event stream has no leader to say how far a read must go; waiting for one")
 		}
 	}
 }
@@ -356,11 +461,12 @@ func (b *Bus) watchRead(ctx context.Context, subjects []string, cursor *atomic.U
 }
 
 // holdsAfter reports whether the stream holds an event on subjects after
-// seq. An unanswered probe (no stream leader yet, say) counts as no.
+// seq, as its leader says. An unanswered probe (no stream leader yet, say)
+// counts as no.
 func (b *Bus) holdsAfter(ctx context.Context, subjects []string, seq uint64) bool {
 	for _, subj := range subjects {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		m, err := b.stream.GetMsg(pctx, seq+1, jetstream.WithGetMsgSubject(subj))
+		m, err := b.leaderMsgOnce(pctx, b.cfg.Stream, msgGetRequest{Seq: seq + 1, NextFor: subj})
 		cancel()
 		if err == nil && m.Sequence > seq {
 			return true

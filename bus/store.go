@@ -419,22 +419,20 @@ func (b *Bus) putArtifactOnce(ctx context.Context, m *nats.Msg) error {
 
 // sameArtifactMsg is the outcome of a write of m refused because its
 // subject is taken: nil if the stored message is m (an earlier attempt of
-// this write landed), else an error wrapping ErrArtifactExists.
+// this write landed), an error wrapping ErrArtifactExists if it is
+// another, or the error that kept it from reading the subject.
 func (b *Bus) sameArtifactMsg(ctx context.Context, m *nats.Msg, why string) error {
 	subject := m.Subject
-	for attempt := 0; ; attempt++ {
-		got, err := b.artifacts.GetLastMsgForSubject(ctx, subject)
-		if err == nil {
-			if bytes.Equal(got.Data, m.Data) && got.Header.Get(HeaderArtifactMeta) == m.Header.Get(HeaderArtifactMeta) {
-				return nil
-			}
-			break
-		}
-		// A replica that has not caught up yet may not have it.
-		if !errors.Is(err, jetstream.ErrMsgNotFound) || attempt == 4 {
-			break
-		}
-		sleep(ctx, backoffDelay(attempt))
+	// A replica that has not caught up yet may not have it: lastMsg asks
+	// the leader then.
+	got, err := b.lastMsg(ctx, b.artifacts, subject)
+	if err == nil && bytes.Equal(got.Data, m.Data) && got.Header.Get(HeaderArtifactMeta) == m.Header.Get(HeaderArtifactMeta) {
+		return nil
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		// Perhaps this write's own earlier attempt: not known to be
+		// someone else's.
+		return fmt.Errorf("%s is taken (%s) and what it holds cannot be read: %w", subject, why, b.connErr(err))
 	}
 	return fmt.Errorf("%s: %w (%s)", subject, ErrArtifactExists, why)
 }
@@ -453,8 +451,11 @@ func contentType(name string) string {
 // with ErrBadArtifact. It reads at most ref.Size bytes, with direct gets
 // (getWindow at a time), and no consumer. Artifacts stored by releases
 // before the write-once store, in the object store of the same name, are
-// read from there. An artifact found in neither is asked for again twice
-// (150ms in all: a lagging replica) before ErrNotFound.
+// read from there. What a direct get does not find (the replica that
+// answered may lag the ones that acknowledged the put) is asked of the
+// stream leader: ErrNotFound and a missing chunk are its answers, never a
+// replica's; a leader that does not answer fails the read with
+// ErrNoLeader.
 func (b *Bus) GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Writer) error {
 	if ref.Object == "" || len(ref.Object) > maxRefObject {
 		return fmt.Errorf("artifact %s (%.64q): %w", ref.Name, ref.Object, ErrNotFound)
@@ -462,16 +463,9 @@ func (b *Bus) GetArtifact(ctx context.Context, ref schemas.ArtifactRef, w io.Wri
 	if !storedByThisRelease(ref.Object) {
 		return b.getLegacyArtifact(ctx, ref, w)
 	}
-	subject := ArtifactMetaSubject(ref.Object)
-	m, err := b.artifacts.GetLastMsgForSubject(ctx, subject)
-	for attempt := 0; errors.Is(err, jetstream.ErrMsgNotFound); attempt++ {
-		if attempt == 2 {
-			return fmt.Errorf("artifact %s (%s): %w", ref.Name, ref.Object, ErrNotFound)
-		}
-		// The replica that answered may lag the ones that acknowledged
-		// the put.
-		sleep(ctx, backoffDelay(attempt))
-		m, err = b.artifacts.GetLastMsgForSubject(ctx, subject)
+	m, err := b.lastMsg(ctx, b.artifacts, ArtifactMetaSubject(ref.Object))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("artifact %s (%s): %w", ref.Name, ref.Object, ErrNotFound)
 	}
 	if err != nil {
 		return fmt.Errorf("artifact %s: %w", ref.Object, b.connErr(err))
@@ -585,22 +579,17 @@ func (b *Bus) copyArtifactChunks(ctx context.Context, m *artifactMeta, w io.Writ
 }
 
 // getArtifactChunk reads one chunk by direct get; a chunk not found is
-// asked for again a few times (a replica may lag the one that served the
-// metadata).
+// asked of the stream leader (the replica that answered may lag the one
+// that served the metadata), and missing only if the leader lacks it too.
 func (b *Bus) getArtifactChunk(ctx context.Context, subject string) ([]byte, error) {
-	for attempt := 0; ; attempt++ {
-		m, err := b.artifacts.GetLastMsgForSubject(ctx, subject)
-		if err == nil {
-			return m.Data, nil
-		}
-		if !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, err
-		}
-		if attempt == 4 {
-			return nil, fmt.Errorf("%w: chunk %s is missing", ErrBadArtifact, subject)
-		}
-		sleep(ctx, backoffDelay(attempt))
+	m, err := b.lastMsg(ctx, b.artifacts, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("%w: chunk %s is missing", ErrBadArtifact, subject)
 	}
+	if err != nil {
+		return nil, err
+	}
+	return m.Data, nil
 }
 
 func checkDigest(ref schemas.ArtifactRef, n int64, h hash.Hash) error {
@@ -928,11 +917,16 @@ func (b *Bus) PutView(ctx context.Context, key string, v any) error {
 }
 
 // GetView loads the JSON view under key into v; a missing key returns an
-// error wrapping ErrNotFound.
+// error wrapping ErrNotFound. It reads by direct get, which any replica of
+// the bucket answers: what it finds may be older than the newest write on
+// a replica that lags (compare the sequence the view carries with
+// SessionLastSeq, as client.Status does, or use GetViewFromLeader). A key
+// a replica does not hold is asked of the bucket's leader: ErrNotFound is
+// the leader's answer (ErrNoLeader if none answers).
 func (b *Bus) GetView(ctx context.Context, key string, v any) error {
 	e, err := b.views.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("view %s: %w", key, ErrNotFound)
+		return b.viewFromLeader(ctx, key, v, err)
 	}
 	if err != nil {
 		return fmt.Errorf("view %s: %w", key, b.connErr(err))
@@ -941,4 +935,58 @@ func (b *Bus) GetView(ctx context.Context, key string, v any) error {
 		return fmt.Errorf("view %s: %w", key, err)
 	}
 	return nil
+}
+
+// GetViewFromLeader is GetView answered by the views bucket's leader,
+// which holds every acknowledged write: for a reader that folds onto the
+// view it reads (the projector) and so must not be handed an older one.
+func (b *Bus) GetViewFromLeader(ctx context.Context, key string, v any) error {
+	return b.viewFromLeader(ctx, key, v, nil)
+}
+
+// viewFromLeader reads key from the views bucket's leader. miss, if set,
+// is a replica's ErrKeyNotFound, which stands if the user may not ask the
+// leader.
+func (b *Bus) viewFromLeader(ctx context.Context, key string, v any, miss error) error {
+	if !validViewKey(key) {
+		return fmt.Errorf("view %s: %w", key, jetstream.ErrInvalidKey)
+	}
+	stream, req := "KV_"+b.cfg.ViewsBucket, msgGetRequest{LastFor: "$KV." + b.cfg.ViewsBucket + "." + key}
+	var m *jetstream.RawStreamMsg
+	var err error
+	if miss != nil {
+		m, err = b.confirmMiss(ctx, stream, req, jetstream.ErrMsgNotFound)
+	} else {
+		m, err = b.leaderMsg(ctx, stream, req)
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) || err == nil && viewRemoved(m.Header) {
+		return fmt.Errorf("view %s: %w", key, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("view %s: %w", key, b.connErr(err))
+	}
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		return fmt.Errorf("view %s: %w", key, err)
+	}
+	return nil
+}
+
+// viewRemoved reports whether a KV message marks its key deleted or purged
+// (a delete or purge operation, or a marker the server wrote).
+func viewRemoved(h nats.Header) bool {
+	return h.Get("KV-Operation") != "" || h.Get("Nats-Marker-Reason") != ""
+}
+
+// validViewKey is the KV key syntax (what KeyValue.Get accepts): tokens of
+// [-/_=.a-zA-Z0-9], without an empty token.
+func validViewKey(key string) bool {
+	if key == "" || key[0] == '.' || key[len(key)-1] == '.' || strings.Contains(key, "..") {
+		return false
+	}
+	for _, c := range []byte(key) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-/_=.", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }

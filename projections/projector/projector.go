@@ -25,7 +25,10 @@ const checkpointKey = "_projector.manifests"
 type Bus interface {
 	Read(ctx context.Context, opts bus.ReadOptions, fn func(schemas.Event) error) error
 	PutView(ctx context.Context, key string, v any) error
-	GetView(ctx context.Context, key string, v any) error
+	// GetViewFromLeader, not GetView: the projector folds events onto
+	// what it reads, so it must read the newest view, which a replica
+	// that lags may not hold.
+	GetViewFromLeader(ctx context.Context, key string, v any) error
 }
 
 // Config of the projector service. The zero value is usable.
@@ -111,7 +114,7 @@ func (cp checkpoint) current() bool {
 // start of the stream.
 func (p *Service) Run(ctx context.Context) error {
 	var cp checkpoint
-	if err := p.bus.GetView(ctx, checkpointKey, &cp); err != nil && !errors.Is(err, bus.ErrNotFound) {
+	if err := p.bus.GetViewFromLeader(ctx, checkpointKey, &cp); err != nil && !errors.Is(err, bus.ErrNotFound) {
 		return fmt.Errorf("projector: %w", err)
 	}
 	if cp.Seq > 0 && !cp.current() {
@@ -297,10 +300,11 @@ func (p *Service) apply(ctx context.Context, ev schemas.Event, rebuilding bool) 
 	return nil
 }
 
-// getView reads the stored view under key: nil when there is none.
+// getView reads the stored view under key, as the bucket's leader holds
+// it: nil when there is none.
 func getView[T any](ctx context.Context, b Bus, key string) (*T, error) {
 	var v T
-	err := b.GetView(ctx, key, &v)
+	err := b.GetViewFromLeader(ctx, key, &v)
 	switch {
 	case err == nil:
 		return &v, nil
