@@ -30,7 +30,7 @@ import (
 // session.started or a verdict). It takes about 10 s (20 s with -race).
 func TestRunnerOnReplicatedStream(t *testing.T) {
 	t.Parallel()
-	urls := testnats.Cluster(t, 3)
+	urls := testnats.ClusterURLs(t, 3)
 	cat, err := schemas.NewCatalogue()
 	if err != nil {
 		t.Fatal(err)

@@ -137,11 +137,11 @@ func Run(t testing.TB, name string, run func(context.Context) error) (stop func(
 	return stop
 }
 
-// Cluster starts n embedded servers forming one JetStream cluster, each
+// ClusterURLs starts n embedded servers forming one JetStream cluster, each
 // on a data directory of its own, waits until the cluster has elected its
 // JetStream meta leader, and returns the servers' client URLs. Connect
 // with bus.Config.Replicas set to provision replicated streams.
-func Cluster(t testing.TB, n int) []string {
+func ClusterURLs(t testing.TB, n int) []string {
 	t.Helper()
 	routes := make([]string, n)
 	for i := range routes {
