@@ -30,6 +30,7 @@ func (s *Service) announcePresence(ctx context.Context) (wait func()) {
 	put := func(warned bool) bool {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
+		w.Jobs = s.runningJobs()
 		if err := p.PutWorker(pctx, w); err != nil && ctx.Err() == nil {
 			if !warned {
 				s.log.Warn().Err(err).Msg("cannot announce this worker (status and doctor will not list it); retrying")

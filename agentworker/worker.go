@@ -478,6 +478,11 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 		return fmt.Errorf("%w: %s is not a job request", bus.ErrPermanent, req.Type)
 	}
 	log := s.log.With().Str("session", req.Session).Str("job", jr.JobID).Logger()
+	if d.NumDelivered > 1 && s.runs(req.Session, jr.JobID) {
+		// Handed out again while this worker runs it (see holder.go).
+		log.Info().Uint64("delivery", d.NumDelivered).Msg("the job was handed out again while this worker still runs it; leaving it running")
+		return bus.Release(s.cfg.AckWait)
+	}
 	// The job is registered before anything else, so that every
 	// job.cancelled stored from now on reaches it (see onCancelled); one
 	// stored earlier is found just below. jctx ends when the job is
@@ -558,6 +563,25 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 				Msg("leaving the job to another worker: it needs a tool of a lane this worker does not run")
 		}
 		return bus.Release(laneRetryDelay(d.NumDelivered))
+	}
+	if d.NumDelivered > 1 {
+		done, err := s.finished(ctx, req)
+		if err != nil {
+			return err
+		}
+		if done {
+			log.Info().Uint64("delivery", d.NumDelivered).Msg("the job was handed out again after its result was stored; not running it again")
+			return nil
+		}
+		holder, held, err := s.heldElsewhere(ctx, req, jr, d.NumDelivered)
+		if err != nil {
+			return err
+		}
+		if held {
+			log.Info().Str("holder", holder).Uint64("delivery", d.NumDelivered).
+				Msg("the job was handed out again, but the worker running it is still there; leaving it to that worker")
+			return bus.Release(s.cfg.AckWait)
+		}
 	}
 	if int(d.NumDelivered) > s.cfg.MaxAttempts {
 		// Deliveries count lane releases too: what counts is how often a

@@ -486,6 +486,13 @@ func natsOptions(cfg Config, log zerolog.Logger, cs *connState) ([]nats.Option, 
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
 		nats.Timeout(5 * time.Second),
+		// A server that stops answering without closing the connection
+		// (frozen, or cut off by a partition) is left after about 10 s,
+		// not nats.go's 4 minutes: a worker's in-progress signals and
+		// presence reach another node of the cluster before its jobs are
+		// handed out again (ack wait, default 30 s).
+		nats.PingInterval(3 * time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if err != nil {
 				ev := log.Warn().Err(err)

@@ -17,8 +17,8 @@ import (
 // stops; the bucket keeps a record WorkerTTL, so a worker that died without
 // deleting its record is gone from the list after at most WorkerTTL.
 const (
-	WorkerRefresh = 10 * time.Second
-	WorkerTTL     = 3*WorkerRefresh + 5*time.Second
+	WorkerRefresh = 5 * time.Second
+	WorkerTTL     = 4*WorkerRefresh + 5*time.Second
 )
 
 // WorkerInfo is what a worker announces about itself.
@@ -29,7 +29,12 @@ type WorkerInfo struct {
 	Lanes       []string  `json:"lanes"`
 	Concurrency int       `json:"concurrency,omitempty"`
 	Started     time.Time `json:"started,omitzero"`
-	// Seen is when the server stored the record (set by Workers).
+	// Jobs are the ids of the jobs the worker runs (at most MaxWorkerJobs),
+	// as of the record: a redelivered job whose holder is present and
+	// lists it is left to that holder (see agentworker).
+	Jobs []string `json:"jobs,omitempty"`
+	// Seen is when the server stored the record (set by Workers and
+	// Worker).
 	Seen time.Time `json:"seen,omitzero"`
 }
 
@@ -42,6 +47,10 @@ const (
 	maxWorkersRead  = 1000
 	maxWorkerLanes  = 16
 )
+
+// MaxWorkerJobs bounds WorkerInfo.Jobs, so that a record stays within
+// the bucket's record size.
+const MaxWorkerJobs = 24
 
 // provisionWorkers finds or creates the presence bucket. Presence only
 // informs (status, doctor, the dashboard), so a failure other than a lost
@@ -174,13 +183,46 @@ func (b *Bus) Workers(ctx context.Context) ([]WorkerInfo, error) {
 		if err != nil {
 			return nil, fmt.Errorf("workers: %s: %w", k, b.connErr(err))
 		}
-		var w WorkerInfo
-		if json.Unmarshal(e.Value(), &w) != nil || w.ID == "" || workerKey(w.ID) != k {
+		w, ok := workerRecord(k, e)
+		if !ok {
 			continue // not a record PutWorker wrote
 		}
-		w.Lanes = w.Lanes[:min(len(w.Lanes), maxWorkerLanes)]
-		w.Seen = e.Created()
 		out = append(out, w)
 	}
 	return out, nil
+}
+
+// workerRecord decodes the presence record e stored under key k.
+func workerRecord(k string, e jetstream.KeyValueEntry) (WorkerInfo, bool) {
+	var w WorkerInfo
+	if json.Unmarshal(e.Value(), &w) != nil || w.ID == "" || workerKey(w.ID) != k {
+		return WorkerInfo{}, false
+	}
+	w.Lanes = w.Lanes[:min(len(w.Lanes), maxWorkerLanes)]
+	w.Jobs = w.Jobs[:min(len(w.Jobs), MaxWorkerJobs)]
+	w.Seen = e.Created()
+	return w, true
+}
+
+// Worker returns the presence record of the worker id, and whether it is
+// present: announced, not deleted, and refreshed within WorkerTTL.
+func (b *Bus) Worker(ctx context.Context, id string) (WorkerInfo, bool, error) {
+	if b.workers == nil {
+		return WorkerInfo{}, false, ErrNoPresence
+	}
+	k := workerKey(id)
+	e, err := b.workers.Get(ctx, k)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return WorkerInfo{}, false, nil
+	}
+	if err != nil {
+		return WorkerInfo{}, false, fmt.Errorf("worker %s: %w", id, b.connErr(err))
+	}
+	w, ok := workerRecord(k, e)
+	// The bucket drops a record WorkerTTL after its last refresh: no
+	// clock of this machine's is compared with the server's.
+	if !ok || w.ID != id {
+		return WorkerInfo{}, false, nil
+	}
+	return w, true, nil
 }

@@ -124,9 +124,12 @@ func TestChaosWorkerKilledMidJob(t *testing.T) {
 			t.Errorf("job %s started %d times (%v), want once", job, len(evs), deliveries(evs))
 		}
 	}
+	// The survivor runs it once the victim's presence record expired
+	// (bus.WorkerTTL): until then the job is handed back, as one whose
+	// holder is still there, and the delivery count grows.
 	held := started[first.jobID()]
-	if got, want := deliveries(held), []string{victim + "#1", survivor + "#2"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("held job started as %v (worker#delivery), want %v", got, want)
+	if got := deliveries(held); len(got) != 2 || got[0] != victim+"#1" || !strings.HasPrefix(got[1], survivor+"#") {
+		t.Errorf("held job started as %v (worker#delivery), want %s#1 then %s once", got, victim, survivor)
 	}
 	for _, e := range all["kill-1"] {
 		if e.Type == "loopbus.job.completed" && e.jobID() == first.jobID() && e.Data.Worker != survivor {
