@@ -4,7 +4,6 @@ package testnats
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -145,12 +144,7 @@ func ClusterURLs(t testing.TB, n int) []string {
 	t.Helper()
 	routes := make([]string, n)
 	for i := range routes {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		routes[i] = "nats://" + l.Addr().String()
-		l.Close()
+		routes[i] = "nats://" + freeAddr(t)
 	}
 	urls := make([]string, n)
 	for i := range routes {
@@ -171,17 +165,11 @@ func ClusterURLs(t testing.TB, n int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for {
+	await(t, time.Minute, "a JetStream meta leader", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		_, err := js.AccountInfo(ctx)
-		cancel()
-		if err == nil {
-			return urls
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cluster elected no JetStream meta leader in a minute: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil
+	})
+	return urls
 }
