@@ -28,7 +28,7 @@ import (
 // 10 s.
 func TestGuardedPublishAfterReadOnReplicatedStream(t *testing.T) {
 	t.Parallel()
-	routes := []string{"nats://" + freeAddr(t), "nats://" + freeAddr(t), "nats://" + freeAddr(t)}
+	routes := []string{"nats://" + testnats.FreeAddr(t), "nats://" + testnats.FreeAddr(t), "nats://" + testnats.FreeAddr(t)}
 	var urls []string
 	for i := range routes {
 		srv, _ := startEmbedded(t, bus.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0",

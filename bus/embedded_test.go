@@ -266,23 +266,12 @@ func TestStartEmbeddedBusyPort(t *testing.T) {
 	startEmbedded(t, bus.EmbeddedConfig{DataDir: dir})
 }
 
-// freeAddr is a loopback host:port nothing listens on right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // TestEmbeddedCluster: three embedded servers form a JetStream cluster,
 // two from EmbeddedConfig's cluster fields and one from a configuration
 // file's cluster block, and hold a stream with three replicas.
 func TestEmbeddedCluster(t *testing.T) {
 	t.Parallel()
-	routes := []string{"nats://" + freeAddr(t), "nats://" + freeAddr(t), "nats://" + freeAddr(t)}
+	routes := []string{"nats://" + testnats.FreeAddr(t), "nats://" + testnats.FreeAddr(t), "nats://" + testnats.FreeAddr(t)}
 	clusterAddr := func(i int) string { return strings.TrimPrefix(routes[i], "nats://") }
 	var urls []string
 	for i := range 2 {
@@ -383,7 +372,7 @@ func TestInProcessConnection(t *testing.T) {
 // replica applying the stream: each holds the event written after them.
 func TestPublishChainOnReplicatedStream(t *testing.T) {
 	t.Parallel()
-	routes := []string{"nats://" + freeAddr(t), "nats://" + freeAddr(t), "nats://" + freeAddr(t)}
+	routes := []string{"nats://" + testnats.FreeAddr(t), "nats://" + testnats.FreeAddr(t), "nats://" + testnats.FreeAddr(t)}
 	var nodes []*bus.Embedded
 	var urls []string
 	for i := range routes {

@@ -299,13 +299,15 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 const readLagWait = 250 * time.Millisecond
 
 // readTarget is the newest event on subjects as the event stream's leader
-// knows it. It waits while the stream has no leader, until ctx ends. A
-// user that may not ask the leader (a permission missing) reads without
-// the check: 0, with a warning the first time.
+// knows it. It waits while the stream has no leader, until ctx ends or,
+// when Config.AnswerTimeout is set, until that has passed (an error
+// wrapping ErrNoAnswer). A user that may not ask the leader (a permission
+// missing) reads without the check: 0, with a warning the first time.
 func (b *Bus) readTarget(ctx context.Context, subjects []string) (uint64, error) {
 	if _, refused := b.conn.leaderRefused.Load(b.cfg.Stream); refused {
 		return 0, nil
 	}
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		last, err := b.leaderLastSeq(ctx, subjects)
 		switch {
@@ -317,6 +319,9 @@ func (b *Bus) readTarget(ctx context.Context, subjects []string) (uint64, error)
 			return 0, nil
 		case err == nil || ctx.Err() != nil || !errors.Is(err, ErrNoLeader):
 			return last, err
+		}
+		if limit := b.cfg.AnswerTimeout; limit > 0 && time.Since(start) > limit {
+			return 0, b.noAnswer("stream "+b.cfg.Stream, time.Since(start), err)
 		}
 		if attempt == 0 {
 			b.log.Warn().Err(err).Strs("subjects", subjects).Msg("the event stream has no leader to say how far a read must go; waiting for one")

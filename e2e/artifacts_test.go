@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/loopbus/loopbus/internal/testnats"
 )
 
 // TestHostilePipelinesAreRefused: `run` refuses, with file and line, a
@@ -59,7 +61,7 @@ func TestMaxOutputBytesFlag(t *testing.T) {
 		"big.sh": "head -c 5000 /dev/zero > \"$LOOPBUS_OUTPUT_DIR/big.bin\"\n",
 		"p.yaml": "name: big\nsteps:\n  big:\n    agent: {backend: exec, command: [sh, big.sh]}\n    prompt: go\n    outputs: [{name: big.bin}]\n",
 	})
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	global := []string{"--nats", "nats://" + addr}
 	workerLog := filepath.Join(dir, "worker.log")
 	startService(t, filepath.Join(dir, "serve.log"), testEnv(t), "serve", "--data", t.TempDir(), "--listen", addr, "--concurrency", "0")

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -164,6 +165,30 @@ func (p *proc) startCount() int {
 	return p.starts
 }
 
+// awaitLogged waits until the running process (since its latest start)
+// has logged a line holding msg, for up to two minutes: a process that
+// never does fails the test by the lack of progress it causes. It
+// reports false if ctx ended first.
+func (p *proc) awaitLogged(ctx context.Context, msg string) bool {
+	p.mu.Lock()
+	marker := fmt.Sprintf("=== start #%d ", p.starts)
+	p.mu.Unlock()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if raw, err := os.ReadFile(p.logPath); err == nil {
+			if _, since, ok := strings.Cut(string(raw), marker); ok && strings.Contains(since, msg) {
+				return true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return true
+}
+
 // logTail returns the last n lines of the process's log.
 func (p *proc) logTail(n int) string {
 	raw, err := os.ReadFile(p.logPath)
@@ -204,7 +229,7 @@ func newCluster(t *testing.T) *cluster {
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	c := &cluster{
 		t: t, dir: dir, data: filepath.Join(dir, "data"), addr: addr, url: "nats://" + addr,
 		// Workspaces of workers and validators stay inside the test.
@@ -873,8 +898,13 @@ func mustJSON(v any) string {
 
 // killer SIGKILLs a process at random points and starts it again until
 // stopped: up for a random time from up(rng), then killed, down for a
-// random time below maxDown, then started (with extra arguments from
-// args, if set).
+// random time below maxDown, then started again.
+//
+// When up says so (its second result), the time up is counted from when
+// the process has logged ready since its start, not from the start: on a
+// loaded machine (tests in parallel, race-built binaries) catching up
+// can take longer than any time up drawn from a fixed range, and a
+// process always killed before it has caught up never makes progress.
 type killer struct {
 	p      *proc
 	cancel context.CancelFunc
@@ -885,16 +915,20 @@ type killer struct {
 	err   error
 }
 
-func startKiller(p *proc, rng *rand.Rand, up func(*rand.Rand) time.Duration, maxDown time.Duration) *killer {
+func startKiller(p *proc, rng *rand.Rand, ready string, up func(*rand.Rand) (time.Duration, bool), maxDown time.Duration) *killer {
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &killer{p: p, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(k.done)
 		for {
+			d, afterReady := up(rng)
+			if afterReady && !p.awaitLogged(ctx, ready) {
+				return
+			}
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(up(rng)):
+			case <-time.After(d):
 			}
 			k.mu.Lock()
 			k.kills = append(k.kills, time.Now())

@@ -174,11 +174,13 @@ func TestChaosOrchestratorKilledAtRandom(t *testing.T) {
 	c := newCluster(t)
 	ps := c.all(2, 2, 10*time.Second)
 	pipe, input := c.writePipeline("diamond", diamondSteps)
-	k := startKiller(ps["orchestrator"], rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())), func(r *rand.Rand) time.Duration {
+	// A quarter of the kills come while the orchestrator catches up after
+	// its start, the others up to 2 s after it has caught up.
+	k := startKiller(ps["orchestrator"], rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())), "caught up with the stream", func(r *rand.Rand) (time.Duration, bool) {
 		if r.IntN(4) == 0 {
-			return between(r, 0, 300*time.Millisecond) // while it catches up
+			return between(r, 0, 300*time.Millisecond), false // while it catches up
 		}
-		return between(r, 300*time.Millisecond, 2*time.Second)
+		return between(r, 0, 2*time.Second), true
 	}, 700*time.Millisecond)
 	t.Cleanup(k.halt)
 
@@ -274,8 +276,8 @@ func TestChaosProjectorKilledMidUpdate(t *testing.T) {
 	ps := c.all(2, 2, 10*time.Second)
 	pipe, input := c.writePipeline("diamond", diamondSteps)
 	projector := ps["projector"]
-	k := startKiller(projector, rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())), func(r *rand.Rand) time.Duration {
-		return between(r, 0, 600*time.Millisecond)
+	k := startKiller(projector, rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())), "", func(r *rand.Rand) (time.Duration, bool) {
+		return between(r, 0, 600*time.Millisecond), false
 	}, 300*time.Millisecond)
 	t.Cleanup(k.halt)
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -204,8 +205,8 @@ func startCluster(t *testing.T, dir string) *testCluster {
 	t.Helper()
 	var clientAddrs, routeURLs []string
 	for range 3 {
-		clientAddrs = append(clientAddrs, freePort(t))
-		routeURLs = append(routeURLs, "nats://"+freePort(t))
+		clientAddrs = append(clientAddrs, testnats.FreeAddr(t))
+		routeURLs = append(routeURLs, "nats://"+testnats.FreeAddr(t))
 	}
 	c := &testCluster{dir: dir}
 	for i := range 3 {

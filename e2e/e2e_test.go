@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/loopbus/loopbus/internal/testnats"
 )
 
 // TestExampleCompletes runs the shipped writing-kit example on the embedded
@@ -271,7 +273,7 @@ steps:
 `,
 	})
 	data := t.TempDir()
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	url := "nats://" + addr
 	serve := func() *exec.Cmd {
 		t.Helper()

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/loopbus/loopbus/internal/testnats"
 )
 
 // The README's scaling instructions, run verbatim by TestForemanReplicas
@@ -49,7 +51,7 @@ func TestForemanReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := strings.TrimPrefix(freePort(t), "127.0.0.1:")
+	port := strings.TrimPrefix(testnats.FreeAddr(t), "127.0.0.1:")
 	writeFiles(t, dir, map[string]string{
 		"Procfile": string(procfile),
 		".env":     "LOOPBUS_PORT=" + port + "\n",

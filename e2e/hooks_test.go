@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/loopbus/loopbus/internal/testnats"
 )
 
 // hookRunner is a running `loopbus hooks` process.
@@ -111,7 +113,7 @@ steps:
     outputs: [{name: b.txt}]
 `,
 	})
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	global := []string{"--nats", "nats://" + addr}
 	startService(t, filepath.Join(dir, "serve.log"), testEnv(t), "serve", "--data", t.TempDir(), "--listen", addr, "--log-level", "warn")
 	recordLog := filepath.Join(dir, "finished.log")
@@ -225,7 +227,7 @@ hooks:
     timeout: 2m
 `,
 	})
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	global := []string{"--nats", "nats://" + addr}
 	startService(t, filepath.Join(dir, "serve.log"), testEnv(t), "serve", "--data", t.TempDir(), "--listen", addr, "--log-level", "warn")
 	args := append([]string{"--config", filepath.Join(dir, "hooks.yaml"), "--ack-wait", "2s"}, global...)
@@ -318,7 +320,7 @@ func TestHooksUsageErrors(t *testing.T) {
 			filepath.Join(dir, "bad.yaml") + `:3: hooks[0].types[0]: "loopbus.hook.completed": hook.* events never trigger hooks`,
 			filepath.Join(dir, "bad.yaml") + ":4: hooks[0].command[0]: program " + filepath.Join(dir, "missing.sh") + ": no such file or directory",
 		}},
-		{"bad runner", []string{"hooks", "--config", filepath.Join("..", "examples", "hooks", "hooks.yaml"), "--runner", "a.b", "--nats", "nats://" + freePort(t)}, []string{"runner \"a.b\""}},
+		{"bad runner", []string{"hooks", "--config", filepath.Join("..", "examples", "hooks", "hooks.yaml"), "--runner", "a.b", "--nats", "nats://" + testnats.FreeAddr(t)}, []string{"runner \"a.b\""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

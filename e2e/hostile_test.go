@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -44,7 +45,7 @@ steps:
     outputs: [{name: b.txt}]
 `,
 	})
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	url := "nats://" + addr
 	logPath := filepath.Join(dir, "serve.log")
 	logf, err := os.Create(logPath)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/loopbus/loopbus/internal/testnats"
 )
 
 // Secret values in the services' environment: one secret by its name, one
@@ -85,7 +87,7 @@ steps:
 `,
 	})
 	data := t.TempDir()
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	global := []string{"--nats", "nats://" + addr}
 	env := append(testEnv(t), "DEPLOY_API_TOKEN="+patternSecret, "CUSTOMER_DB_URL="+workerSecret, "ACME_LICENSE="+jobSecret)
 	serveLog, workerLog := filepath.Join(dir, "serve.log"), filepath.Join(dir, "worker.log")

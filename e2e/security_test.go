@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -230,7 +231,7 @@ func startSecureNATS(t *testing.T, out *outputs, debug bool) *secureNATS {
 		s.pw[role] = secret(t, role+"-pw")
 		serverEnv = append(serverEnv, "LOOPBUS_"+strings.ToUpper(role)+"_PASSWORD="+s.pw[role])
 	}
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	s.url = "nats://" + addr
 	args := []string{"nats", "--config", secureConfig, "--data", t.TempDir(), "--listen", addr}
 	if debug {
@@ -446,7 +447,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	t.Parallel()
 	token := secret(t, "tok")
 	out := newOutputs()
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	out.start(t, "nats --token", nil, "nats", "--data", t.TempDir(), "--listen", addr, "--token", token, "--log-level", "debug")
 	waitListening(t, addr, out.all["nats --token"])
 	pipeline, input := securePipeline(t)
@@ -491,7 +492,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 		pw[role] = secret(t, role+"-pw")
 		serverEnv = append(serverEnv, "LOOPBUS_"+strings.ToUpper(role)+"_PASSWORD="+pw[role])
 	}
-	secureAddr := freePort(t)
+	secureAddr := testnats.FreeAddr(t)
 	out.start(t, "nats --config", serverEnv, "nats", "--config", secureConfig, "--data", t.TempDir(), "--listen", secureAddr, "--log-level", "debug")
 	waitListening(t, secureAddr, out.all["nats --config"])
 	adminURL := "nats://admin:" + pw["admin"] + "@" + secureAddr

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loopbus/loopbus/internal/testnats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -47,7 +48,7 @@ func parseSignalLines(t *testing.T, out string) []signalLine {
 // (or the test ends), and waits until it listens.
 func startNATS(t *testing.T, data, logFile string) (url string, stop func()) {
 	t.Helper()
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	cmd := exec.Command(binary, "nats", "--data", data, "--listen", addr)
 	cmd.Env = testEnv(t)
 	f, err := os.Create(logFile)

@@ -17,6 +17,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 	"github.com/charmbracelet/x/vt"
 	"github.com/creack/pty"
+	"github.com/loopbus/loopbus/internal/testnats"
 )
 
 // watchLine is one line of `watch` without a terminal: local time, then
@@ -80,7 +81,7 @@ steps:
     max_iterations: 1
 `,
 	})
-	addr := freePort(t)
+	addr := testnats.FreeAddr(t)
 	global := []string{"--nats", "nats://" + addr}
 	startService(t, filepath.Join(dir, "serve.log"), testEnv(t), "serve", "--data", t.TempDir(), "--listen", addr, "--log-level", "warn")
 	submit := func(t *testing.T, pipeline, session string) {

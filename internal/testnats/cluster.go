@@ -3,7 +3,6 @@ package testnats
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +37,7 @@ const LaggingMaxStore = 4 << 20
 // through which what is written reaches the quorum.
 func LaggingCluster(t testing.TB) (*Cluster, *bus.Bus) {
 	t.Helper()
-	routes := []string{"nats://" + freeAddr(t), "nats://" + freeAddr(t), "nats://" + freeAddr(t)}
+	routes := []string{"nats://" + FreeAddr(t), "nats://" + FreeAddr(t), "nats://" + FreeAddr(t)}
 	small := filepath.Join(t.TempDir(), "small-store.conf")
 	if err := os.WriteFile(small, []byte("jetstream { max_file_store: 4MB }\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -177,15 +176,4 @@ func await(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// freeAddr is a loopback host:port nothing listens on right now.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

@@ -144,7 +144,7 @@ func ClusterURLs(t testing.TB, n int) []string {
 	t.Helper()
 	routes := make([]string, n)
 	for i := range routes {
-		routes[i] = "nats://" + freeAddr(t)
+		routes[i] = "nats://" + FreeAddr(t)
 	}
 	urls := make([]string, n)
 	for i := range routes {
