@@ -9,7 +9,7 @@ PKGS     ?= ./...
 TESTPKGS ?= $(if $(filter ./...,$(PKGS)),./e2e/ ./...,$(PKGS))
 GOFLAGS  ?=
 
-.PHONY: build test vet fmt-check bench bench-quick run-example fuzz clean chromium screenshot
+.PHONY: build test test-cluster vet fmt-check bench bench-quick run-example fuzz clean chromium screenshot
 
 build:
 	$(GO) build -o $(BIN) ./cmd/loopbus
@@ -25,8 +25,16 @@ test: fmt-check vet chromium
 	$(GO) test -race -vet=off -count=1 -parallel 4 -timeout 30m $(TESTPKGS)
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_CI)
 
+# test-cluster: the long trial on a three-node cluster (docs/CLUSTER.md):
+# 300 sessions through a killed and a frozen node, some minutes; a build
+# tag keeps it out of test, and .ci/run runs it after test. It prints the
+# figures the docs give.
+test-cluster:
+	$(GO) test -tags cluster -count=1 -timeout 40m -run '^TestClusterFaults$$' -v ./e2e/
+
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags cluster ./e2e/
 
 # chromium: the dashboard's browser tests drive Debian's Chromium; it is
 # installed when missing. Only when that is impossible are those tests

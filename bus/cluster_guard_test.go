@@ -98,7 +98,6 @@ func TestGuardedPublishAfterReadOnReplicatedStream(t *testing.T) {
 		}
 	}()
 	<-caughtUp
-	ctx := ctxT(t)
 	var refused []string
 	// await waits for the answer id.
 	await := func(id string) {
@@ -116,6 +115,10 @@ func TestGuardedPublishAfterReadOnReplicatedStream(t *testing.T) {
 		}
 	}
 	for i := range sessions {
+		// A bound for each session's writes, not the whole run's: on a
+		// loaded machine 300 sessions take longer than any one write may.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
 		s := fmt.Sprintf("g%d", i)
 		if _, err := writer.PublishExpect(ctx, jobStarted(s, fmt.Sprintf("a%d", i)), 0); err != nil {
 			t.Fatalf("session %s: first event: %v", s, err)

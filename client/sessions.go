@@ -59,6 +59,8 @@ type SessionSummary struct {
 	StepsDone int     `json:"stepsDone"`
 	CostUSD   float64 `json:"costUsd"`
 	Tokens    int64   `json:"tokens"`
+	// Restarts counts the agents run again (projections.Manifest.Restarts).
+	Restarts int `json:"restarts"`
 	// Error is why a failed session failed, or why a stopped or paused
 	// one is held.
 	Error string `json:"error,omitempty"`
@@ -113,7 +115,8 @@ func Sessions(ctx context.Context, b Bus, f SessionFilter, now time.Time) ([]Ses
 
 // Summary summarizes a manifest as one line of a session listing.
 func Summary(m *projections.Manifest) SessionSummary {
-	s := SessionSummary{ID: m.ContentID, Pipeline: m.Pipeline, Kind: m.Kind, Status: m.Status, Started: m.CreatedAt, Updated: m.UpdatedAt, Steps: len(m.StepOrder)}
+	s := SessionSummary{ID: m.ContentID, Pipeline: m.Pipeline, Kind: m.Kind, Status: m.Status, Started: m.CreatedAt, Updated: m.UpdatedAt,
+		Steps: len(m.StepOrder), Restarts: m.Restarts}
 	for _, name := range m.StepOrder {
 		if st := m.Steps[name]; st != nil && st.Status == projections.StepStatusCompleted {
 			s.StepsDone++

@@ -151,9 +151,13 @@ func TestChaosWorkerKilledMidJob(t *testing.T) {
 		Steps map[string]struct {
 			Worker string `json:"worker"`
 		} `json:"steps"`
+		Restarts int `json:"restarts"`
 	}
 	if err := json.Unmarshal([]byte(w.stdout), &worker); err != nil {
 		t.Fatal(err)
+	}
+	if worker.Restarts != 1 {
+		t.Errorf("manifest: %d restarts, want 1 (the held agent, run again on %s)", worker.Restarts, survivor)
 	}
 	if wk := worker.Steps["held"].Worker; wk != survivor {
 		t.Errorf("manifest: held step ran on %q, want %s", wk, survivor)

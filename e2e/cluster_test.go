@@ -86,7 +86,8 @@ func tails(ps []*process) string {
 // clusterNode is one `loopbus nats` process of a test cluster.
 type clusterNode struct {
 	*process
-	url string
+	url  string
+	args []string // to start it again
 }
 
 // TestClusterNodeKilledMidRun: three `loopbus nats` nodes form a JetStream
@@ -211,10 +212,11 @@ func startCluster(t *testing.T, dir string) *testCluster {
 	c := &testCluster{dir: dir}
 	for i := range 3 {
 		name := fmt.Sprintf("n%d", i+1)
-		p := startProcess(t, dir, name, "nats", "--data", filepath.Join(dir, name), "--listen", clientAddrs[i],
+		args := []string{"nats", "--data", filepath.Join(dir, name), "--listen", clientAddrs[i],
 			"--name", name, "--cluster-name", "loopbus-e2e",
-			"--cluster-listen", strings.TrimPrefix(routeURLs[i], "nats://"), "--routes", strings.Join(routeURLs, ","))
-		c.nodes = append(c.nodes, &clusterNode{process: p, url: "nats://" + clientAddrs[i]})
+			"--cluster-listen", strings.TrimPrefix(routeURLs[i], "nats://"), "--routes", strings.Join(routeURLs, ",")}
+		p := startProcess(t, dir, name, args...)
+		c.nodes = append(c.nodes, &clusterNode{process: p, url: "nats://" + clientAddrs[i], args: args})
 		c.all = append(c.all, p)
 	}
 	t.Cleanup(func() {
@@ -228,7 +230,9 @@ func startCluster(t *testing.T, dir string) *testCluster {
 	}
 	natsURL := strings.Join(urls, ",")
 	// The nodes may not listen yet: keep trying in the background.
-	nc, err := nats.Connect(natsURL, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
+	// Quick pings: the test's requests leave a frozen node within seconds.
+	nc, err := nats.Connect(natsURL, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond),
+		nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(2))
 	if err != nil {
 		t.Fatalf("connect %s: %v\n%s", natsURL, err, tails(c.all))
 	}

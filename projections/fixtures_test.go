@@ -313,6 +313,21 @@ func happyPath() []schemas.Event {
 	return b.evs
 }
 
+// jobRestarted: the summary job is started by worker-a, handed out again
+// (worker-a was lost) and started by worker-b, which completes it.
+func jobRestarted() []schemas.Event {
+	var b builder
+	b.start(sessionID)
+	job := b.request(sessionID, "summary", 1)
+	b.jobStarted(sessionID, "summary", job, "worker-a")
+	b.add(sessionID, schemas.TypeJobStarted, "summary", job, &schemas.JobStarted{JobID: job, Worker: "worker-b", Delivery: 2})
+	sum := artifact(sessionID, "summary", 1, "summary.json", summaryJSON)
+	b.jobCompleted(sessionID, "summary", job, "worker-b", 1, sum)
+	b.passed(sessionID, "summary", job, 1, sum)
+	b.stepCompleted(sessionID, "summary", job, 1, "summary-v1", sum)
+	return b.evs
+}
+
 func validationRetry() []schemas.Event {
 	var b builder
 	b.start(sessionID)

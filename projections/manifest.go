@@ -103,6 +103,11 @@ type Manifest struct {
 	// LastRerun is the newest (its step, "" for all, and reason).
 	Reruns    int        `json:"reruns,omitempty"`
 	LastRerun *RerunView `json:"lastRerun,omitempty"`
+	// Restarts counts the jobs' starts after their first (the sum of
+	// JobView.Restarts): each is an agent run again because its job was
+	// handed out again (its worker was lost, or the cluster lost track
+	// of it).
+	Restarts int `json:"restarts,omitempty"`
 	// ForkedFrom is the session this one is a fork of and the fork point
 	// (session.forked); nil for a session that is no fork. A session's
 	// own forks are not in its manifest (the origin stays untouched): they
@@ -351,6 +356,10 @@ type JobView struct {
 	// Status is one of the JobStatus constants.
 	Status string `json:"status"`
 	Worker string `json:"worker,omitempty"`
+	// Restarts counts the job.started events of the job after its
+	// first: each is the agent run again, by a worker the job was handed
+	// out to again.
+	Restarts int `json:"restarts,omitempty"`
 	// Usage is the job's newest usage report: a job reported twice counts
 	// once, with its last report.
 	Usage *schemas.Usage `json:"usage,omitempty"`
@@ -533,6 +542,10 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		}
 		id := orElse(d.JobID, ev.Job)
 		if j := m.Jobs[id]; j != nil && id != "" {
+			if j.Worker != "" { // started before
+				j.Restarts++
+				m.Restarts++
+			}
 			j.Worker = d.Worker
 			if j.Status == JobStatusRequested {
 				j.Status = JobStatusRunning

@@ -29,6 +29,7 @@ var goldenCases = []struct {
 	{"validation_retry", validationRetry},
 	{"step_exhausted", stepExhausted},
 	{"job_failed", jobFailedCase},
+	{"job_restarted", jobRestarted},
 	{"duplicate_event", duplicateEvents},
 	{"other_session", otherSessionInterleaved},
 	{"before_started", beforeStarted},

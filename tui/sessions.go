@@ -35,7 +35,14 @@ func WriteSessions(w io.Writer, list []client.SessionSummary, asJSON bool, now t
 		if s.CostUSD > 0 {
 			cost = "$" + strconv.FormatFloat(s.CostUSD, 'f', 2, 64)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", s.ID, s.Status, s.Pipeline, s.StepsDone, s.Steps, cost, sessionsAge(now.Sub(s.Started)))
+		steps := fmt.Sprintf("%d/%d", s.StepsDone, s.Steps)
+		switch {
+		case s.Restarts == 1:
+			steps += " (1 restart)"
+		case s.Restarts > 1:
+			steps += fmt.Sprintf(" (%d restarts)", s.Restarts)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Status, s.Pipeline, steps, cost, sessionsAge(now.Sub(s.Started)))
 	}
 	return tw.Flush()
 }

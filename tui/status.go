@@ -45,6 +45,9 @@ func WriteStatus(w io.Writer, m *projections.Manifest, asJSON bool, now time.Tim
 	if b := m.Budget; b != nil && b.MaxIterations > 0 {
 		fmt.Fprintf(w, "runs      %d of %d\n", len(m.Jobs), b.MaxIterations)
 	}
+	if m.Restarts > 0 {
+		fmt.Fprintf(w, "restarts  %d (agents run again: their jobs were handed out again after a worker was lost)\n", m.Restarts)
+	}
 	fmt.Fprintln(w)
 	// Tokens and cost columns only where agents report usage or a budget
 	// bounds it.

@@ -52,8 +52,21 @@ func TestWriteStatus(t *testing.T) {
 				e.add(schemas.TypeSessionPaused, "", &schemas.SessionPaused{Reason: "lunch"})
 				return e
 			},
+			now:     now,
+			want:    []string{"status    paused: lunch\n", "cost      $0.00 of $0.10\n", "a     pending  0/3   -              -     "},
+			notWant: []string{"restarts"},
+		},
+		{
+			name: "a job handed out again: the restart is counted",
+			events: func() *events {
+				e := started()
+				e.add(schemas.TypeJobRequested, "a", &schemas.JobRequested{JobID: "ja1", Step: "a", Iteration: 1})
+				e.add(schemas.TypeJobStarted, "a", &schemas.JobStarted{JobID: "ja1", Worker: "w1", Delivery: 1})
+				e.add(schemas.TypeJobStarted, "a", &schemas.JobStarted{JobID: "ja1", Worker: "w2", Delivery: 2})
+				return e
+			},
 			now:  now,
-			want: []string{"status    paused: lunch\n", "cost      $0.00 of $0.10\n", "a     pending  0/3   -              -     "},
+			want: []string{"restarts  1 (agents run again: their jobs were handed out again after a worker was lost)\n"},
 		},
 		{
 			name: "a reason that names the state is not repeated",
