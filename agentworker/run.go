@@ -125,10 +125,15 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 		Forbidden: forbidden,
 	}, emit)
 	// Waited for even while the worker shuts down (tool.completed is
-	// published so too, that a tool.started has its end), at most as long
-	// as announcing a job handed back may take.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	// published so too, that a tool.started has its end): then for at
+	// most shutdownWait, as long as announcing a job handed back may
+	// take. Else for up to eventsWait: the agent's work is done, and
+	// giving up on its events (while a cluster elects a new leader, say)
+	// would hand the job back, to run the agent again.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventsWait)
+	stopping := context.AfterFunc(ctx, func() { time.AfterFunc(shutdownWait, cancel) })
 	werr := events.Wait(wctx)
+	stopping()
 	cancel()
 	if werr != nil && out.publishErr == nil {
 		out.publishErr = werr
@@ -139,6 +144,15 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 	}
 	return res, out, err
 }
+
+// eventsWait bounds the wait for an agent's events to be stored once it
+// has finished, far above the seconds a cluster takes to elect a new
+// leader; shutdownWait bounds it, and the other writes of a job handed
+// back, once the worker shuts down.
+const (
+	eventsWait   = time.Minute
+	shutdownWait = 5 * time.Second
+)
 
 // toolID names a tool call of one delivery of a job.
 func toolID(job, delivery, id string) string {

@@ -442,7 +442,7 @@ func (s *Service) holdLease(ctx context.Context, req schemas.Event, jr *schemas.
 		if err := *errp; err == nil || errors.Is(err, bus.ErrPermanent) {
 			return
 		}
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownWait)
 		defer cancel()
 		// The error itself stays in this worker's log: it may quote the
 		// agent's environment.

@@ -144,8 +144,9 @@ func (b *Bus) leaderMsgOnce(ctx context.Context, stream string, req msgGetReques
 
 // confirmMiss is what to answer for a read of stream that a replica may
 // have answered and that found nothing (err wraps
-// jetstream.ErrMsgNotFound): the leader's answer to req. If the user may
-// not ask the leader, the miss stands, with a warning the first time.
+// jetstream.ErrMsgNotFound), or that no replica answered: the leader's
+// answer to req. If the user may not ask the leader, err stands, with a
+// warning the first time.
 func (b *Bus) confirmMiss(ctx context.Context, stream string, req msgGetRequest, err error) (*jetstream.RawStreamMsg, error) {
 	if _, refused := b.conn.leaderRefused.Load(stream); refused {
 		return nil, err
@@ -161,33 +162,77 @@ func (b *Bus) confirmMiss(ctx context.Context, stream string, req msgGetRequest,
 	return m, lerr
 }
 
-// directAllowed reports whether gets on s may be answered by any replica:
-// the client library asks by direct get when the stream's cached
-// configuration allows it, else through the API, which the leader
-// answers.
-func directAllowed(s jetstream.Stream) bool {
-	info := s.CachedInfo()
-	return info != nil && info.Config.AllowDirect
-}
-
 // lastMsg reads the newest message on subject of s, by direct get when the
-// stream allows it, and from the stream leader if that finds nothing.
+// stream allows it, and from the stream leader if that finds nothing (or,
+// on a replicated stream, if no replica answers: see directGet).
 func (b *Bus) lastMsg(ctx context.Context, s jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
-	m, err := s.GetLastMsgForSubject(ctx, subject)
-	if !errors.Is(err, jetstream.ErrMsgNotFound) || !directAllowed(s) {
-		return m, err
-	}
-	return b.confirmMiss(ctx, s.CachedInfo().Config.Name, msgGetRequest{LastFor: subject}, err)
+	return b.directGet(ctx, s, msgGetRequest{LastFor: subject}, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		return s.GetLastMsgForSubject(ctx, subject)
+	})
 }
 
 // msgAt reads the message at seq of s, by direct get when the stream
-// allows it, and from the stream leader if that finds nothing.
+// allows it, and from the stream leader if that finds nothing (or, on a
+// replicated stream, if no replica answers: see directGet).
 func (b *Bus) msgAt(ctx context.Context, s jetstream.Stream, seq uint64) (*jetstream.RawStreamMsg, error) {
-	m, err := s.GetMsg(ctx, seq)
-	if !errors.Is(err, jetstream.ErrMsgNotFound) || !directAllowed(s) {
-		return m, err
+	return b.directGet(ctx, s, msgGetRequest{Seq: seq}, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		return s.GetMsg(ctx, seq)
+	})
+}
+
+// Direct gets on a replicated stream are tried directTries times, each
+// for at most directTry, before the stream leader is asked. A replica on
+// a node that is frozen (or cut off) stays subscribed to direct gets
+// until the cluster notices, minutes later, and a request handed to it
+// goes unanswered; the next may reach a live replica, and the leader the
+// cluster elects without that node answers in any case. A direct get
+// takes milliseconds when it is answered at all.
+const (
+	directTry   = 2 * time.Second
+	directTries = 3
+)
+
+// directGet runs get, a read of s by direct get when the stream allows
+// it (req is the same read asked of the leader). A message not found is
+// asked of the leader (a replica may lag: confirmMiss). On a replicated
+// stream, an unanswered get is tried again, then asked of the leader.
+func (b *Bus) directGet(ctx context.Context, s jetstream.Stream, req msgGetRequest, get func(context.Context) (*jetstream.RawStreamMsg, error)) (*jetstream.RawStreamMsg, error) {
+	info := s.CachedInfo()
+	if info == nil || !info.Config.AllowDirect {
+		return get(ctx)
 	}
-	return b.confirmMiss(ctx, s.CachedInfo().Config.Name, msgGetRequest{Seq: seq}, err)
+	stream := info.Config.Name
+	tries := 1
+	if info.Config.Replicas > 1 {
+		tries = directTries
+	}
+	var err error
+	for range tries {
+		var m *jetstream.RawStreamMsg
+		if tries == 1 {
+			m, err = get(ctx)
+		} else {
+			tctx, cancel := context.WithTimeout(ctx, directTry)
+			m, err = get(tctx)
+			cancel()
+		}
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return b.confirmMiss(ctx, stream, req, err)
+		case err == nil || ctx.Err() != nil || !unanswered(err):
+			return m, err
+		}
+	}
+	if tries == 1 {
+		return nil, err
+	}
+	return b.confirmMiss(ctx, stream, req, err)
+}
+
+// unanswered reports whether err says a request got no answer in time
+// (or found no one to answer it), as opposed to an answer that refused.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // leaderLastSeq is the stream sequence of the newest message on any of
