@@ -25,12 +25,12 @@ test: fmt-check vet chromium
 	$(GO) test -race -vet=off -count=1 -parallel 4 -timeout 30m $(TESTPKGS)
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_CI)
 
-# test-cluster: the long trial on a three-node cluster (docs/CLUSTER.md):
-# 300 sessions through a killed and a frozen node, some minutes; a build
-# tag keeps it out of test, and .ci/run runs it after test. It prints the
-# figures the docs give.
+# test-cluster: the long trials on a three-node cluster (docs/CLUSTER.md):
+# 300 sessions through a killed and a frozen node, and 40 submitted one
+# after another, about three minutes; a build tag keeps them out of test,
+# and .ci/run runs them after test. They print the figures the docs give.
 test-cluster:
-	$(GO) test -tags cluster -count=1 -timeout 40m -run '^TestClusterFaults$$' -v ./e2e/
+	$(GO) test -tags cluster -count=1 -timeout 40m -run '^TestCluster(Faults|SessionsAllDecided)$$' -v ./e2e/
 
 vet:
 	$(GO) vet $(PKGS)

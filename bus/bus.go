@@ -22,7 +22,8 @@ import (
 var ErrConnectionLost = errors.New("lost the connection to NATS")
 
 // ErrNoAnswer: JetStream did not answer for a stream within the bound a
-// command set (Config.AnswerTimeout, or provisioning's ConnectTimeout):
+// command set (Config.AnswerTimeout, else Config.ConnectTimeout for
+// provisioning):
 // the stream has no leader, its cluster lost a quorum, say. Errors
 // wrapping it name the stream and the server connected to.
 var ErrNoAnswer = errors.New("no answer from JetStream")
@@ -258,7 +259,8 @@ func (c *connState) markClosed() { c.closeOnce.Do(func() { close(c.closed) }) }
 //
 // With cfg.ConnectTimeout 0, Connect keeps retrying the initial connection
 // until ctx ends, so services may start before NATS; otherwise it gives up
-// after ConnectTimeout. Wrong credentials and TLS errors fail at once, and
+// after ConnectTimeout; looking up the streams then gives up after
+// AnswerTimeout (else ConnectTimeout) with ErrNoAnswer. Wrong credentials and TLS errors fail at once, and
 // so does a user the server does not permit to look up (or create) the
 // streams and buckets: that error wraps ErrPermissionDenied and names the
 // refused subject. Later permission violations (a refused publish) are
@@ -312,7 +314,13 @@ func Connect(ctx context.Context, cfg Config, source string, cat *schemas.Catalo
 	// provisioning at the first one rather than waiting for a timeout.
 	pctx, cancel := context.WithCancel(ctx)
 	stop := cs.watchDenied(cancel)
-	err = b.provisionRetrying(pctx, cfg.ConnectTimeout)
+	// A command's provisioning waits as long as its reads would: through
+	// a leader election (about 10 s), not just the connection's bound.
+	limit := cfg.ConnectTimeout
+	if cfg.AnswerTimeout > 0 {
+		limit = cfg.AnswerTimeout
+	}
+	err = b.provisionRetrying(pctx, limit)
 	denied := stop()
 	cancel()
 	if err != nil {

@@ -90,9 +90,10 @@ type Config struct {
 	// that long; from then on every operation fails with an error wrapping
 	// ErrConnectionLost. 0 reconnects forever (services).
 	GiveUpAfter time.Duration
-	// AnswerTimeout bounds how long opening a read retries a stream that
-	// does not answer (no leader: cluster nodes down or cut off); the
-	// error then wraps ErrNoAnswer and names the stream and the server.
+	// AnswerTimeout bounds how long opening a read (and, at Connect,
+	// looking up the streams) retries a stream that does not answer (no
+	// leader: cluster nodes down or cut off); the error then wraps
+	// ErrNoAnswer and names the stream and the server.
 	// 0 retries until the context ends (services); commands a person
 	// waits on set it. A read already under way that replaces a stalled
 	// consumer retries for as long as the read lasts.

@@ -55,8 +55,9 @@ func TestClusterCLIWithoutQuorum(t *testing.T) {
 			t.Errorf("the error does not say %q:\n%s", want, r.stderr)
 		}
 	}
-	// The bound is 20 s for the read (10 s for provisioning), each
-	// attempt at most 10 s: well under the minute.
+	// The bound is 20 s for looking up the streams or for the read
+	// (whichever finds no answer), each attempt at most 10 s: under the
+	// minute.
 	if took > time.Minute {
 		t.Errorf("sessions gave up only after %v", took)
 	}

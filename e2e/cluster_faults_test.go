@@ -35,7 +35,8 @@ import (
 // Every session completes, each step once; each agent runs at most once
 // more per fault; the restarts `sessions --json` reports are the
 // job.started events beyond each job's first, and match the agents' extra
-// runs. It logs the figures docs/CLUSTER.md gives: leader elections,
+// runs; the orchestrator's watchdog never has a decision to make. It
+// logs the figures docs/CLUSTER.md gives: leader elections,
 // how long until sessions completed again, the restarts.
 //
 // It runs in `make test-cluster` (a build tag keeps it out of `make
@@ -84,6 +85,7 @@ sleep 0.1
 	})
 	c := startCluster(t, dir)
 	c.startServices(t, nil, []string{"--ack-wait", "10s"})
+	orchestrator := c.all[len(c.nodes)]
 
 	// The submitters run the CLI as a user would, retrying a submission
 	// that failed while the cluster had no leader (a session the failed
@@ -116,7 +118,7 @@ sleep 0.1
 	}
 	var submitted, retried atomic.Int64
 	var subMu sync.Mutex
-	var subErrs []string
+	var subErrs, failedOnce []string
 	next := make(chan string)
 	var subs sync.WaitGroup
 	for range 4 {
@@ -136,6 +138,9 @@ sleep 0.1
 						break
 					}
 					last = fmt.Sprintf("%s: exit %d %v: %s", id, r.code, err, strings.TrimSpace(r.stderr))
+					subMu.Lock()
+					failedOnce = append(failedOnce, last)
+					subMu.Unlock()
 				}
 				if !ok {
 					subMu.Lock()
@@ -261,6 +266,9 @@ sleep 0.1
 		t.Fatalf("%d submissions failed 5 times:\n%s", len(subErrs), strings.Join(subErrs, "\n"))
 	}
 	submittedIn := time.Since(start)
+	if len(failedOnce) > 0 {
+		t.Logf("submissions that failed (and were retried):\n%s", strings.Join(failedOnce, "\n"))
+	}
 	var left []summary
 	if !within(5*time.Minute, func() bool {
 		r, err := cli("sessions", "--status", "running,paused,stopped", "--json")
@@ -364,6 +372,10 @@ sleep 0.1
 			t.Errorf("session %s: sessions --json reports %d restarts, its events show %d", id, reported[id], startsBySession[id])
 		}
 	}
+	// Every decision was made when the event calling for it was read:
+	// the watchdog never had one to make.
+	c.checkAllDecided(t, orchestrator)
+
 	// How long each fault held sessions up: the longest time the stream
 	// took no step.completed, from a little before the fault on.
 	for _, f := range []struct {

@@ -1,3 +1,5 @@
+//go:build cluster
+
 package e2e
 
 import (
@@ -30,9 +32,10 @@ import (
 // TestRunnerOnReplicatedStream and the bus's
 // TestGuardedPublishAfterReadOnReplicatedStream.
 //
-// It takes about a minute on two cores (with -race).
-// LOOPBUS_E2E_CLUSTER_SESSIONS sets the number of sessions (40), e.g. 500
-// for the operator's run (about five minutes).
+// It runs in `make test-cluster` beside TestClusterFaults, which puts
+// 300 sessions through two faults and checks the same; about a minute on
+// two cores. LOOPBUS_E2E_CLUSTER_SESSIONS sets the number of sessions
+// (40), e.g. 500 for the operator's run (about five minutes).
 func TestClusterSessionsAllDecided(t *testing.T) {
 	t.Parallel()
 	sessions := 40
@@ -101,6 +104,14 @@ steps:
 		t.Errorf("%d sessions completed, want %d", len(done), sessions)
 	}
 	t.Logf("all %d sessions completed %v after the first was submitted", sessions, time.Since(start).Round(100*time.Millisecond))
+	c.checkAllDecided(t, orchestrator)
+}
+
+// checkAllDecided fails the test if the orchestrator's log shows a lost
+// decision (one the watchdog made, or a refusal it could not explain),
+// or if doctor's decisions line is not ok.
+func (c *testCluster) checkAllDecided(t *testing.T, orchestrator *process) {
+	t.Helper()
 	log, err := os.ReadFile(orchestrator.log)
 	if err != nil {
 		t.Fatal(err)
