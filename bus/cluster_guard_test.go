@@ -1,3 +1,5 @@
+//go:build cluster
+
 package bus_test
 
 import (
@@ -12,7 +14,7 @@ import (
 	"github.com/loopbus/loopbus/schemas"
 )
 
-// TestGuardedPublishAfterReadOnReplicatedStream plays the orchestrator on
+// TestClusterGuardedPublishAfterRead plays the orchestrator on
 // a stream of three replicas: for each of many sessions, a reader that
 // has just been given the session's newest event publishes an event
 // guarded on it (PublishExpect with that event's sequence), as a decision
@@ -26,7 +28,7 @@ import (
 // ErrStale, which the orchestrator took for "newer events exist" and
 // waited for them, for ever: about 4 % of such publishes. It takes about
 // 10 s.
-func TestGuardedPublishAfterReadOnReplicatedStream(t *testing.T) {
+func TestClusterGuardedPublishAfterRead(t *testing.T) {
 	t.Parallel()
 	routes := []string{"nats://" + testnats.FreeAddr(t), "nats://" + testnats.FreeAddr(t), "nats://" + testnats.FreeAddr(t)}
 	var urls []string

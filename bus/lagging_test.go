@@ -1,3 +1,5 @@
+//go:build cluster
+
 package bus_test
 
 import (
@@ -16,14 +18,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// TestReadsOnLaggingReplica: a node whose JetStream store is full takes
+// TestClusterReadsOnLaggingReplica: a node whose JetStream store is full takes
 // no more writes but stays a follower of every stream, answering direct
 // gets and hosting consumers from the history it holds. Through a bus
 // connected only to that node, everything written after it filled up is
 // read all the same: artifacts (in one message and in chunks), a view,
 // an event by sequence, a session's last sequence and its events (read to
 // the end, and followed until caught up), every time.
-func TestReadsOnLaggingReplica(t *testing.T) {
+func TestClusterReadsOnLaggingReplica(t *testing.T) {
 	t.Parallel()
 	c, w := testnats.LaggingCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

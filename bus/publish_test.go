@@ -84,7 +84,7 @@ func TestPublishExpect(t *testing.T) {
 	}
 	// On a stream of one replica a future expectation is refused at once
 	// (a replicated stream's leader may only be behind: see
-	// TestGuardedPublishAfterReadOnReplicatedStream), naming the
+	// TestClusterGuardedPublishAfterRead), naming the
 	// session's last sequence.
 	var stale *bus.StaleError
 	if _, err := b.PublishExpect(ctx, jobStarted("s1", "a5"), r2.Seq+100); !errors.Is(err, bus.ErrStale) || !errors.As(err, &stale) || !stale.Known || stale.Last != r2.Seq {

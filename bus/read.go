@@ -197,7 +197,7 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 					if sctx.Err() != nil {
 						return true, false, fail(nil)
 					}
-					if err == nil && (owed == 0 || owed > target) {
+					if err == nil && (owed == 0 || owed > target) && b.removedBefore(sctx, target) {
 						// The leader holds nothing the read still owes
 						// (retention removed it): caught up after all.
 						target = cursor.Load()
@@ -297,6 +297,27 @@ func (b *Bus) Read(ctx context.Context, opts ReadOptions, fn func(schemas.Event)
 // before replacing it; doubled on each replacement, up to
 // Config.ReadStall.
 const readLagWait = 250 * time.Millisecond
+
+// removedBefore reports whether the event stream's leader no longer
+// holds seq because retention removed it (its first sequence is past
+// seq). A leader that says it holds no event a read still owes, up to a
+// target a leader acknowledged, is believed only then: a node that was
+// elected leader while its store lagged (a store that filled up drops
+// what it is sent but votes from its log) holds less than its
+// predecessor, and a read that ended on its word would miss events.
+// Then the read waits for the stream as it waits for a lagging replica.
+func (b *Bus) removedBefore(ctx context.Context, seq uint64) bool {
+	info, err := b.stream.Info(ctx)
+	if err != nil {
+		return false
+	}
+	if info.State.FirstSeq > seq {
+		return true
+	}
+	b.log.Warn().Uint64("first", info.State.FirstSeq).Uint64("last", info.State.LastSeq).Uint64("acknowledged", seq).
+		Msg("the event stream's leader lacks events it acknowledged (elected while its store lagged?); the read waits for them")
+	return false
+}
 
 // readTarget is the newest event on subjects as the event stream's leader
 // knows it. It waits while the stream has no leader, until ctx ends or,

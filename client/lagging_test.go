@@ -1,3 +1,5 @@
+//go:build cluster
+
 package client_test
 
 import (
@@ -16,12 +18,12 @@ import (
 	"github.com/loopbus/loopbus/projections"
 )
 
-// TestCommandsOnLaggingReplica: sessions started after a node's JetStream
+// TestClusterCommandsOnLaggingReplica: sessions started after a node's JetStream
 // store filled up (it takes no more writes, yet answers reads from what it
 // holds) are found, listed, shown and exported, with their input, by a
 // client connected only to that node, every time: no "no such session",
 // no session missing from the list, no artifact not found.
-func TestCommandsOnLaggingReplica(t *testing.T) {
+func TestClusterCommandsOnLaggingReplica(t *testing.T) {
 	t.Parallel()
 	c, w := testnats.LaggingCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -29,8 +29,8 @@ import (
 // lagging a follower's by a disk sync): with the nodes on one machine it
 // did not show here in 150 sessions before the fix. The tests that
 // reproduce it, with the servers in one process, are the orchestrator's
-// TestRunnerOnReplicatedStream and the bus's
-// TestGuardedPublishAfterReadOnReplicatedStream.
+// TestClusterRunnerOnReplicatedStream and the bus's
+// TestClusterGuardedPublishAfterRead.
 //
 // It runs in `make test-cluster` beside TestClusterFaults, which puts
 // 300 sessions through two faults and checks the same; about a minute on

@@ -1,3 +1,5 @@
+//go:build cluster
+
 package e2e
 
 import (
@@ -342,16 +344,4 @@ func clusterEvents(t *testing.T, global []string, session string, ps []*process)
 		t.Fatalf("events --session %s: exit %d\n%s\n%s", session, r.code, r.stderr, tails(ps))
 	}
 	return events(t, global, session)
-}
-
-// within polls cond every 200ms until it holds (true) or d passes (false).
-func within(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return true
 }

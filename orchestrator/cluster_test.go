@@ -1,3 +1,5 @@
+//go:build cluster
+
 package orchestrator_test
 
 import (
@@ -15,7 +17,7 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// TestRunnerOnReplicatedStream runs the orchestrator on a cluster of three
+// TestClusterRunnerOnReplicatedStream runs the orchestrator on a cluster of three
 // servers holding the stream at three replicas, as an operator did, and
 // plays the client, the worker and the validator: sessions of two steps,
 // one after another, each job passed as soon as it is requested. Every
@@ -28,7 +30,7 @@ import (
 // waited for them: the session stopped for ever, with nothing logged.
 // Without the fix, 3 runs of 4 stopped on some session (after
 // session.started or a verdict). It takes about 10 s (20 s with -race).
-func TestRunnerOnReplicatedStream(t *testing.T) {
+func TestClusterRunnerOnReplicatedStream(t *testing.T) {
 	t.Parallel()
 	urls := testnats.ClusterURLs(t, 3)
 	cat, err := schemas.NewCatalogue()
