@@ -15,15 +15,17 @@ build:
 	$(GO) build -o $(BIN) ./cmd/loopbus
 
 # test: formatting, vet, every test with the race detector (the end-to-end
-# tests build and drive the real binary), then each fuzz target briefly
-# (their checked-in seed corpora also run as part of the plain tests).
-# The end-to-end tests mostly wait on the processes they start, so four
-# run at once even on two cores. go test's own vet checks are a subset of
-# the vet target's, which ran just before: -vet=off spares running them
-# again (24 s of a 5.7-minute build of every test from an empty cache).
+# tests build and drive the real binary). The fuzz targets' checked-in
+# seed corpora run as part of these tests; fuzzing itself is make fuzz,
+# which .ci/run also runs. The end-to-end tests mostly wait on the
+# processes they start, so four run at once even on two cores, and three
+# packages are tested at once (go test's default is one per core) so that
+# one waiting on its processes or timers leaves no core idle. go test's
+# own vet checks are a subset of the vet target's, which ran just before:
+# -vet=off spares running them again (24 s of a 5.7-minute build of every
+# test from an empty cache).
 test: fmt-check vet chromium
-	$(GO) test -race -vet=off -count=1 -parallel 4 -timeout 30m $(TESTPKGS)
-	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_CI)
+	$(GO) test -race -vet=off -count=1 -p 3 -parallel 4 -timeout 30m $(TESTPKGS)
 
 # test-cluster: every test on a three-node cluster (docs/CLUSTER.md),
 # kept out of test by the build tag cluster and named TestCluster...:
@@ -78,11 +80,10 @@ run-example: build
 
 # fuzz: each fuzz target for FUZZTIME (make fuzz FUZZTIME=10m for a longer
 # hunt); new failing inputs are written to the package's testdata/fuzz.
-# make test counts executions instead (FUZZTIME_CI): a duration races the
-# fuzzing engine's own deadline on a busy machine and can fail with
+# .ci/run counts executions instead (FUZZTIME=20000x): a duration races
+# the fuzzing engine's own deadline on a busy machine and can fail with
 # "context deadline exceeded" although nothing was found (a known Go race).
 FUZZTIME    ?= 30s
-FUZZTIME_CI ?= 20000x
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./bus/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./definition/

@@ -301,11 +301,11 @@ const readLagWait = 250 * time.Millisecond
 // removedBefore reports whether the event stream's leader no longer
 // holds seq because retention removed it (its first sequence is past
 // seq). A leader that says it holds no event a read still owes, up to a
-// target a leader acknowledged, is believed only then: a node that was
-// elected leader while its store lagged (a store that filled up drops
-// what it is sent but votes from its log) holds less than its
-// predecessor, and a read that ended on its word would miss events.
-// Then the read waits for the stream as it waits for a lagging replica.
+// target a leader acknowledged, is believed only then: a leader once
+// lacked what its predecessor acknowledged (after a cluster with a full
+// store on one node lost its quorum and elected again), and a read that
+// ended on its word would have missed events. Otherwise the read waits
+// for the stream as it waits for a lagging replica.
 func (b *Bus) removedBefore(ctx context.Context, seq uint64) bool {
 	info, err := b.stream.Info(ctx)
 	if err != nil {
