@@ -107,9 +107,17 @@ const (
 	// KindFailure is the agent's own report that its run failed (Text says
 	// why, or is empty).
 	KindFailure
+	// KindRetry is a request to the agent's model API that failed and
+	// that the agent's own client retries (Text says why); the run goes
+	// on. A caller counts them.
+	KindRetry
+	// KindStop is the agent's own word on how its run ended (Text: its
+	// reason as the agent spells it, such as Claude Code's
+	// terminal_reason "completed", "max_turns" or "api_error").
+	KindStop
 )
 
-var kindNames = [...]string{"unknown", "tool-start", "tool-end", "message", "usage", "rate-limit", "failure"}
+var kindNames = [...]string{"unknown", "tool-start", "tool-end", "message", "usage", "rate-limit", "failure", "retry", "stop"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -143,15 +151,22 @@ type Event struct {
 	Error    string
 	Text     string
 	Usage    Usage
-	ResetAt  time.Time
+	// Models is a KindUsage's Usage by model, when the agent reports it
+	// so (Claude Code's modelUsage); Usage is their sum.
+	Models  map[string]Usage
+	ResetAt time.Time
 	// Raw is the line's type (and subtype), for counting unknown lines.
 	Raw string
 }
 
 // Usage is token usage and cost as reported by an agent; zero means not
-// reported.
+// reported. InputTokens excludes the cached ones (CacheReadTokens) and
+// those written to the cache (CacheWriteTokens); ReasoningTokens are
+// counted in OutputTokens too. Turns counts the agent's requests to its
+// model, when it says.
 type Usage struct {
 	InputTokens, OutputTokens, CacheReadTokens, CacheWriteTokens int64
+	ReasoningTokens, Turns                                       int64
 	CostUSD                                                      float64
 }
 

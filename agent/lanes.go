@@ -57,10 +57,11 @@ func ParseLaneList(s string) ([]string, error) {
 }
 
 // categoryLane is the lane of a tool that no table entry names, by its
-// category (Event.Category).
+// category (Event.Category). A tool of category "other" (one its backend
+// does not know, such as a tool newer than it) may do anything: heavy.
 func categoryLane(category string) string {
 	switch category {
-	case "shell", "agent":
+	case "shell", "agent", "other":
 		return LaneHeavy
 	case "web", "mcp":
 		return LaneNet
@@ -72,8 +73,8 @@ func categoryLane(category string) string {
 // reports it (Claude Code's Bash, mcp__github__get_issue, Codex's shell), or a
 // prefix ending in "*" (mcp__github__*, docs/*). An exact name wins over a
 // prefix, a longer prefix over a shorter one. A tool no key matches gets
-// the lane of its category: shell commands and subagents heavy, web and MCP
-// tools net, everything else no-net. The zero value is not usable; see
+// the lane of its category: shell commands, subagents and tools of no
+// known kind heavy, web and MCP tools net, everything else no-net. The zero value is not usable; see
 // NewLaneTable. A LaneTable is immutable and safe for concurrent use.
 type LaneTable struct {
 	exact map[string]string

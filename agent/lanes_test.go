@@ -77,7 +77,8 @@ func TestLaneTableLane(t *testing.T) {
 		{"docs/search", "mcp", LaneNoNet},
 		{"db/query", "mcp", LaneNet},
 		{"spawn_agent", "agent", LaneHeavy},
-		{"SomethingNew", "other", LaneNoNet},
+		{"SomethingNew", "other", LaneHeavy},
+		{"read_notes", "read", LaneNoNet},
 		{"run.sh", "exec", LaneNoNet},
 	}
 	for _, tt := range tests {

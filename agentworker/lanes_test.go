@@ -96,7 +96,7 @@ func TestLaneViolationStopsAgent(t *testing.T) {
 		name, backend, wantTool string
 		wantDisallowed          string // the --disallowedTools value; "" for codex
 	}{
-		{name: "claude uses Bash", backend: schemas.BackendClaude, wantTool: "Bash", wantDisallowed: "Agent,Bash,BashOutput,KillBash,KillShell,Task"},
+		{name: "claude uses Bash", backend: schemas.BackendClaude, wantTool: "Bash", wantDisallowed: "Agent,Bash,BashOutput,KillBash,KillShell,Monitor,PowerShell,SendMessage,Task,TaskStop,Workflow"},
 		{name: "codex runs a command", backend: schemas.BackendCodex, wantTool: "shell"},
 	}
 	for _, tt := range tests {

@@ -2,6 +2,8 @@ package agentworker
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -24,6 +26,10 @@ type outcome struct {
 	resetAt   time.Time
 	// ignored counts lines of types loopbus does not know.
 	ignored int
+	// retries counts the API requests the agent's client retried;
+	// stopReason is the agent's word on how its run ended.
+	retries    int
+	stopReason string
 	// publishErr is the first event that could not be published.
 	publishErr error
 }
@@ -94,10 +100,22 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 			publish(ctx, schemas.TypeAgentMessage, &schemas.AgentMessage{JobID: jr.JobID, Text: sec.Mask(o.Text)}, "message", strconv.Itoa(messages))
 		case agent.KindUsage:
 			out.hasUsage = true
-			out.usage.InputTokens += o.Usage.InputTokens + o.Usage.CacheReadTokens + o.Usage.CacheWriteTokens
-			out.usage.CachedTokens += o.Usage.CacheReadTokens
-			out.usage.OutputTokens += o.Usage.OutputTokens
-			out.usage.CostUSD += o.Usage.CostUSD
+			addUsage(&out.usage, o.Usage)
+			for _, name := range slices.Sorted(maps.Keys(o.Models)) {
+				if out.usage.Models == nil {
+					out.usage.Models = map[string]schemas.Usage{}
+				}
+				if _, ok := out.usage.Models[name]; !ok && len(out.usage.Models) >= maxModels {
+					continue // the agent's names, bounded
+				}
+				m := out.usage.Models[name]
+				addUsage(&m, o.Models[name])
+				out.usage.Models[name] = m
+			}
+		case agent.KindRetry:
+			out.retries++
+		case agent.KindStop:
+			out.stopReason = sec.Mask(o.Text)
 		case agent.KindRateLimit:
 			out.rateLimit = nonEmpty(sec.Mask(o.Text), "usage or rate limit reached")
 			if !o.ResetAt.IsZero() {
@@ -167,6 +185,22 @@ func nonEmpty(s, otherwise string) string {
 }
 
 // usageRef is the reported usage, nil when none was (or o is nil).
+// maxModels bounds the models a job's usage is given by (the schema's
+// maxProperties): the names come from the agent.
+const maxModels = 16
+
+// addUsage adds what an agent reported to a job's usage, whose input
+// tokens count the cached ones (read and written) too.
+func addUsage(u *schemas.Usage, a agent.Usage) {
+	u.InputTokens += a.InputTokens + a.CacheReadTokens + a.CacheWriteTokens
+	u.CachedTokens += a.CacheReadTokens
+	u.CacheWriteTokens += a.CacheWriteTokens
+	u.OutputTokens += a.OutputTokens
+	u.ReasoningTokens += a.ReasoningTokens
+	u.Turns += a.Turns
+	u.CostUSD += a.CostUSD
+}
+
 func (o *outcome) usageRef() *schemas.Usage {
 	if o == nil || !o.hasUsage {
 		return nil

@@ -500,6 +500,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 		jf.Error = sec.Mask(jf.Error)
 		if out != nil {
 			jf.Usage, jf.IgnoredLines = out.usageRef(), out.ignored
+			jf.APIRetries, jf.StopReason = out.retries, out.stopReason
 			if out.rateLimit != "" {
 				jf.RateLimited = true
 				if !out.resetAt.IsZero() {
@@ -772,7 +773,7 @@ func (s *Service) handle(ctx context.Context, d bus.Delivery) (err error) {
 	_, err = s.bus.Publish(ctx, s.resultEvent(req, jr, &schemas.JobCompleted{
 		JobID: jr.JobID, Step: jr.Step, Iteration: jr.Iteration, RequestSeq: req.Seq, Worker: s.cfg.ID,
 		ExitCode: res.ExitCode, DurationMs: res.Duration.Milliseconds(), Artifacts: arts, OutputTail: res.Tail,
-		Usage: out.usageRef(), IgnoredLines: out.ignoredLines(), Git: g,
+		Usage: out.usageRef(), IgnoredLines: out.ignoredLines(), APIRetries: out.retries, StopReason: out.stopReason, Git: g,
 	}))
 	if err == nil {
 		log.Info().Dur("took", res.Duration).Int("artifacts", len(arts)).Msg("job completed")

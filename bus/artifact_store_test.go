@@ -61,10 +61,7 @@ func TestArtifactSizes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.size), func(t *testing.T) {
-			// Megabytes under the race detector, beside the package's other
-			// tests, can take longer than testTimeout on a loaded machine.
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
+			ctx := ctxT(t)
 			payload := randomBytes(t, tt.size)
 			before := streamState(t, b, bus.DefaultArtifactsBucket).Msgs
 			ref, err := b.PutArtifact(ctx, "s1/sizes/"+fmt.Sprint(tt.size), "a.bin", bytes.NewReader(payload))

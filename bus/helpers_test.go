@@ -14,8 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// testTimeout bounds every wait in these tests.
-const testTimeout = 15 * time.Second
+// testTimeout bounds every wait in these tests: only a failing test
+// waits that long. Megabytes of artifacts through a server under the race
+// detector, beside the package's other tests on a loaded 2-core machine,
+// took more than 15 s.
+const testTimeout = 60 * time.Second
 
 // ctxT returns a context that ends with the test (or after testTimeout).
 func ctxT(t *testing.T) context.Context {

@@ -28,8 +28,8 @@ func TestParseAgentCLIs(t *testing.T) {
 		},
 		{
 			name:  "codex with a model and another program",
-			agent: `{backend: codex, command: [/opt/codex/bin/codex], model: gpt-5-codex, args: [--full-auto]}`,
-			want:  schemas.AgentSpec{Backend: "codex", Command: []string{"/opt/codex/bin/codex"}, Model: "gpt-5-codex", Args: []string{"--full-auto"}},
+			agent: `{backend: codex, command: [/opt/codex/bin/codex], model: gpt-5-codex, args: [-c, model_reasoning_effort=high]}`,
+			want:  schemas.AgentSpec{Backend: "codex", Command: []string{"/opt/codex/bin/codex"}, Model: "gpt-5-codex", Args: []string{"-c", "model_reasoning_effort=high"}},
 		},
 		{
 			name:  "claude alone",

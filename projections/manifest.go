@@ -1256,7 +1256,7 @@ func (m *Manifest) jobEnded(id, step string, iteration int, status, worker strin
 		j.Status = status
 	}
 	j.Worker = orElse(worker, j.Worker)
-	if u != nil && *u == (schemas.Usage{}) {
+	if u != nil && u.IsZero() {
 		u = nil
 	}
 	if u == nil && j.Usage == nil {
@@ -1300,7 +1300,12 @@ func (m *Manifest) sumUsage(step string) {
 func addUsage(sum *schemas.Usage, u schemas.Usage) {
 	sum.InputTokens += u.InputTokens
 	sum.CachedTokens += u.CachedTokens
+	sum.CacheWriteTokens += u.CacheWriteTokens
 	sum.OutputTokens += u.OutputTokens
+	sum.ReasoningTokens += u.ReasoningTokens
+	sum.Turns += u.Turns
+	// Models stay with each job: a sum by model would grow with every
+	// model a session's agents name.
 	c := finite(sum.CostUSD + u.CostUSD)
 	if math.Abs(c) < 1e9 {
 		// Rounded to a billionth of a dollar, so sums read 0.3, not
@@ -1320,7 +1325,7 @@ func finite(x float64) float64 {
 
 // usagePtr returns &u, or nil for zero usage.
 func usagePtr(u schemas.Usage) *schemas.Usage {
-	if u == (schemas.Usage{}) {
+	if u.IsZero() {
 		return nil
 	}
 	return &u

@@ -592,7 +592,7 @@ func TestControlStates(t *testing.T) {
 					t.Errorf("summary = %+v, job %+v", sv, m.Jobs[sv.JobID])
 				}
 				want := schemas.Usage{InputTokens: 800, OutputTokens: 20, CostUSD: 0.004}
-				if m.Usage == nil || *m.Usage != want || sv.Usage == nil || *sv.Usage != want {
+				if m.Usage == nil || !reflect.DeepEqual(*m.Usage, want) || sv.Usage == nil || !reflect.DeepEqual(*sv.Usage, want) {
 					t.Errorf("usage: session %+v step %+v", m.Usage, sv.Usage)
 				}
 			},

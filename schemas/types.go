@@ -391,9 +391,26 @@ type Usage struct {
 	InputTokens int64 `json:"inputTokens,omitempty"`
 	// CachedTokens are the input tokens read from the API's prompt cache,
 	// when it says.
-	CachedTokens int64   `json:"cachedTokens,omitempty"`
-	OutputTokens int64   `json:"outputTokens,omitempty"`
-	CostUSD      float64 `json:"costUsd,omitempty"`
+	CachedTokens int64 `json:"cachedTokens,omitempty"`
+	// CacheWriteTokens are the input tokens written to the prompt cache
+	// (counted in InputTokens too), when the API says.
+	CacheWriteTokens int64 `json:"cacheWriteTokens,omitempty"`
+	OutputTokens     int64 `json:"outputTokens,omitempty"`
+	// ReasoningTokens are the output tokens spent thinking (counted in
+	// OutputTokens too), when the API says.
+	ReasoningTokens int64 `json:"reasoningTokens,omitempty"`
+	// Turns counts the agent's requests to its model, when it says.
+	Turns   int64   `json:"turns,omitempty"`
+	CostUSD float64 `json:"costUsd,omitempty"`
+	// Models is the usage by model, when the agent says (Claude Code's
+	// modelUsage); their Models are empty.
+	Models map[string]Usage `json:"models,omitempty"`
+}
+
+// IsZero reports whether u reports nothing.
+func (u Usage) IsZero() bool {
+	return u.InputTokens == 0 && u.CachedTokens == 0 && u.CacheWriteTokens == 0 && u.OutputTokens == 0 &&
+		u.ReasoningTokens == 0 && u.Turns == 0 && u.CostUSD == 0 && len(u.Models) == 0
 }
 
 // JobCompleted reports an agent run that exited 0 and produced every
@@ -414,6 +431,13 @@ type JobCompleted struct {
 	// IgnoredLines counts lines of the agent's event stream of types
 	// loopbus does not know (claude and codex backends).
 	IgnoredLines int `json:"ignoredLines,omitempty"`
+	// APIRetries counts the requests to its model API that the agent's
+	// own client retried (claude's api_retry lines, codex's
+	// "Reconnecting..." errors).
+	APIRetries int `json:"apiRetries,omitempty"`
+	// StopReason is the agent's own word on how its run ended (claude's
+	// terminal_reason: "completed", "max_turns", "api_error", ...).
+	StopReason string `json:"stopReason,omitempty"`
 	// Git is the commit a worktree job left.
 	Git *GitResult `json:"git,omitempty"`
 }
@@ -440,8 +464,10 @@ type JobFailed struct {
 	// Cancelled is set when the worker killed the agent because the job
 	// was cancelled (job.cancelled).
 	Cancelled bool `json:"cancelled,omitempty"`
-	// IgnoredLines: see JobCompleted.
-	IgnoredLines int `json:"ignoredLines,omitempty"`
+	// IgnoredLines, APIRetries and StopReason: see JobCompleted.
+	IgnoredLines int    `json:"ignoredLines,omitempty"`
+	APIRetries   int    `json:"apiRetries,omitempty"`
+	StopReason   string `json:"stopReason,omitempty"`
 	// Conflict lists the files a merge job conflicted on.
 	Conflict []string `json:"conflict,omitempty"`
 }

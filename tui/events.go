@@ -264,7 +264,7 @@ func reasonText(reason string) string {
 
 // usageText is ", 5.1k in / 830 out tokens, $0.0312", or nothing.
 func usageText(u *schemas.Usage) string {
-	if u == nil || *u == (schemas.Usage{}) {
+	if u == nil || u.IsZero() {
 		return ""
 	}
 	s := ", " + ShortTokens(u.InputTokens) + " in / " + ShortTokens(u.OutputTokens) + " out tokens"

@@ -441,7 +441,7 @@ func checkEvent(t *testing.T, ev agent.Event, starts map[string]string) {
 			t.Errorf("tool %s started as %q, ended as %q", ev.ToolID, name, ev.Name)
 		}
 		starts[ev.ToolID] = ended
-	case agent.KindUnknown, agent.KindMessage, agent.KindUsage, agent.KindRateLimit, agent.KindFailure:
+	case agent.KindUnknown, agent.KindMessage, agent.KindUsage, agent.KindRateLimit, agent.KindFailure, agent.KindRetry, agent.KindStop:
 	default:
 		t.Errorf("event of unknown kind %d", ev.Kind)
 	}

@@ -64,17 +64,22 @@ func Argv(model, permissionMode string, allowedTools, disallowedTools, extraArgs
 }
 
 // DefaultLanes implements agent.LaneDefaulter: Claude Code's built-in
-// tools by category (see category), and every MCP tool in the net lane.
+// tools by category (see category): shell commands and subagents heavy,
+// web tools and every MCP tool net, the rest no-net. A tool missing from
+// the table goes by its category "other": heavy.
 func (Backend) DefaultLanes() map[string]string {
-	return map[string]string{
-		"Bash": agent.LaneHeavy, "BashOutput": agent.LaneHeavy, "KillShell": agent.LaneHeavy, "KillBash": agent.LaneHeavy,
-		"Task": agent.LaneHeavy, "Agent": agent.LaneHeavy,
-		"Read": agent.LaneNoNet, "Glob": agent.LaneNoNet, "Grep": agent.LaneNoNet, "LS": agent.LaneNoNet, "NotebookRead": agent.LaneNoNet,
-		"Edit": agent.LaneNoNet, "Write": agent.LaneNoNet, "MultiEdit": agent.LaneNoNet, "NotebookEdit": agent.LaneNoNet,
-		"TodoWrite": agent.LaneNoNet,
-		"WebFetch":  agent.LaneNet, "WebSearch": agent.LaneNet,
-		"mcp__*": agent.LaneNet,
+	lanes := map[string]string{"mcp__*": agent.LaneNet}
+	for name, c := range claudeCategories {
+		switch c {
+		case "shell", "agent":
+			lanes[name] = agent.LaneHeavy
+		case "web":
+			lanes[name] = agent.LaneNet
+		default:
+			lanes[name] = agent.LaneNoNet
+		}
 	}
+	return lanes
 }
 
 // PlannedTools implements agent.ToolPlanner: the tools spec.AllowedTools

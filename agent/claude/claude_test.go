@@ -32,7 +32,7 @@ func TestConformance(t *testing.T) {
 	agenttest.RunConformance(t, func() agent.Backend { return Backend{} }, agenttest.Fixtures{
 		Success:   fixture("success", msg, start, end, start, end, msg, usage),
 		Usage:     fixture("success"),
-		RateLimit: fixture("rate_limit", limit, msg, limit, failure),
+		RateLimit: fixture("rate_limit", limit, msg, usage, limit, failure),
 		Failure:   fixture("error", start, end, usage, failure),
 		Unknown:   fixture("unknown", unk, unk, msg, usage),
 		Large:     fixture("large", msg, start, end, usage),
@@ -74,7 +74,7 @@ func TestRules(t *testing.T) {
 		lanes []string
 		want  []string
 	}{
-		{name: "heavy", lanes: []string{agent.LaneHeavy}, want: []string{"Agent", "Bash", "BashOutput", "KillBash", "KillShell", "Task", "mcp__github", "mcp__jira__search"}},
+		{name: "heavy", lanes: []string{agent.LaneHeavy}, want: []string{"Agent", "Bash", "BashOutput", "KillBash", "KillShell", "Monitor", "PowerShell", "SendMessage", "Task", "TaskStop", "Workflow", "mcp__github", "mcp__jira__search"}},
 		{name: "net: mcp__* has no rule", lanes: []string{agent.LaneNet}, want: []string{"WebFetch", "WebSearch"}},
 		{name: "none", lanes: nil, want: nil},
 	}

@@ -63,18 +63,39 @@ type claudeParser struct {
 	// rejectedReset is the resetsAt of the last rejected rate_limit_event, so
 	// the limit result that follows (whose text has no date) gets a ResetAt.
 	rejectedReset time.Time
+	// retryDelay is the wait of the last system/api_retry line that
+	// retried a 429: Claude Code's own estimate (Retry-After, or its
+	// backoff) of when the API takes requests again.
+	retryDelay time.Duration
+	// apiStatus is the HTTP status of the API error an assistant line
+	// reported (api_error_status), 0 if none.
+	apiStatus int
 }
 
 // claudeLine is the union of the top-level fields we read.
 type claudeLine struct {
-	Type          string          `json:"type"`
-	Subtype       string          `json:"subtype"`
-	Message       json.RawMessage `json:"message"`
-	IsError       bool            `json:"is_error"`
-	Result        string          `json:"result"`
-	Errors        []string        `json:"errors"`
-	TotalCostUSD  float64         `json:"total_cost_usd"`
-	Usage         claudeUsage     `json:"usage"`
+	Type         string          `json:"type"`
+	Subtype      string          `json:"subtype"`
+	Message      json.RawMessage `json:"message"`
+	IsError      bool            `json:"is_error"`
+	Result       string          `json:"result"`
+	Errors       []string        `json:"errors"`
+	TotalCostUSD float64         `json:"total_cost_usd"`
+	Usage        claudeUsage     `json:"usage"`
+	// ModelUsage is a result's usage by model.
+	ModelUsage     map[string]claudeModelUsage `json:"modelUsage"`
+	NumTurns       int64                       `json:"num_turns"`
+	TerminalReason string                      `json:"terminal_reason"`
+	// APIErrorStatus is the HTTP status of the API error that ended the
+	// turn (assistant and result lines); Error its kind ("rate_limit").
+	APIErrorStatus int    `json:"api_error_status"`
+	Error          string `json:"error"`
+	// api_retry lines: attempt of max_retries, the wait before it, and
+	// the status and kind of the error retried.
+	Attempt       int   `json:"attempt"`
+	MaxRetries    int   `json:"max_retries"`
+	RetryDelayMs  int64 `json:"retry_delay_ms"`
+	ErrorStatus   int   `json:"error_status"`
 	RateLimitInfo *struct {
 		Status        string `json:"status"`
 		ResetsAt      int64  `json:"resetsAt"`
@@ -87,6 +108,19 @@ type claudeUsage struct {
 	OutputTokens             int64 `json:"output_tokens"`
 	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
 	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+	OutputTokensDetails      *struct {
+		ThinkingTokens int64 `json:"thinking_tokens"`
+	} `json:"output_tokens_details"`
+}
+
+// claudeModelUsage is one model's entry in a result's modelUsage.
+type claudeModelUsage struct {
+	InputTokens              int64   `json:"inputTokens"`
+	OutputTokens             int64   `json:"outputTokens"`
+	CacheReadInputTokens     int64   `json:"cacheReadInputTokens"`
+	CacheCreationInputTokens int64   `json:"cacheCreationInputTokens"`
+	ThinkingTokens           int64   `json:"thinkingTokens"`
+	CostUSD                  float64 `json:"costUSD"`
 }
 
 type claudeMessage struct {
@@ -134,8 +168,14 @@ func (p *claudeParser) Line(line []byte) []agent.Event {
 		return p.result(l, raw)
 	case "rate_limit_event":
 		return p.rateLimit(l, raw)
-	case "system", "stream_event":
-		// init, hooks, compaction, partial-message deltas: informational only.
+	case "system":
+		if l.Subtype == "api_retry" {
+			return p.retry(l, raw)
+		}
+		// init, hooks, compaction: informational only.
+		return nil
+	case "stream_event":
+		// Partial-message deltas: the whole message follows.
 		return nil
 	}
 	return []agent.Event{{Kind: agent.KindUnknown, Raw: raw}}
@@ -158,7 +198,33 @@ func claudeBlocks(msg json.RawMessage) ([]claudeBlock, bool) {
 	return bs, true
 }
 
+// retry reports an api_retry line: Claude Code retries a failed request
+// by itself, up to max_retries times.
+func (p *claudeParser) retry(l claudeLine, raw string) []agent.Event {
+	why := l.Error
+	if l.ErrorStatus != 0 {
+		why = strings.TrimSpace(strconv.Itoa(l.ErrorStatus) + " " + why)
+	}
+	if why == "" {
+		why = "an API error"
+	}
+	delay := time.Duration(l.RetryDelayMs) * time.Millisecond
+	if l.ErrorStatus == 429 || l.Error == "rate_limit" {
+		p.retryDelay = delay
+	}
+	text := "the API answered " + why + ": retry " + strconv.Itoa(l.Attempt)
+	if l.MaxRetries > 0 {
+		text += " of " + strconv.Itoa(l.MaxRetries)
+	}
+	text += " in " + delay.Round(100*time.Millisecond).String()
+	return []agent.Event{{Kind: agent.KindRetry, Text: text, Raw: raw}}
+}
+
 func (p *claudeParser) assistant(l claudeLine, raw string) []agent.Event {
+	if l.APIErrorStatus != 0 {
+		// A synthetic message that reports the API error ending the turn.
+		p.apiStatus = l.APIErrorStatus
+	}
 	bs, ok := claudeBlocks(l.Message)
 	if !ok {
 		return []agent.Event{{Kind: agent.KindUnknown, Raw: raw}}
@@ -201,12 +267,16 @@ func (p *claudeParser) user(l claudeLine, raw string) []agent.Event {
 		if now.IsZero() {
 			now = p.now()
 		}
+		text := claudeResultText(b.Content)
 		o := agent.Event{
 			Kind: agent.KindToolEnd, ToolID: b.ToolUseID, IsError: b.IsError,
-			Output: agent.Truncate(claudeResultText(b.Content)), Raw: raw,
+			Output: agent.Truncate(text), Raw: raw,
 		}
 		if t, ok := p.tools[b.ToolUseID]; ok {
 			o.Name, o.Category = t.name, t.category
+			if t.category == "shell" && b.IsError {
+				o.ExitCode = claudeExitCode(text)
+			}
 			if d := now.Sub(t.started); d > 0 {
 				o.Duration = d
 			}
@@ -223,7 +293,26 @@ func (p *claudeParser) result(l claudeLine, raw string) []agent.Event {
 		OutputTokens:     l.Usage.OutputTokens,
 		CacheReadTokens:  l.Usage.CacheReadInputTokens,
 		CacheWriteTokens: l.Usage.CacheCreationInputTokens,
+		Turns:            l.NumTurns,
 		CostUSD:          l.TotalCostUSD,
+	}
+	if d := l.Usage.OutputTokensDetails; d != nil {
+		u.ReasoningTokens = d.ThinkingTokens
+	}
+	var models map[string]agent.Usage
+	if len(l.ModelUsage) > 0 {
+		models = make(map[string]agent.Usage, len(l.ModelUsage))
+		for name, m := range l.ModelUsage {
+			models[name] = agent.Usage{
+				InputTokens: m.InputTokens, OutputTokens: m.OutputTokens,
+				CacheReadTokens: m.CacheReadInputTokens, CacheWriteTokens: m.CacheCreationInputTokens,
+				ReasoningTokens: m.ThinkingTokens, CostUSD: m.CostUSD,
+			}
+		}
+	}
+	status := l.APIErrorStatus
+	if status == 0 {
+		status = p.apiStatus
 	}
 	isErr := l.IsError || (l.Subtype != "" && l.Subtype != "success")
 	text := l.Result
@@ -231,12 +320,16 @@ func (p *claudeParser) result(l claudeLine, raw string) []agent.Event {
 		text = strings.Join(l.Errors, "; ")
 	}
 	var obs []agent.Event
+	if l.TerminalReason != "" {
+		obs = append(obs, agent.Event{Kind: agent.KindStop, Text: agent.Truncate(l.TerminalReason), Raw: raw})
+	}
 	if u != (agent.Usage{}) {
-		obs = append(obs, agent.Event{Kind: agent.KindUsage, Usage: u, Raw: raw})
+		obs = append(obs, agent.Event{Kind: agent.KindUsage, Usage: u, Models: models, Raw: raw})
 	}
 	// Only an error result counts as a limit: a successful answer may well
 	// talk about usage limits.
-	if isErr && claudeLimitRe.MatchString(text) {
+	switch {
+	case isErr && claudeLimitRe.MatchString(text):
 		// An epoch in the text is exact; else the rejected event's resetsAt
 		// beats a time of day read from the text.
 		reset := claudeParseEpoch(text)
@@ -245,6 +338,15 @@ func (p *claudeParser) result(l claudeLine, raw string) []agent.Event {
 		}
 		if reset.IsZero() {
 			reset = claudeParseReset(text, p.now())
+		}
+		obs = append(obs, agent.Event{Kind: agent.KindRateLimit, Text: agent.Truncate(text), ResetAt: reset, Raw: raw})
+	case isErr && status == 429:
+		// A rate limit Claude Code gave up retrying ("API Error: Request
+		// rejected (429) · ..."): try again after its last wait, when it
+		// retried (else the caller's default wait).
+		var reset time.Time
+		if p.retryDelay > 0 {
+			reset = p.now().Add(p.retryDelay).UTC()
 		}
 		obs = append(obs, agent.Event{Kind: agent.KindRateLimit, Text: agent.Truncate(text), ResetAt: reset, Raw: raw})
 	}
@@ -272,25 +374,57 @@ func (p *claudeParser) rateLimit(l claudeLine, raw string) []agent.Event {
 	return []agent.Event{o}
 }
 
+// claudeCategories are Claude Code's built-in tools by category (see
+// agent.Event.Category), as the init line of Claude Code 2.1 lists them
+// and older releases named them. "internal" tools keep the agent's own
+// state (its to-do list, scheduled wake-ups, findings): no files, no
+// programs, no network.
+var claudeCategories = map[string]string{
+	"Bash": "shell", "BashOutput": "shell", "KillShell": "shell", "KillBash": "shell",
+	"Monitor": "shell", "PowerShell": "shell",
+	"Edit": "edit", "Write": "edit", "MultiEdit": "edit", "NotebookEdit": "edit",
+	"EnterWorktree": "edit", "ExitWorktree": "edit",
+	"Read": "read", "Glob": "read", "Grep": "read", "LS": "read", "NotebookRead": "read",
+	"ToolSearch": "read", "Skill": "read", "ListAgents": "read",
+	"TaskGet": "read", "TaskList": "read", "CronList": "read",
+	"WebFetch": "web", "WebSearch": "web",
+	// The subagent tool was renamed from Task to Agent; Task names it
+	// still in 2.1's tool list.
+	"Task": "agent", "Agent": "agent", "SendMessage": "agent", "Workflow": "agent", "TaskStop": "agent",
+	"TodoWrite": "internal", "TaskCreate": "internal", "TaskUpdate": "internal",
+	"CronCreate": "internal", "CronDelete": "internal", "ScheduleWakeup": "internal",
+	"ReportFindings": "internal", "EnterPlanMode": "internal", "ExitPlanMode": "internal",
+}
+
 // category maps a Claude Code tool name to its category (see
-// agent.Event.Category).
+// agent.Event.Category): "other" for a tool this table does not know,
+// which the lane table puts in the heavy lane.
 func category(name string) string {
-	switch name {
-	case "Bash", "BashOutput", "KillShell", "KillBash":
-		return "shell"
-	case "Edit", "Write", "MultiEdit", "NotebookEdit":
-		return "edit"
-	case "Read", "Glob", "Grep", "LS", "NotebookRead":
-		return "read"
-	case "WebFetch", "WebSearch":
-		return "web"
-	case "Task", "Agent": // the subagent tool was renamed from Task to Agent
-		return "agent"
+	if c, ok := claudeCategories[name]; ok {
+		return c
 	}
 	if strings.HasPrefix(name, "mcp__") {
 		return "mcp"
 	}
 	return "other"
+}
+
+// claudeExitRe is how Claude Code's Bash tool starts the result of a
+// command that exited non-zero: "Exit code 3\n<output>".
+var claudeExitRe = regexp.MustCompile(`^Exit code (-?\d+)\b`)
+
+// claudeExitCode is the exit status a failed Bash result names, 0 if it
+// names none (a tool error of another kind).
+func claudeExitCode(text string) int {
+	m := claudeExitRe.FindStringSubmatch(text)
+	if m == nil {
+		return 0
+	}
+	n, err := strconv.Atoi(m[1])
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // claudeResultText flattens tool_result content: a string, or an array of

@@ -36,7 +36,7 @@ func TestClaudeLine(t *testing.T) {
 		limitRes   = `{"type":"result","subtype":"success","is_error":true,"api_error_status":429,"result":"` + limitText + `","total_cost_usd":0,"usage":{"input_tokens":0,"output_tokens":0}}`
 		resultBody = `"duration_ms":16049,"num_turns":3,"session_id":"s","total_cost_usd":0.0421,"usage":{"input_tokens":18,"cache_creation_input_tokens":1730,"cache_read_input_tokens":44950,"output_tokens":135}`
 	)
-	usage := agent.Usage{InputTokens: 18, OutputTokens: 135, CacheReadTokens: 44950, CacheWriteTokens: 1730, CostUSD: 0.0421}
+	usage := agent.Usage{InputTokens: 18, OutputTokens: 135, CacheReadTokens: 44950, CacheWriteTokens: 1730, Turns: 3, CostUSD: 0.0421}
 	long := strings.Repeat("é", agent.MaxSummary) // 2 bytes a rune: must be cut on a rune boundary
 	tests := []struct {
 		name  string
@@ -231,7 +231,9 @@ func TestCategory(t *testing.T) {
 		{"NotebookEdit", "edit"}, {"Read", "read"}, {"Glob", "read"}, {"Grep", "read"},
 		{"LS", "read"}, {"WebFetch", "web"}, {"WebSearch", "web"},
 		{"mcp__github__create_issue", "mcp"}, {"Task", "agent"}, {"Agent", "agent"},
-		{"TodoWrite", "other"}, {"", "other"},
+		{"TodoWrite", "internal"}, {"ScheduleWakeup", "internal"}, {"Monitor", "shell"},
+		{"SendMessage", "agent"}, {"Workflow", "agent"}, {"ToolSearch", "read"},
+		{"EnterWorktree", "edit"}, {"SomeFutureTool", "other"}, {"", "other"},
 	}
 	for _, tt := range tests {
 		if got := category(tt.name); got != tt.want {
@@ -313,8 +315,8 @@ func runFakeClaude(t *testing.T, scenario, prompt string) ([]agent.Event, int, s
 }
 
 func TestClaudeFakeExecutable(t *testing.T) {
-	successUsage := agent.Usage{InputTokens: 18, OutputTokens: 135, CacheReadTokens: 44950, CacheWriteTokens: 1730, CostUSD: 0.0421337}
-	errUsage := agent.Usage{InputTokens: 4, OutputTokens: 20, CacheReadTokens: 12000, CacheWriteTokens: 900, CostUSD: 0.0123}
+	successUsage := agent.Usage{InputTokens: 18, OutputTokens: 135, CacheReadTokens: 44950, CacheWriteTokens: 1730, Turns: 3, CostUSD: 0.0421337}
+	errUsage := agent.Usage{InputTokens: 4, OutputTokens: 20, CacheReadTokens: 12000, CacheWriteTokens: 900, Turns: 2, CostUSD: 0.0123}
 	limit := "You've hit your session limit · resets 9:50pm (UTC)"
 	tests := []struct {
 		name     string
@@ -340,6 +342,7 @@ func TestClaudeFakeExecutable(t *testing.T) {
 			want: []agent.Event{
 				{Kind: agent.KindRateLimit, Text: "five_hour limit rejected", ResetAt: time.Unix(1784238600, 0).UTC(), Raw: "rate_limit_event"},
 				{Kind: agent.KindMessage, Text: limit, Raw: "assistant"},
+				{Kind: agent.KindUsage, Usage: agent.Usage{Turns: 1}, Raw: "result/success"},
 				{Kind: agent.KindRateLimit, Text: limit, ResetAt: time.Unix(1784238600, 0).UTC(), Raw: "result/success"},
 				{Kind: agent.KindFailure, Text: limit, Raw: "result/success"},
 			},
@@ -359,7 +362,7 @@ func TestClaudeFakeExecutable(t *testing.T) {
 				{Kind: agent.KindUnknown, Raw: "telemetry_blip"},
 				{Kind: agent.KindUnknown, Raw: "invalid", Text: `{"type":"assistant","message":{"content":[{"type":"text","text":"partial`},
 				{Kind: agent.KindMessage, Text: "Still here.", Raw: "assistant"},
-				{Kind: agent.KindUsage, Usage: agent.Usage{InputTokens: 3, OutputTokens: 4, CostUSD: 0.001}, Raw: "result/success"},
+				{Kind: agent.KindUsage, Usage: agent.Usage{InputTokens: 3, OutputTokens: 4, Turns: 1, CostUSD: 0.001}, Raw: "result/success"},
 			},
 		},
 	}

@@ -6,6 +6,7 @@ package codex
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/loopbus/loopbus/agent"
@@ -38,13 +39,38 @@ func (b Backend) Run(ctx context.Context, job agent.Job, emit func(agent.Event))
 // Argv returns the command line that runs Codex non-interactively with
 // a JSONL event stream on stdout, the prompt read from stdin ("-"), model
 // (when not empty) and extraArgs before the prompt argument.
+//
+// Unless extraArgs say otherwise, Codex may write in its workspace
+// (--sandbox workspace-write; its default, read-only, leaves an agent
+// unable to write its outputs, and --full-auto, which said so before,
+// is gone from Codex 0.171) and runs in a directory that is not a git
+// repository (--skip-git-repo-check; without it Codex refuses one, and a
+// job's workspace is one unless it is a worktree).
 func Argv(model string, extraArgs []string) []string {
 	argv := []string{"codex", "exec", "--json"}
 	if model != "" {
 		argv = append(argv, "--model", model)
 	}
+	if !hasFlag(extraArgs, "-s", "--sandbox", "--dangerously-bypass-approvals-and-sandbox", "--full-auto") {
+		argv = append(argv, "--sandbox", "workspace-write")
+	}
+	if !hasFlag(extraArgs, "--skip-git-repo-check") {
+		argv = append(argv, "--skip-git-repo-check")
+	}
 	argv = append(argv, extraArgs...)
 	return append(argv, "-")
+}
+
+// hasFlag reports whether args hold any of flags, alone or as
+// "--flag=value".
+func hasFlag(args []string, flags ...string) bool {
+	for _, a := range args {
+		name, _, _ := strings.Cut(a, "=")
+		if slices.Contains(flags, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // DefaultLanes implements agent.LaneDefaulter: Codex's built-in tools (see

@@ -30,7 +30,7 @@ func TestConformance(t *testing.T) {
 	agenttest.RunConformance(t, func() agent.Backend { return Backend{} }, agenttest.Fixtures{
 		Success:   fixture("success", start, end, start, end, msg, usage),
 		Usage:     fixture("success"),
-		RateLimit: fixture("rate_limit", failure, limit),
+		RateLimit: fixture("rate_limit", agent.KindRetry, failure, limit),
 		Failure:   fixture("failed", start, end, failure),
 		Unknown:   fixture("unknown", unk, unk, unk, msg, usage),
 		Large:     fixture("large", start, end, msg, usage),

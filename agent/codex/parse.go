@@ -72,9 +72,11 @@ type codexEvent struct {
 }
 
 type codexUsage struct {
-	InputTokens       int64 `json:"input_tokens"`
-	CachedInputTokens int64 `json:"cached_input_tokens"`
-	OutputTokens      int64 `json:"output_tokens"`
+	InputTokens           int64 `json:"input_tokens"`
+	CachedInputTokens     int64 `json:"cached_input_tokens"`
+	CacheWriteInputTokens int64 `json:"cache_write_input_tokens"`
+	OutputTokens          int64 `json:"output_tokens"`
+	ReasoningOutputTokens int64 `json:"reasoning_output_tokens"`
 }
 
 type codexError struct {
@@ -125,11 +127,15 @@ func (p *codexParser) Line(line []byte) []agent.Event {
 			u = *ev.Usage
 		}
 		return []agent.Event{{Kind: agent.KindUsage, Raw: ev.Type, Usage: agent.Usage{
-			// Codex counts cached tokens inside input_tokens; loopbus keeps
-			// them apart so that Input+CacheRead is the whole prompt.
-			InputTokens:     max(u.InputTokens-u.CachedInputTokens, 0),
-			CacheReadTokens: u.CachedInputTokens,
-			OutputTokens:    u.OutputTokens,
+			// Codex counts cached tokens (read and written) inside
+			// input_tokens, and reasoning tokens inside output_tokens;
+			// loopbus keeps the cached ones apart so that
+			// Input+CacheRead+CacheWrite is the whole prompt.
+			InputTokens:      max(u.InputTokens-u.CachedInputTokens-u.CacheWriteInputTokens, 0),
+			CacheReadTokens:  u.CachedInputTokens,
+			CacheWriteTokens: u.CacheWriteInputTokens,
+			OutputTokens:     u.OutputTokens,
+			ReasoningTokens:  u.ReasoningOutputTokens,
 		}}}
 	case "turn.failed":
 		msg := "turn failed"
@@ -143,8 +149,9 @@ func (p *codexParser) Line(line []byte) []agent.Event {
 		return p.failure(ev.Type, msg)
 	case "error":
 		if strings.HasPrefix(ev.Message, "Reconnecting...") {
-			// A transient stream error that Codex retries by itself.
-			return nil
+			// A failed request that Codex retries by itself ("Reconnecting...
+			// 2/5 (... last status: 429 Too Many Requests)").
+			return []agent.Event{{Kind: agent.KindRetry, Raw: ev.Type, Text: agent.Truncate(ev.Message)}}
 		}
 		p.lastError = ev.Message
 		return p.failure(ev.Type, ev.Message)
@@ -238,7 +245,10 @@ func (p *codexParser) item(evType string, it codexItem) []agent.Event {
 	switch it.Type {
 	case "command_execution":
 		end.Output = it.AggregatedOutput
-		end.IsError = (it.ExitCode != nil && *it.ExitCode != 0) || codexFailedStatus(it.Status)
+		if it.ExitCode != nil {
+			end.ExitCode = *it.ExitCode
+		}
+		end.IsError = end.ExitCode != 0 || codexFailedStatus(it.Status)
 	case "mcp_tool_call":
 		end.Output = codexMCPOutput(it)
 		end.IsError = it.Error != nil || codexFailedStatus(it.Status)
@@ -343,8 +353,14 @@ func codexResetAt(msg string, now time.Time) time.Time {
 			return time.Time{}
 		}
 		if t, err := time.ParseInLocation("3:04 PM", body+" "+s, now.Location()); err == nil {
+			// A time of day without a date: the next such time (Codex
+			// names a later day by its date, but the clocks may differ).
 			y, mo, d := now.Date()
-			return time.Date(y, mo, d, t.Hour(), t.Minute(), 0, 0, now.Location())
+			at := time.Date(y, mo, d, t.Hour(), t.Minute(), 0, 0, now.Location())
+			if !at.After(now) {
+				at = at.AddDate(0, 0, 1)
+			}
+			return at
 		}
 		return time.Time{}
 	}

@@ -86,7 +86,7 @@ func TestCodexLine(t *testing.T) {
 			`{"type":"item.completed","item":{"id":"item_2","type":"command_execution","command":"make test","aggregated_output":"make: no rule","exit_code":2,"status":"failed"}}`,
 		}, want: []agent.Event{
 			{Kind: agent.KindToolStart, ToolID: "item_2", Name: "shell", Category: "shell", Input: "make test", Raw: "item.started/command_execution"},
-			{Kind: agent.KindToolEnd, ToolID: "item_2", Name: "shell", Category: "shell", Output: "make: no rule", IsError: true, Duration: time.Second, Raw: "item.completed/command_execution"},
+			{Kind: agent.KindToolEnd, ToolID: "item_2", Name: "shell", Category: "shell", Output: "make: no rule", IsError: true, ExitCode: 2, Duration: time.Second, Raw: "item.completed/command_execution"},
 		}},
 		{name: "command declined without exit code", lines: []string{
 			`{"type":"item.started","item":{"id":"item_3","type":"command_execution","command":"rm -rf /","aggregated_output":"","exit_code":null,"status":"in_progress"}}`,
@@ -164,6 +164,7 @@ func TestCodexLine(t *testing.T) {
 			`{"type":"error","message":"unexpected status 400 Bad Request: bad model"}`,
 			`{"type":"turn.failed","error":{"message":"unexpected status 400 Bad Request: bad model"}}`,
 		}, want: []agent.Event{
+			{Kind: agent.KindRetry, Text: "Reconnecting... 1/5 (stream disconnected before completion)", Raw: "error"},
 			{Kind: agent.KindFailure, Text: "unexpected status 400 Bad Request: bad model", Raw: "error"},
 		}},
 		{name: "usage limit today", lines: []string{
@@ -226,7 +227,7 @@ func TestCodexResetAt(t *testing.T) {
 		want time.Time
 	}{
 		{name: "time today, local zone", msg: "You've hit your usage limit. Try again at 3:28 PM.", want: time.Date(2030, 3, 10, 15, 28, 0, 0, zone)},
-		{name: "morning", msg: "… send a request to your admin or try again at 9:05 AM.", want: time.Date(2030, 3, 10, 9, 5, 0, 0, zone)},
+		{name: "morning, already past: the next", msg: "… send a request to your admin or try again at 9:05 AM.", want: time.Date(2030, 3, 11, 9, 5, 0, 0, zone)},
 		{name: "date", msg: "... purchase more credits or try again at Mar 21st, 2030 1:02 AM.", want: time.Date(2030, 3, 21, 1, 2, 0, 0, zone)},
 		{name: "date 11th", msg: "try again at Nov 11th, 2030 12:00 PM.", want: time.Date(2030, 11, 11, 12, 0, 0, 0, zone)},
 		{name: "relative", msg: "You've hit your usage limit. To get more access now, send a request to your admin or try again in 3 days 6 hours 57 minutes.", want: now.Add(78*time.Hour + 57*time.Minute)},
@@ -269,10 +270,16 @@ func TestArgv(t *testing.T) {
 		extra []string
 		want  []string
 	}{
-		{name: "defaults", want: []string{"codex", "exec", "--json", "-"}},
-		{name: "model", model: "gpt-5-codex", want: []string{"codex", "exec", "--json", "--model", "gpt-5-codex", "-"}},
+		{name: "defaults", want: []string{"codex", "exec", "--json", "--sandbox", "workspace-write", "--skip-git-repo-check", "-"}},
+		{name: "model", model: "gpt-5-codex", want: []string{"codex", "exec", "--json", "--model", "gpt-5-codex", "--sandbox", "workspace-write", "--skip-git-repo-check", "-"}},
 		{name: "extra args before the prompt", model: "o3", extra: []string{"--skip-git-repo-check", "-c", "model_reasoning_effort=high"},
-			want: []string{"codex", "exec", "--json", "--model", "o3", "--skip-git-repo-check", "-c", "model_reasoning_effort=high", "-"}},
+			want: []string{"codex", "exec", "--json", "--model", "o3", "--sandbox", "workspace-write", "--skip-git-repo-check", "-c", "model_reasoning_effort=high", "-"}},
+		{name: "a sandbox of the user's", extra: []string{"--sandbox=read-only"},
+			want: []string{"codex", "exec", "--json", "--skip-git-repo-check", "--sandbox=read-only", "-"}},
+		{name: "no sandbox at all", extra: []string{"--dangerously-bypass-approvals-and-sandbox"},
+			want: []string{"codex", "exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "-"}},
+		{name: "short sandbox flag", extra: []string{"-s", "danger-full-access"},
+			want: []string{"codex", "exec", "--json", "--skip-git-repo-check", "-s", "danger-full-access", "-"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -328,10 +335,38 @@ func TestCodexFakeExecutable(t *testing.T) {
 				}
 			}},
 		{scenario: "rate_limit", wantExit: 1,
+			wantKinds: []agent.Kind{agent.KindRetry, agent.KindFailure, agent.KindRateLimit},
+			check: func(t *testing.T, obs []agent.Event, _ string) {
+				if want := time.Date(2031, 8, 8, 12, 30, 0, 0, time.UTC); !obs[2].ResetAt.Equal(want) {
+					t.Errorf("ResetAt = %v, want %v", obs[2].ResetAt, want)
+				}
+			}},
+		{scenario: "recorded/rate-limit-429", wantExit: 1,
+			wantKinds: []agent.Kind{agent.KindRetry, agent.KindRetry, agent.KindRetry, agent.KindRetry, agent.KindRetry, agent.KindFailure, agent.KindRateLimit},
+			check: func(t *testing.T, obs []agent.Event, _ string) {
+				if want := "Reconnecting... 5/5 (exceeded retry limit, last status: 429 Too Many Requests)"; obs[4].Text != want {
+					t.Errorf("last retry %q, want %q", obs[4].Text, want)
+				}
+				if want := "exceeded retry limit, last status: 429 Too Many Requests"; obs[6].Text != want || !obs[6].ResetAt.IsZero() {
+					t.Errorf("rate limit %+v, want %q without a reset time", obs[6], want)
+				}
+			}},
+		{scenario: "recorded/usage-limit", wantExit: 1,
 			wantKinds: []agent.Kind{agent.KindFailure, agent.KindRateLimit},
 			check: func(t *testing.T, obs []agent.Event, _ string) {
-				if want := time.Date(2031, 8, 8, 12, 30, 0, 0, time.UTC); !obs[1].ResetAt.Equal(want) {
+				// "try again at 6:00 AM", read at 10:00: the next morning.
+				if want := time.Date(2030, 3, 11, 6, 0, 0, 0, time.UTC); !obs[1].ResetAt.Equal(want) {
 					t.Errorf("ResetAt = %v, want %v", obs[1].ResetAt, want)
+				}
+			}},
+		{scenario: "recorded/tool-exit-3", wantExit: 0,
+			wantKinds: []agent.Kind{agent.KindToolStart, agent.KindToolEnd, agent.KindMessage, agent.KindUsage},
+			check: func(t *testing.T, obs []agent.Event, _ string) {
+				if e := obs[1]; !e.IsError || e.ExitCode != 3 || e.Output != "out\nerr\n" || e.Input != "" {
+					t.Errorf("tool end %+v, want a failure with exit code 3", e)
+				}
+				if want := (agent.Usage{InputTokens: 200, CacheReadTokens: 40, OutputTokens: 60, ReasoningTokens: 20}); obs[3].Usage != want {
+					t.Errorf("usage %+v, want %+v", obs[3].Usage, want)
 				}
 			}},
 		{scenario: "unknown", wantExit: 0,
