@@ -109,7 +109,11 @@ func (c *Client) Follow(ctx context.Context, session string, onEvent func(schema
 	return Watch(ctx, c.b, session, onEvent)
 }
 
-func (c *Client) exists(ctx context.Context, session string) error { return Exists(ctx, c.b, session) }
+// Exists fails with ErrBadInput for an unsafe session id and ErrNoSession
+// for a session with no events (see the Exists function).
+func (c *Client) Exists(ctx context.Context, session string) error { return Exists(ctx, c.b, session) }
+
+func (c *Client) exists(ctx context.Context, session string) error { return c.Exists(ctx, session) }
 
 // Exists fails with ErrBadInput for an unsafe session id and ErrNoSession
 // for a session with no events: every command answers an unknown session

@@ -3,14 +3,18 @@ package dashboard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	cdpruntime "github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/client"
@@ -87,6 +91,14 @@ func value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Act
 	return v
 }
 
+// disabledControls lists the session page's disabled controls, by verb
+// (or id), in page order.
+func disabledControls(t *testing.T, ctx context.Context) []string {
+	t.Helper()
+	return value(t, ctx, "the disabled controls", chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll(".controls button")].filter((b) => b.disabled).map((b) => b.dataset.verb || b.id)`))
+}
+
 // TestBrowserFollowsASession drives the real pages in headless Chromium:
 // the sessions list shows a running session; its page updates live as its
 // steps complete (no reload); the pause button pauses it. With
@@ -107,6 +119,9 @@ func TestBrowserFollowsASession(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="c"][data-status="pending"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#live.on`)),
 	)
+	if got, want := disabledControls(t, ctx), []string{"resume", "approve", "reject"}; !slices.Equal(got, want) {
+		t.Errorf("a running session without a gate: disabled %q, want %q", got, want)
+	}
 	loc := value(t, ctx, "read the location", chromedp.Location())
 	open("a")
 	run(t, ctx, "the page updates as step a completes",
@@ -126,6 +141,9 @@ func TestBrowserFollowsASession(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#signal-result[data-result="applied"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#status.s-paused`)),
 	)
+	if got, want := disabledControls(t, ctx), []string{"pause", "approve", "reject"}; !slices.Equal(got, want) {
+		t.Errorf("a paused session: disabled %q, want %q", got, want)
+	}
 	m := s.waitManifest(t, "browser-1", "the session to be paused", func(m *projections.Manifest) bool { return m.Status == projections.StatusPaused })
 	if m.Hold == nil || !strings.Contains(m.Hold.Reason, "look at b first") {
 		t.Errorf("hold = %+v, want the reason typed on the page", m.Hold)
@@ -140,6 +158,11 @@ func TestBrowserFollowsASession(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="b"][data-status="completed"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="c"][data-status="in_progress"]`)),
 	)
+	jobSteps := value(t, ctx, "the jobs' steps", chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("#jobs tbody tr td:nth-child(2)")].map((td) => td.textContent)`))
+	if want := []string{"a #1", "b #1", "c #1"}; !slices.Equal(jobSteps, want) {
+		t.Errorf("jobs listed as %q, want the steps' order %q", jobSteps, want)
+	}
 	if path := os.Getenv("LOOPBUS_SCREENSHOT"); path != "" {
 		png := value(t, ctx, "screenshot", chromedp.FullScreenshot(100))
 		if err := os.WriteFile(path, png, 0o644); err != nil {
@@ -292,6 +315,9 @@ levels:
 		chromedp.Navigate(s.srv.URL+"/sessions/loop-ui"),
 		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="plan"][data-status="awaiting_approval"]`)),
 	)
+	if got, want := disabledControls(t, ctx), []string{"resume"}; !slices.Equal(got, want) {
+		t.Errorf("a session awaiting approval: disabled %q, want %q", got, want)
+	}
 	run(t, ctx, "Approve on plan completes it and spawns its child",
 		chromedp.SetValue(chromedp.CSS(`#step`), "plan"),
 		chromedp.SendKeys(chromedp.CSS(`#text`), "good plan"),
@@ -300,7 +326,61 @@ levels:
 		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="plan-001"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#status.s-completed`)),
 	)
+	all := []string{"pause", "resume", "stop", "info", "invalidate", "approve", "reject", "budget", "close"}
+	if got := disabledControls(t, ctx); !slices.Equal(got, all) {
+		t.Errorf("a completed session: disabled %q, want every control", got)
+	}
+	if title := value(t, ctx, "the pause button's title", chromedp.AttributeValue(chromedp.CSS(`button[data-verb="pause"]`), "title")); !strings.Contains(title.Value, "the session has ended (completed)") {
+		t.Errorf("pause's title %q, want why it is disabled", title.Value)
+	}
+	if sum := value(t, ctx, "the summary", chromedp.Text(chromedp.CSS(`#summary`))); !strings.Contains(sum, "ran for ") || strings.Contains(sum, "running for") {
+		t.Errorf("a completed session's summary %q, want \"ran for\"", sum)
+	}
 	if text := value(t, ctx, "read the answer", chromedp.Text(chromedp.CSS(`#signal-result`))); !strings.Contains(text, "loop plan approved by dashboard") {
 		t.Errorf("the answer shown: %q", text)
+	}
+}
+
+// TestBrowserUnknownSession: the page of a session that does not exist is
+// a 404 that says so, with no script error and no page waiting for ever;
+// an unsafe id is a 400.
+func TestBrowserUnknownSession(t *testing.T) {
+	ctx := browser(t)
+	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0"})
+	var mu sync.Mutex
+	var jsErrors []string
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*cdpruntime.EventExceptionThrown); ok {
+			mu.Lock()
+			jsErrors = append(jsErrors, fmt.Sprintf("%s at %s:%d", e.ExceptionDetails.Text, e.ExceptionDetails.URL, e.ExceptionDetails.LineNumber))
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path   string
+		status int64
+		text   string
+	}{
+		{"/sessions/no-such-session", 404, "no such session: no-such-session"},
+		{"/sessions/bad.id", 400, "session id"},
+	} {
+		resp, err := chromedp.RunResponse(ctx, chromedp.Navigate(s.srv.URL+c.path))
+		if err != nil {
+			t.Fatalf("%s: %v", c.path, err)
+		}
+		if resp.Status != c.status {
+			t.Errorf("%s: HTTP %d, want %d", c.path, resp.Status, c.status)
+		}
+		msg := value(t, ctx, "the message", chromedp.Text(chromedp.CSS(`#missing`)))
+		if !strings.Contains(msg, c.text) {
+			t.Errorf("%s: the page says %q, want %q", c.path, msg, c.text)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(jsErrors) > 0 {
+		t.Errorf("script errors: %q", jsErrors)
 	}
 }

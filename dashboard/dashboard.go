@@ -179,7 +179,7 @@ func (s *Service) routes() {
 	static, _ := fs.Sub(webFiles, "web")
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	s.mux.HandleFunc("GET /{$}", s.page("sessions.html"))
-	s.mux.HandleFunc("GET /sessions/{id}", s.page("session.html"))
+	s.mux.HandleFunc("GET /sessions/{id}", s.sessionPage)
 	s.mux.HandleFunc("GET /deadletters", s.page("deadletters.html"))
 	s.mux.HandleFunc("GET /login", s.page("login.html"))
 	s.mux.HandleFunc("POST /login", s.login)
@@ -215,6 +215,32 @@ func (s *Service) page(name string) http.HandlerFunc {
 		}
 	}
 }
+
+// sessionPage serves a session's page. An id that is no session's is
+// answered with 404 (400 for an unsafe id) and a page that says so, not
+// the page of a session that never loads. A session whose existence the
+// bus cannot tell now (it is down) gets its page, which waits for it.
+func (s *Service) sessionPage(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageLookupWait)
+	err := s.c.Exists(ctx, r.PathValue("id"))
+	cancel()
+	status := statusOf(err)
+	if err == nil || (status != http.StatusNotFound && status != http.StatusBadRequest) {
+		s.page("session.html")(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+	w.WriteHeader(status)
+	data := struct{ Session, Error, Next string }{Error: err.Error()}
+	if err := s.pages.ExecuteTemplate(w, "missing.html", data); err != nil {
+		s.log.Warn().Err(err).Str("page", "missing.html").Msg("dashboard page")
+	}
+}
+
+// pageLookupWait bounds how long a session's page waits to learn whether
+// the session exists.
+const pageLookupWait = 5 * time.Second
 
 // statusOf maps an error of the client or bus to an HTTP status.
 func statusOf(err error) int {

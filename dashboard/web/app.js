@@ -214,8 +214,9 @@ function sessionPage() {
     const u = m.usage || {};
     const b = m.budget || {};
     const parts = ["pipeline " + m.pipeline + (m.kind ? " (" + m.kind + ")" : ""), "started " + when(m.createdAt)];
-    const end = m.status === "running" || m.status === "paused" ? Date.now() : Date.parse(m.updatedAt);
-    parts.push("running for " + dur(end - Date.parse(m.createdAt)));
+    const live = m.status === "running" || m.status === "paused";
+    const end = live ? Date.now() : Date.parse(m.updatedAt);
+    parts.push((live ? "running for " : "ran for ") + dur(end - Date.parse(m.createdAt)));
     parts.push("cost " + money(u.costUsd) + (b.maxCostUsd ? " of " + money(b.maxCostUsd) : ""));
     parts.push(tokens(u) + " tokens" + (b.maxTokens ? " of " + b.maxTokens : ""));
     if (m.hold) parts.push(m.hold.kind + (m.hold.reason ? ": " + m.hold.reason : ""));
@@ -223,12 +224,43 @@ function sessionPage() {
     document.getElementById("summary").textContent = parts.join(" · ");
     lineage(m);
     stepOptions(m);
+    controlsFor(m);
     if (m.kind === "loops") loopTree(m); else dag(m);
     jobs(m);
     artifacts(m);
     if (m.kind === "backlog") tasks();
     waiting(m);
     if (document.getElementById("manifest-box").open) document.getElementById("manifest").textContent = JSON.stringify(m, null, 2);
+  }
+
+  // controlsFor enables the controls that can act on the session as it
+  // is now, and says on the others why they cannot.
+  function controlsFor(m) {
+    const ended = ["completed", "failed", "closed"].includes(m.status);
+    const text = JSON.stringify(m.steps || {}) + JSON.stringify(m.loops || {});
+    const held = ["paused", "stopped", "breaker", "waiting"].some((s) => text.includes('"status":"' + s + '"'));
+    const gate = text.includes('"status":"awaiting_approval"');
+    const why = ended ? "the session has ended (" + m.status + ")" : "";
+    const rules = {
+      pause: [m.status === "running", why || "the session is " + m.status],
+      stop: [m.status === "running" || m.status === "paused", why || "the session is " + m.status],
+      resume: [!ended && (m.status === "paused" || m.status === "stopped" || held), why || "nothing is paused, stopped or waiting"],
+      info: [!ended, why],
+      invalidate: [!ended, why],
+      approve: [!ended && gate, why || "no step awaits approval"],
+      reject: [!ended && gate, why || "no step awaits approval"],
+    };
+    for (const btn of document.querySelectorAll(".controls button[data-verb]")) {
+      const [ok, reason] = rules[btn.dataset.verb] || [!ended, why];
+      setEnabled(btn, ok, reason);
+    }
+    for (const id of ["budget", "close"]) setEnabled(document.getElementById(id), !ended, why);
+  }
+
+  function setEnabled(btn, ok, reason) {
+    if (!btn.dataset.title) btn.dataset.title = btn.title || "";
+    btn.disabled = !ok;
+    btn.title = ok ? btn.dataset.title : reason;
   }
 
   // lineage shows the fork tree around the session: where it was forked
@@ -333,8 +365,17 @@ function sessionPage() {
     graph.replaceChildren(list("", 0) || el("p", { class: "muted", text: "No loop spawned yet." }));
   }
 
+  // jobs lists the jobs in the order of their steps (the pipeline's),
+  // then of their iterations: the manifest keys them by id, whose text
+  // order puts iteration 10 before 2.
   function jobs(m) {
-    const rows = Object.entries(m.jobs || {}).slice(-300).reverse().map(([jid, j]) =>
+    const order = new Map((m.stepOrder || []).map((n, i) => [n, i]));
+    const rank = (j) => (order.has(j.step) ? order.get(j.step) : order.size);
+    const byNumber = new Intl.Collator(undefined, { numeric: true });
+    const sorted = Object.entries(m.jobs || {}).sort(([ia, a], [ib, b]) =>
+      rank(a) - rank(b) || byNumber.compare(a.step, b.step) || (a.round || 0) - (b.round || 0) ||
+      (a.iteration || 0) - (b.iteration || 0) || byNumber.compare(ia, ib));
+    const rows = sorted.slice(-300).map(([jid, j]) =>
       el("tr", {},
         el("td", { text: jid }),
         el("td", { text: j.step + (j.iteration ? " #" + j.iteration : "") + (j.merge ? " (merge)" : "") }),
