@@ -384,3 +384,43 @@ func TestBrowserUnknownSession(t *testing.T) {
 		t.Errorf("script errors: %q", jsErrors)
 	}
 }
+
+// TestBrowserNarrowScreen: at 390 px wide (a phone), the sessions list and
+// a session's page fit the screen: no horizontal scroll. With
+// LOOPBUS_SCREENSHOT_NARROW set, it saves the session page there as a PNG.
+func TestBrowserNarrowScreen(t *testing.T) {
+	ctx := browser(t)
+	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0"})
+	open := s.submitGated(t, "a-rather-long-session-name-on-a-phone")
+	defer open("c")
+	defer open("b")
+	open("a")
+	run(t, ctx, "a 390 px wide screen", chromedp.EmulateViewport(390, 844))
+	width := `[document.documentElement.scrollWidth, document.documentElement.clientWidth]`
+	for _, page := range []struct{ path, ready string }{
+		{"/", `#sessions tr[data-session="a-rather-long-session-name-on-a-phone"]`},
+		{"/sessions/a-rather-long-session-name-on-a-phone", `.node[data-step="b"][data-status="in_progress"]`},
+	} {
+		run(t, ctx, "open "+page.path, chromedp.Navigate(s.srv.URL+page.path), chromedp.WaitVisible(chromedp.CSS(page.ready)))
+		w := value(t, ctx, "the page's widths", chromedp.Evaluate[[]int](width))
+		if len(w) != 2 || w[1] != 390 || w[0] > w[1] {
+			t.Errorf("%s: scroll width %d in a viewport %d wide: the page scrolls sideways", page.path, w[0], w[1])
+		}
+		// What is inside a box that scrolls by itself (a table, the
+		// timeline) may be wider; the box may not.
+		wide := value(t, ctx, "elements wider than the screen", chromedp.Evaluate[[]string](
+			`[...document.querySelectorAll("body *")].filter((e) => !(e.parentElement && e.parentElement.closest("table.list, .timeline, pre")) && e.getBoundingClientRect().right > 391).map((e) => e.tagName + "#" + e.id + "." + e.className)`))
+		if len(wide) > 0 {
+			t.Errorf("%s: clipped past the screen's edge: %q", page.path, wide)
+		}
+	}
+	png := value(t, ctx, "screenshot", chromedp.FullScreenshot(100)) // 100: PNG, not JPEG
+	path := os.Getenv("LOOPBUS_SCREENSHOT_NARROW")
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "narrow.png")
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the session page at 390 px: %s", path)
+}
