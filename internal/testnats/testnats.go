@@ -11,8 +11,6 @@ import (
 
 	"github.com/loopbus/loopbus/bus"
 	"github.com/loopbus/loopbus/schemas"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
 
@@ -134,42 +132,4 @@ func Run(t testing.TB, name string, run func(context.Context) error) (stop func(
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-// ClusterURLs starts n embedded servers forming one JetStream cluster, each
-// on a data directory of its own, waits until the cluster has elected its
-// JetStream meta leader, and returns the servers' client URLs. Connect
-// with bus.Config.Replicas set to provision replicated streams.
-func ClusterURLs(t testing.TB, n int) []string {
-	t.Helper()
-	routes := make([]string, n)
-	for i := range routes {
-		routes[i] = "nats://" + FreeAddr(t)
-	}
-	urls := make([]string, n)
-	for i := range routes {
-		srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0",
-			ClusterListen: strings.TrimPrefix(routes[i], "nats://"), ClusterName: "testnats", Routes: routes}, Logger(t))
-		if err != nil {
-			t.Fatalf("embedded NATS cluster node %d: %v", i+1, err)
-		}
-		t.Cleanup(srv.Shutdown)
-		urls[i] = srv.URL()
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","))
-	if err != nil {
-		t.Fatalf("connect to the cluster: %v", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	await(t, time.Minute, "a JetStream meta leader", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, err := js.AccountInfo(ctx)
-		return err == nil
-	})
-	return urls
 }
