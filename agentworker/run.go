@@ -115,7 +115,7 @@ func (s *Service) runAgent(ctx, run context.Context, stop context.CancelCauseFun
 		case agent.KindRetry:
 			out.retries++
 		case agent.KindStop:
-			out.stopReason = sec.Mask(o.Text)
+			out.stopReason = cutRunes(sec.Mask(o.Text), maxStopReason)
 		case agent.KindRateLimit:
 			out.rateLimit = nonEmpty(sec.Mask(o.Text), "usage or rate limit reached")
 			if !o.ResetAt.IsZero() {
@@ -185,6 +185,21 @@ func nonEmpty(s, otherwise string) string {
 }
 
 // usageRef is the reported usage, nil when none was (or o is nil).
+// maxStopReason bounds a job's stopReason (the schema's maxLength): the
+// text comes from the agent.
+const maxStopReason = 200
+
+// cutRunes returns s cut to at most n runes.
+func cutRunes(s string, n int) string {
+	for i := range s {
+		if n == 0 {
+			return s[:i]
+		}
+		n--
+	}
+	return s
+}
+
 // maxModels bounds the models a job's usage is given by (the schema's
 // maxProperties): the names come from the agent.
 const maxModels = 16

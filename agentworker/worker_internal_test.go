@@ -25,3 +25,21 @@ func TestUnderURL(t *testing.T) {
 		}
 	}
 }
+
+func TestCutRunes(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"completed", 200, "completed"},
+		{"completed", 4, "comp"},
+		{"ééé", 2, "éé"},
+		{"", 3, ""},
+		{"abc", 0, ""},
+	} {
+		if got := cutRunes(tt.in, tt.n); got != tt.want {
+			t.Errorf("cutRunes(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
+		}
+	}
+}

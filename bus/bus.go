@@ -880,13 +880,23 @@ func (b *Bus) SessionLastSeq(ctx context.Context, session string) (uint64, error
 // published on a subject since a sequence before reading it. The stream's
 // leader answers it, never a replica (whatever the stream's allow_direct):
 // what it says exists, exists, and reads are checked against it. While the
-// stream has no leader it retries, then fails with ErrNoLeader.
+// stream has no leader it retries, then fails with ErrNoLeader; with
+// Config.AnswerTimeout set (a command), it retries for that long, as
+// reads do, then fails with an error wrapping ErrNoAnswer: a command run
+// just as a cluster elects a leader waits for it.
 func (b *Bus) SubjectLastSeq(ctx context.Context, subject string) (uint64, error) {
-	last, err := b.leaderLastSeq(ctx, []string{subject})
-	if err != nil {
-		return 0, b.connErr(err)
+	start := time.Now()
+	for {
+		last, err := b.leaderLastSeq(ctx, []string{subject})
+		switch {
+		case err == nil:
+			return last, nil
+		case ctx.Err() != nil || !errors.Is(err, ErrNoLeader) || b.cfg.AnswerTimeout <= 0:
+			return 0, b.connErr(err)
+		case time.Since(start) > b.cfg.AnswerTimeout:
+			return 0, b.noAnswer("stream "+b.cfg.Stream, time.Since(start), err)
+		}
 	}
-	return last, nil
 }
 
 // GetEvent reads and decodes the event stored at seq. An event a replica

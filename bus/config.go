@@ -91,11 +91,11 @@ type Config struct {
 	// ErrConnectionLost. 0 reconnects forever (services).
 	GiveUpAfter time.Duration
 	// AnswerTimeout bounds how long opening a read (and, at Connect,
-	// looking up the streams) retries a stream that does not answer (no
-	// leader: cluster nodes down or cut off); the error then wraps
-	// ErrNoAnswer and names the stream and the server.
-	// 0 retries until the context ends (services); commands a person
-	// waits on set it. A read already under way that replaces a stalled
+	// looking up the streams; and SubjectLastSeq) retries a stream that
+	// does not answer (no leader: cluster nodes down or cut off); the
+	// error then wraps ErrNoAnswer and names the stream and the server.
+	// 0 retries until the context ends (services; SubjectLastSeq fails
+	// with ErrNoLeader after 10 s); commands a person waits on set it. A read already under way that replaces a stalled
 	// consumer retries for as long as the read lasts.
 	AnswerTimeout time.Duration
 	// ReadStall is how long a Read may wait while the stream holds an
