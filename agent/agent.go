@@ -133,7 +133,8 @@ type Event struct {
 	ToolID string
 	Name   string
 	// Category is what kind of tool it is: "shell", "edit", "read", "web",
-	// "mcp", "agent", "exec" (the agent's own program) or "other"; a
+	// "mcp", "agent", "internal" (the agent's own bookkeeping), "exec"
+	// (the agent's own program) or "other" (unknown: heavy); a
 	// LaneTable maps tools without an entry to a lane by it.
 	Category string
 	// Input, Output and Text are summaries of at most MaxSummary bytes,

@@ -56,10 +56,10 @@ func ParseLaneList(s string) ([]string, error) {
 	return lanes, nil
 }
 
-// categoryLane is the lane of a tool that no table entry names, by its
+// CategoryLane is the lane of a tool that no table entry names, by its
 // category (Event.Category). A tool of category "other" (one its backend
 // does not know, such as a tool newer than it) may do anything: heavy.
-func categoryLane(category string) string {
+func CategoryLane(category string) string {
 	switch category {
 	case "shell", "agent", "other":
 		return LaneHeavy
@@ -155,7 +155,7 @@ func (t *LaneTable) Lane(tool, category string) string {
 			return p.lane
 		}
 	}
-	return categoryLane(category)
+	return CategoryLane(category)
 }
 
 // Keys returns the keys of the table's entries in lanes, sorted: tool names

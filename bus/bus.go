@@ -885,18 +885,11 @@ func (b *Bus) SessionLastSeq(ctx context.Context, session string) (uint64, error
 // reads do, then fails with an error wrapping ErrNoAnswer: a command run
 // just as a cluster elects a leader waits for it.
 func (b *Bus) SubjectLastSeq(ctx context.Context, subject string) (uint64, error) {
-	start := time.Now()
-	for {
-		last, err := b.leaderLastSeq(ctx, []string{subject})
-		switch {
-		case err == nil:
-			return last, nil
-		case ctx.Err() != nil || !errors.Is(err, ErrNoLeader) || b.cfg.AnswerTimeout <= 0:
-			return 0, b.connErr(err)
-		case time.Since(start) > b.cfg.AnswerTimeout:
-			return 0, b.noAnswer("stream "+b.cfg.Stream, time.Since(start), err)
-		}
+	last, err := b.leaderLastSeqWaiting(ctx, []string{subject}, false)
+	if err != nil {
+		return 0, b.connErr(err)
 	}
+	return last, nil
 }
 
 // GetEvent reads and decodes the event stored at seq. An event a replica

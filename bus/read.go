@@ -320,32 +320,43 @@ func (b *Bus) removedBefore(ctx context.Context, seq uint64) bool {
 }
 
 // readTarget is the newest event on subjects as the event stream's leader
-// knows it. It waits while the stream has no leader, until ctx ends or,
-// when Config.AnswerTimeout is set, until that has passed (an error
-// wrapping ErrNoAnswer). A user that may not ask the leader (a permission
-// missing) reads without the check: 0, with a warning the first time.
+// knows it. It waits while the stream has no leader (leaderLastSeqWaiting).
+// A user that may not ask the leader (a permission missing) reads without
+// the check: 0, with a warning the first time.
 func (b *Bus) readTarget(ctx context.Context, subjects []string) (uint64, error) {
 	if _, refused := b.conn.leaderRefused.Load(b.cfg.Stream); refused {
 		return 0, nil
 	}
+	last, err := b.leaderLastSeqWaiting(ctx, subjects, true)
+	if errors.Is(err, ErrPermissionDenied) {
+		if _, seen := b.conn.leaderRefused.LoadOrStore(b.cfg.Stream, true); !seen {
+			b.log.Warn().Err(err).Str("stream", b.cfg.Stream).
+				Msg("cannot ask the stream leader how far a read must go: a replica that lags may end reads early (grant the permission)")
+		}
+		return 0, nil
+	}
+	return last, err
+}
+
+// leaderLastSeqWaiting is leaderLastSeq asked again while the event stream
+// has no leader (ErrNoLeader): with Config.AnswerTimeout set (a command),
+// until that has passed, then failing with an error wrapping ErrNoAnswer;
+// else until ctx ends if wait is set, or not again if not.
+func (b *Bus) leaderLastSeqWaiting(ctx context.Context, subjects []string, wait bool) (uint64, error) {
 	start := time.Now()
+	limit := b.cfg.AnswerTimeout
 	for attempt := 0; ; attempt++ {
 		last, err := b.leaderLastSeq(ctx, subjects)
 		switch {
-		case errors.Is(err, ErrPermissionDenied):
-			if _, seen := b.conn.leaderRefused.LoadOrStore(b.cfg.Stream, true); !seen {
-				b.log.Warn().Err(err).Str("stream", b.cfg.Stream).
-					Msg("cannot ask the stream leader how far a read must go: a replica that lags may end reads early (grant the permission)")
-			}
-			return 0, nil
 		case err == nil || ctx.Err() != nil || !errors.Is(err, ErrNoLeader):
 			return last, err
-		}
-		if limit := b.cfg.AnswerTimeout; limit > 0 && time.Since(start) > limit {
+		case limit > 0 && time.Since(start) > limit:
 			return 0, b.noAnswer("stream "+b.cfg.Stream, time.Since(start), err)
+		case limit <= 0 && !wait:
+			return 0, err
 		}
 		if attempt == 0 {
-			b.log.Warn().Err(err).Strs("subjects", subjects).Msg("the event stream has no leader to say how far a read must go; waiting for one")
+			b.log.Warn().Err(err).Strs("subjects", subjects).Msg("the event stream has no leader to say where its events end; waiting for one")
 		}
 	}
 }

@@ -207,12 +207,20 @@ func (s *Service) routes() {
 func (s *Service) page(name string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		data := struct{ Session, Error, Next string }{Session: r.PathValue("id"), Error: loginError(q.Get("error")), Next: localPath(q.Get("next"))}
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'")
-		if err := s.pages.ExecuteTemplate(w, name, data); err != nil {
-			s.log.Warn().Err(err).Str("page", name).Msg("dashboard page")
-		}
+		s.render(w, http.StatusOK, name, pageData{Session: r.PathValue("id"), Error: loginError(q.Get("error")), Next: localPath(q.Get("next"))})
+	}
+}
+
+// pageData is what the page templates are given.
+type pageData struct{ Session, Error, Next string }
+
+// render writes the page template name with data, and status.
+func (s *Service) render(w http.ResponseWriter, status int, name string, data pageData) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+	w.WriteHeader(status)
+	if err := s.pages.ExecuteTemplate(w, name, data); err != nil {
+		s.log.Warn().Err(err).Str("page", name).Msg("dashboard page")
 	}
 }
 
@@ -229,13 +237,7 @@ func (s *Service) sessionPage(w http.ResponseWriter, r *http.Request) {
 		s.page("session.html")(w, r)
 		return
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'")
-	w.WriteHeader(status)
-	data := struct{ Session, Error, Next string }{Error: err.Error()}
-	if err := s.pages.ExecuteTemplate(w, "missing.html", data); err != nil {
-		s.log.Warn().Err(err).Str("page", "missing.html").Msg("dashboard page")
-	}
+	s.render(w, status, "missing.html", pageData{Error: err.Error()})
 }
 
 // pageLookupWait bounds how long a session's page waits to learn whether

@@ -59,7 +59,7 @@ func TestAgentCLIsRecordedOutput(t *testing.T) {
 			t.Fatalf("%s: %d job.failed", c.session, len(f))
 		}
 		d := f[0].data
-		if d["rateLimited"] != true || d["apiRetries"] != c.retries || (d["stopReason"] != nil && d["stopReason"] != c.stop) || (c.stop != "" && d["stopReason"] != c.stop) {
+		if stop, _ := d["stopReason"].(string); d["rateLimited"] != true || d["apiRetries"] != c.retries || stop != c.stop {
 			t.Errorf("%s: job.failed %v, want rateLimited, %v retries, stop reason %q", c.session, d, c.retries, c.stop)
 		}
 		if !strings.Contains(d["error"].(string), "429") {

@@ -70,14 +70,7 @@ func Argv(model, permissionMode string, allowedTools, disallowedTools, extraArgs
 func (Backend) DefaultLanes() map[string]string {
 	lanes := map[string]string{"mcp__*": agent.LaneNet}
 	for name, c := range claudeCategories {
-		switch c {
-		case "shell", "agent":
-			lanes[name] = agent.LaneHeavy
-		case "web":
-			lanes[name] = agent.LaneNet
-		default:
-			lanes[name] = agent.LaneNoNet
-		}
+		lanes[name] = agent.CategoryLane(c)
 	}
 	return lanes
 }

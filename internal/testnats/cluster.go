@@ -71,12 +71,7 @@ func LaggingCluster(t testing.TB) (*Cluster, *bus.Bus) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	await(t, time.Minute, "a JetStream meta leader", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, err := js.AccountInfo(ctx)
-		return err == nil
-	})
+	awaitMetaLeader(t, js)
 	cat, err := schemas.NewCatalogue()
 	if err != nil {
 		t.Fatal(err)
@@ -212,11 +207,18 @@ func ClusterURLs(t testing.TB, n int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	awaitMetaLeader(t, js)
+	return urls
+}
+
+// awaitMetaLeader waits until the cluster js reaches has elected its
+// JetStream meta leader (it answers account info).
+func awaitMetaLeader(t testing.TB, js jetstream.JetStream) {
+	t.Helper()
 	await(t, time.Minute, "a JetStream meta leader", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := js.AccountInfo(ctx)
 		return err == nil
 	})
-	return urls
 }
