@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 	}
 	binary = filepath.Join(dir, "loopbus")
 	args := []string{"build", "-o", binary}
-	if raceEnabled {
+	if binaryRace() {
 		args = append(args, "-race")
 		// A race-built program sleeps a second before it exits (by
 		// default), so that reports from its other threads get out; the
@@ -46,6 +46,19 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// binaryRace reports whether the binary the tests drive is built with the
+// race detector: by default when the tests are; LOOPBUS_E2E_BINARY_RACE=0
+// or 1 says otherwise.
+func binaryRace() bool {
+	switch os.Getenv("LOOPBUS_E2E_BINARY_RACE") {
+	case "0":
+		return false
+	case "1":
+		return true
+	}
+	return raceEnabled
 }
 
 // result of one command.
