@@ -424,3 +424,92 @@ func TestBrowserNarrowScreen(t *testing.T) {
 	}
 	t.Logf("the session page at 390 px: %s", path)
 }
+
+// TestBrowserShowsHowJobsFailed: a job whose agent exited 0 but whose
+// output failed validation is marked so (not a green "completed"), with
+// the validator's problems and the agent's output inline; a job whose
+// agent failed shows its error and its stderr, on its line and on its
+// step.
+func TestBrowserShowsHowJobsFailed(t *testing.T) {
+	ctx := browser(t)
+	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0"})
+	dir := filepath.Join(s.dir, "fails")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"pipeline.yaml": `name: fails
+steps:
+  a:
+    agent: {backend: exec, command: [sh, agent.sh]}
+    prompt: count
+    max_iterations: 2
+    outputs: [{name: a.json, schema: a.schema.json}]
+`,
+		"a.schema.json": `{"type": "object", "required": ["n"], "properties": {"n": {"type": "number"}}}`,
+		// Iteration 1 writes a string where a number is wanted; 2 fails.
+		"agent.sh": `if [ "$LOOPBUS_ITERATION" = 1 ]; then
+  echo "first try, on stderr" >&2
+  echo '{"n": "seven"}' > "$LOOPBUS_OUTPUT_DIR/a.json"
+  exit 0
+fi
+echo "second try: disk on fire" >&2
+exit 3
+`,
+		"in.txt": "input\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := definition.Load(filepath.Join(dir, "pipeline.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Submit(t.Context(), p, filepath.Join(dir, "in.txt"), client.SubmitOptions{Session: "fails-1"}); err != nil {
+		t.Fatal(err)
+	}
+	m := s.waitManifest(t, "fails-1", "the session to fail", func(m *projections.Manifest) bool { return m.Status == projections.StatusFailed })
+	first, second := m.Steps["a"].JobID, m.Steps["a"].JobID
+	for id, j := range m.Jobs {
+		if j.Iteration == 1 {
+			first = id
+		}
+	}
+	run(t, ctx, "the session's page shows both jobs' outcomes",
+		chromedp.Navigate(s.srv.URL+"/sessions/fails-1"),
+		chromedp.WaitVisible(chromedp.CSS(`#jobs tr[data-outcome="`+first+`"] [data-part="output"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#jobs tr[data-outcome="`+second+`"] [data-part="output"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="a"] [data-outcome="`+second+`"]`)),
+	)
+	text := func(sel string) string {
+		return value(t, ctx, "the text of "+sel, chromedp.Text(chromedp.CSS(sel)))
+	}
+	if got := text(`#jobs tr[data-job="` + first + `"] td:nth-child(3)`); got != "failed validation" {
+		t.Errorf("the job that failed validation is shown as %q", got)
+	}
+	if got := text(`#jobs tr[data-job="` + second + `"] td:nth-child(3)`); got != "failed" {
+		t.Errorf("the job that failed is shown as %q", got)
+	}
+	if got := text(`#jobs tr[data-outcome="` + first + `"] [data-part="validator"]`); !strings.Contains(got, "/n") || !strings.Contains(got, "number") {
+		t.Errorf("the validator's problems shown: %q, want the pointer /n and what it wants", got)
+	}
+	if got := text(`#jobs tr[data-outcome="` + first + `"] pre`); !strings.Contains(got, "first try, on stderr") {
+		t.Errorf("the first job's output shown: %q, want its stderr", got)
+	}
+	if got := text(`#jobs tr[data-outcome="` + second + `"] [data-part="error"]`); !strings.Contains(got, "exit code 3") {
+		t.Errorf("the failed job's error shown: %q, want its exit code", got)
+	}
+	if got := text(`#jobs tr[data-outcome="` + second + `"] pre`); !strings.Contains(got, "second try: disk on fire") {
+		t.Errorf("the failed job's output shown: %q, want its stderr", got)
+	}
+	// On the step, the output is folded: its text is there once opened.
+	run(t, ctx, "open the step's output",
+		chromedp.Click(chromedp.CSS(`.node[data-step="a"] [data-outcome] summary`)),
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="a"] [data-outcome] pre`)),
+	)
+	if got := text(`.node[data-step="a"] [data-outcome] pre`); !strings.Contains(got, "second try: disk on fire") {
+		t.Errorf("the step's output shown: %q", got)
+	}
+}

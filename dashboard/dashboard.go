@@ -61,6 +61,9 @@ type Config struct {
 	// worker for lane heavy". Nil: only a job waiting while no worker runs,
 	// or for long, is named.
 	Lanes client.LanesFunc
+	// OnListen, if set, is called once with the dashboard's URL
+	// (http://host:port/) when Serve starts serving.
+	OnListen func(url string)
 }
 
 // Validate refuses a listener beyond loopback without a token, and a
@@ -158,7 +161,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
-	s.log.Info().Str("url", "http://"+ln.Addr().String()+"/").Bool("token", s.cfg.Token != "").Msg("dashboard listening")
+	url := "http://" + ln.Addr().String() + "/"
+	s.log.Info().Str("url", url).Bool("token", s.cfg.Token != "").Msg("dashboard listening")
+	if s.cfg.OnListen != nil {
+		s.cfg.OnListen(url)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -189,6 +196,7 @@ func (s *Service) routes() {
 	s.mux.HandleFunc("GET /api/sessions/{id}/events", s.apiSessionEvents)
 	s.mux.HandleFunc("GET /api/sessions/{id}/tasks", sessionAPI(s, s.c.Tasks))
 	s.mux.HandleFunc("GET /api/sessions/{id}/forks", sessionAPI(s, s.forks))
+	s.mux.HandleFunc("GET /api/sessions/{id}/outcomes", sessionAPI(s, s.c.JobOutcomes))
 	s.mux.HandleFunc("GET /api/sessions/{id}/artifact", s.apiArtifact)
 	s.mux.HandleFunc("POST /api/sessions/{id}/signal", s.apiSignal)
 	s.mux.HandleFunc("POST /api/sessions/{id}/budget", s.apiBudget)

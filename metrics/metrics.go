@@ -91,7 +91,7 @@ type Config struct {
 	DLQStream string
 	// Collectors are registered beside the stream-fed metrics: those of
 	// services in this process that are not in the stream (e.g.
-	// StalledDecisions of the orchestrator).
+	// metrics.Orchestrator).
 	Collectors []prometheus.Collector
 }
 

@@ -7,7 +7,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -231,6 +234,10 @@ func TestCountsTheStream(t *testing.T) {
 	request("j2", "b", schemas.BackendClaude)
 	request("j3", "c", "weird-1") // the one value beyond the known backends MaxLabelValues allows
 	request("j4", "d", "weird-2") // one too many: "other"
+	request("j5", "e", schemas.BackendExec)
+	for _, job := range []string{"j1", "j2", "j5"} {
+		publish(schemas.TypeJobStarted, &schemas.JobStarted{JobID: job, Worker: "w", Delivery: 1})
+	}
 	publish(schemas.TypeJobCompleted, &schemas.JobCompleted{JobID: "j1", Step: "a", Iteration: 1, Worker: "w", DurationMs: 1500,
 		Usage: &schemas.Usage{InputTokens: 100, CachedTokens: 40, OutputTokens: 20, CostUSD: 0.25}})
 	publish(schemas.TypeValidationPassed, &schemas.Verdict{JobID: "j1", Step: "a", Iteration: 1})
@@ -266,9 +273,12 @@ func TestCountsTheStream(t *testing.T) {
 	want(t, f, "loopbus_jobs_total", labels{"backend": "claude", "outcome": "failed"}, 1)
 	want(t, f, "loopbus_jobs_total", labels{"backend": "weird-1", "outcome": "cancelled"}, 1)
 	want(t, f, "loopbus_jobs_total", labels{"backend": "other", "outcome": "failed"}, 1)
-	if n := len(f["loopbus_jobs_total"].GetMetric()); n != 4 {
-		t.Errorf("loopbus_jobs_total has %d series, want 4", n)
+	// Each known backend's three outcomes from the start, and the two
+	// series beyond them.
+	if n := len(f["loopbus_jobs_total"].GetMetric()); n != 5*3+2 {
+		t.Errorf("loopbus_jobs_total has %d series, want 17", n)
 	}
+	want(t, f, "loopbus_jobs_total", labels{"backend": "codex", "outcome": "completed"}, 0)
 	wantHistogram(t, f, "loopbus_job_duration_seconds", labels{"backend": "exec", "outcome": "completed"}, 1, 1.5)
 	wantHistogram(t, f, "loopbus_job_duration_seconds", labels{"backend": "claude", "outcome": "failed"}, 1, 0.5)
 	wantHistogram(t, f, "loopbus_job_duration_seconds", labels{"backend": "other", "outcome": "failed"}, 1, 2)
@@ -280,6 +290,8 @@ func TestCountsTheStream(t *testing.T) {
 	want(t, f, "loopbus_cost_usd_total", labels{"backend": "exec"}, 0.25)
 	want(t, f, "loopbus_cost_usd_total", labels{"backend": "claude"}, 0.5)
 
+	// j1 and j2 ended; j5 runs (j3 and j4 ended without being started).
+	want(t, f, "loopbus_jobs_running", labels{}, 1)
 	want(t, f, "loopbus_rate_limited_jobs_total", labels{"backend": "claude"}, 1)
 	want(t, f, "loopbus_rate_limit_waits_total", labels{}, 1)
 	want(t, f, "loopbus_breaker_opens_total", labels{}, 1)
@@ -395,11 +407,13 @@ func TestServedSessionMetrics(t *testing.T) {
 	want(t, f, "loopbus_orchestrator_stalled_decisions_total", labels{}, 0)
 }
 
-// TestStalledDecisionsServed: collectors of Config.Collectors are served
-// beside the stream's metrics; StalledDecisions counts what it observes.
-func TestStalledDecisionsServed(t *testing.T) {
+// TestOrchestratorMetricsServed: collectors of Config.Collectors are
+// served beside the stream's metrics; Orchestrator counts the stalls it
+// observes, and serves the lag once tracked: the stream's last sequence
+// minus the orchestrator's.
+func TestOrchestratorMetricsServed(t *testing.T) {
 	b, _ := testnats.Bus(t)
-	stalls := metrics.NewStalledDecisions()
+	stalls := metrics.NewOrchestrator()
 	addrs := make(chan string, 1)
 	m, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", OnListen: func(a string) { addrs <- a }, Collectors: []prometheus.Collector{stalls}}, b, testnats.Logger(t))
 	if err != nil {
@@ -417,9 +431,35 @@ func TestStalledDecisionsServed(t *testing.T) {
 	url := "http://" + <-addrs + metrics.Path
 	stalls.Observe("s1")
 	stalls.Observe("s2")
-	await(t, url, func(f families) error {
+	f := await(t, url, func(f families) error {
 		if m, ok := f.find("loopbus_orchestrator_stalled_decisions_total", labels{}); !ok || m.GetCounter().GetValue() != 2 {
 			return fmt.Errorf("stalled decisions %v, want 2", m)
+		}
+		return nil
+	})
+	if _, ok := f.find("loopbus_orchestrator_lag_events", labels{}); ok {
+		t.Error("a lag served before Track: nothing says what the orchestrator read")
+	}
+	for i := range 5 {
+		ev := schemas.Event{ID: fmt.Sprintf("ev-%d", i), Type: schemas.TypeAgentMessage, Session: "s1", Time: time.Now(),
+			Data: &schemas.AgentMessage{JobID: "j1", Text: "hello"}}
+		if _, err := b.Publish(t.Context(), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var read atomic.Uint64
+	read.Store(2)
+	stalls.Track(read.Load, b.LastSeq)
+	await(t, url, func(f families) error {
+		if got := f.value("loopbus_orchestrator_lag_events", labels{}); got != 3 {
+			return fmt.Errorf("lag %v, want 3 (5 events, 2 read)", got)
+		}
+		return nil
+	})
+	read.Store(5)
+	await(t, url, func(f families) error {
+		if got := f.value("loopbus_orchestrator_lag_events", labels{}); got != 0 {
+			return fmt.Errorf("lag %v once every event is read, want 0", got)
 		}
 		return nil
 	})
@@ -509,4 +549,106 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIdleServeAndRunningGauges: an idle serve already serves every gauge
+// at 0 (running sessions, running jobs, the orchestrator's lag) and the
+// counters of each known backend at 0; while a session's agent runs, one
+// session and one job run; once it is done, none, and the orchestrator
+// has read the whole stream.
+func TestIdleServeAndRunningGauges(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	addrs := make(chan string, 1)
+	set := serve.All(1)
+	set.Metrics = metrics.Config{Listen: "127.0.0.1:0", OnListen: func(a string) { addrs <- a }}
+	node, err := serve.Start(ctx, serve.Config{Embedded: bus.EmbeddedConfig{DataDir: t.TempDir()}, Services: set}, testnats.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := node.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	var url string
+	select {
+	case a := <-addrs:
+		url = "http://" + a + metrics.Path
+	case <-ctx.Done():
+		t.Fatal("serve did not serve /metrics")
+	}
+	idle, err := scrape(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []string{"loopbus_sessions_running", "loopbus_jobs_running", "loopbus_orchestrator_lag_events",
+		"loopbus_rate_limit_waits_total", "loopbus_breaker_opens_total", "loopbus_malformed_events_total"} {
+		want(t, idle, g, labels{}, 0)
+	}
+	for _, backend := range []string{"exec", "claude", "codex", "openai", "anthropic"} {
+		want(t, idle, "loopbus_jobs_total", labels{"backend": backend, "outcome": "failed"}, 0)
+		want(t, idle, "loopbus_tokens_total", labels{"backend": backend, "kind": "output"}, 0)
+		want(t, idle, "loopbus_cost_usd_total", labels{"backend": backend}, 0)
+		want(t, idle, "loopbus_rate_limited_jobs_total", labels{"backend": backend}, 0)
+		wantHistogram(t, idle, "loopbus_job_duration_seconds", labels{"backend": backend, "outcome": "completed"}, 0, 0)
+	}
+	wantHistogram(t, idle, "loopbus_step_duration_seconds", labels{"outcome": "failed"}, 0, 0)
+	wantHistogram(t, idle, "loopbus_validation_duration_seconds", labels{"result": "failed"}, 0, 0)
+
+	// A one-step session whose agent waits for a file.
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "open")
+	files := map[string]string{
+		"pipeline.yaml": "name: gated\nsteps:\n  a:\n    agent: {backend: exec, command: [sh, agent.sh]}\n    prompt: write a\n    outputs: [{name: a.txt}]\n",
+		"agent.sh":      "while [ ! -e '" + gate + "' ]; do sleep 0.05; done\necho done > \"$LOOPBUS_OUTPUT_DIR/a.txt\"\n",
+		"in.txt":        "input\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := client.Dial(ctx, bus.Config{URL: node.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := definition.Load(filepath.Join(dir, "pipeline.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	session, err := c.Submit(ctx, p, filepath.Join(dir, "in.txt"), client.SubmitOptions{Session: "gauges-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	await(t, url, func(f families) error {
+		if s, j := f.value("loopbus_sessions_running", labels{}), f.value("loopbus_jobs_running", labels{}); s != 1 || j != 1 {
+			return fmt.Errorf("%v sessions and %v jobs running, want 1 and 1", s, j)
+		}
+		return nil
+	})
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Follow(ctx, session, func(schemas.Event, *projections.Manifest) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Status != projections.StatusCompleted {
+		t.Fatalf("session %s", m.Status)
+	}
+	b := testnats.Connect(t, node.URL(), "test")
+	f := await(t, url, func(f families) error {
+		if err := caughtUp(ctx, b)(f); err != nil {
+			return err
+		}
+		if lag := f.value("loopbus_orchestrator_lag_events", labels{}); lag != 0 {
+			return fmt.Errorf("the orchestrator lags %v events", lag)
+		}
+		return nil
+	})
+	want(t, f, "loopbus_sessions_running", labels{}, 0)
+	want(t, f, "loopbus_jobs_running", labels{}, 0)
+	want(t, f, "loopbus_jobs_total", labels{"backend": "exec", "outcome": "completed"}, 1)
 }

@@ -37,6 +37,10 @@ type streamCounts struct {
 	// failure; steps: session/step → when its first job was requested.
 	jobs  *bounded[*jobState]
 	steps *bounded[time.Time]
+	// live: sessions started and not ended; started: session/job of
+	// jobs started and not ended (both bounded by Config.MaxTracked).
+	live    *bounded[struct{}]
+	started *bounded[struct{}]
 
 	events          *prometheus.CounterVec
 	malformed       prometheus.Counter
@@ -50,6 +54,8 @@ type streamCounts struct {
 	rateLimitedJobs *prometheus.CounterVec
 	rateLimitWaits  prometheus.Counter
 	breakerOpens    prometheus.Counter
+	sessionsRunning prometheus.Gauge
+	jobsRunning     prometheus.Gauge
 	all             []prometheus.Collector
 }
 
@@ -62,11 +68,20 @@ type jobState struct {
 
 func newStreamCounts(cat *schemas.Catalogue, cfg Config) *streamCounts {
 	c := &streamCounts{
-		cat: cat,
-		backends: newLabelSet(cfg.MaxLabelValues, Unknown, schemas.BackendExec, schemas.BackendClaude,
-			schemas.BackendCodex, schemas.BackendOpenAI, schemas.BackendAnthropic),
-		jobs:  newBounded[*jobState](cfg.MaxTracked),
-		steps: newBounded[time.Time](cfg.MaxTracked),
+		cat:      cat,
+		backends: newLabelSet(cfg.MaxLabelValues, append([]string{Unknown}, knownBackends()...)...),
+		jobs:     newBounded[*jobState](cfg.MaxTracked),
+		steps:    newBounded[time.Time](cfg.MaxTracked),
+		live:     newBounded[struct{}](cfg.MaxTracked),
+		started:  newBounded[struct{}](cfg.MaxTracked),
+		sessionsRunning: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "loopbus_sessions_running",
+			Help: "Sessions started (or forked, or rerun) and not ended (completed, failed, closed): running, paused, stopped or waiting.",
+		}),
+		jobsRunning: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "loopbus_jobs_running",
+			Help: "Jobs started (job.started) and not ended (job.completed, job.failed, job.cancelled): agents at work.",
+		}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loopbus_events_total",
 			Help: "Events read from the stream, by CloudEvent type.",
@@ -120,12 +135,37 @@ func newStreamCounts(cat *schemas.Catalogue, cfg Config) *streamCounts {
 		}),
 	}
 	c.all = []prometheus.Collector{c.events, c.malformed, c.sequence, c.jobsTotal, c.jobDuration, c.stepDuration,
-		c.validation, c.tokens, c.cost, c.rateLimitedJobs, c.rateLimitWaits, c.breakerOpens}
-	// Every known type shows from the start, at 0.
+		c.validation, c.tokens, c.cost, c.rateLimitedJobs, c.rateLimitWaits, c.breakerOpens,
+		c.sessionsRunning, c.jobsRunning}
+	// Every series of a known label value shows from the start, at 0, so
+	// that rates and alerts have a series before the first event.
 	for _, t := range cat.Types() {
 		c.events.WithLabelValues(t)
 	}
+	for _, b := range knownBackends() {
+		for _, o := range []string{OutcomeCompleted, OutcomeFailed, OutcomeCancelled} {
+			c.jobsTotal.WithLabelValues(b, o)
+			c.jobDuration.WithLabelValues(b, o)
+		}
+		for _, kind := range []string{"input", "cached", "output"} {
+			c.tokens.WithLabelValues(b, kind)
+		}
+		c.cost.WithLabelValues(b)
+		c.rateLimitedJobs.WithLabelValues(b)
+	}
+	for _, o := range []string{OutcomeCompleted, OutcomeFailed} {
+		c.stepDuration.WithLabelValues(o)
+	}
+	for _, r := range []string{"passed", "failed"} {
+		c.validation.WithLabelValues(r)
+	}
 	return c
+}
+
+// knownBackends are the agent backends loopbus has: their series exist
+// from the start.
+func knownBackends() []string {
+	return []string{schemas.BackendExec, schemas.BackendClaude, schemas.BackendCodex, schemas.BackendOpenAI, schemas.BackendAnthropic}
 }
 
 // Describe implements prometheus.Collector.
@@ -161,17 +201,33 @@ func (c *streamCounts) count(ev schemas.Event) {
 		// counted as the original's.
 		return
 	}
+	switch ev.Type {
+	case schemas.TypeSessionStarted, schemas.TypeSessionForked, schemas.TypeSessionRerun:
+		c.live.put(ev.Session, struct{}{})
+	case schemas.TypeSessionCompleted, schemas.TypeSessionFailed, schemas.TypeSessionClosed:
+		c.live.remove(ev.Session)
+	}
+	defer func() {
+		c.sessionsRunning.Set(float64(c.live.len()))
+		c.jobsRunning.Set(float64(c.started.len()))
+	}()
 	switch d := ev.Data.(type) {
+	case *schemas.JobStarted:
+		c.started.put(key(ev.Session, d.JobID), struct{}{})
+	case *schemas.JobCancelled:
+		c.started.remove(key(ev.Session, d.JobID))
 	case *schemas.JobRequested:
 		c.jobs.put(key(ev.Session, d.JobID), &jobState{backend: c.backends.label(d.Agent.Backend)})
 		if _, ok := c.steps.get(key(ev.Session, d.Step)); !ok {
 			c.steps.put(key(ev.Session, d.Step), ev.Stored)
 		}
 	case *schemas.JobCompleted:
+		c.started.remove(key(ev.Session, d.JobID))
 		j := c.job(ev.Session, d.JobID)
 		j.completed = ev.Stored
 		c.jobEnded(j.backend, OutcomeCompleted, d.DurationMs, d.Usage)
 	case *schemas.JobFailed:
+		c.started.remove(key(ev.Session, d.JobID))
 		j := c.job(ev.Session, d.JobID)
 		c.jobs.remove(key(ev.Session, d.JobID))
 		outcome := OutcomeFailed

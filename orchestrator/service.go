@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/loopbus/loopbus/bus"
@@ -38,7 +39,7 @@ type Config struct {
 	// error and calls OnStall. Default DefaultStallAfter.
 	StallAfter time.Duration
 	// OnStall, if set, is called with the session's id for each decision
-	// the watchdog makes (e.g. to count them: metrics.StalledDecisions).
+	// the watchdog makes (e.g. to count them: metrics.Orchestrator).
 	// It is called with the service's lock held and must not block.
 	OnStall func(session string)
 }
@@ -95,6 +96,9 @@ type Service struct {
 	// next change puts it back.
 	still    map[string]time.Time
 	caughtUp bool
+	// readSeq is the stream sequence of the last message read (folded,
+	// or skipped as malformed): see ReadSeq.
+	readSeq atomic.Uint64
 	// commits runs the background commits; slots bounds how many at once.
 	commits sync.WaitGroup
 	slots   chan struct{}
@@ -149,6 +153,7 @@ func (s *Service) Run(ctx context.Context) error {
 		Follow:     true,
 		DeadLetter: s.cfg.Name,
 		OnSkip: func(subject string, seq uint64) {
+			defer s.readSeq.Store(seq)
 			session, ok := schemas.SessionOfSubject(subject)
 			if !ok {
 				return
@@ -177,6 +182,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}, func(ev schemas.Event) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		defer s.readSeq.Store(ev.Seq)
 		restore := func() {}
 		switch {
 		case ev.ForkOf != "":
@@ -218,6 +224,12 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// ReadSeq returns the stream sequence of the last message Run has read
+// and acted on (folded and decided, or skipped as malformed); 0 before
+// the first. The stream's last sequence minus it is how far the
+// orchestrator lags (metrics.Orchestrator).
+func (s *Service) ReadSeq() uint64 { return s.readSeq.Load() }
 
 // rehydrate gives a finished session, which the state keeps compacted to
 // what identifies it, its pipeline and steps back before the session.rerun

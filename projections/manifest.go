@@ -368,7 +368,19 @@ type JobView struct {
 	// Merge marks a loop's merge job (job.requested with worktree.merge):
 	// not an iteration of its step, which it leaves as it is.
 	Merge bool `json:"merge,omitempty"`
+	// Verdict is the validator's word on the outputs of a completed job:
+	// VerdictPassed or VerdictFailed (its newest validation.passed or
+	// validation.failed); empty before one. A job whose agent exited 0
+	// but whose outputs failed validation is Status completed, Verdict
+	// failed.
+	Verdict string `json:"verdict,omitempty"`
 }
+
+// Job verdicts (JobView.Verdict).
+const (
+	VerdictPassed = "passed"
+	VerdictFailed = "failed"
+)
 
 // SignalView is a signal (signal.*) and its acknowledgement.
 type SignalView struct {
@@ -572,8 +584,22 @@ func FoldManifest(m *Manifest, ev schemas.Event) *Manifest {
 		if !ok {
 			return m
 		}
-		if sv := m.stepOfJob(orElse(d.JobID, ev.Job)); sv != nil {
+		id := orElse(d.JobID, ev.Job)
+		if j := m.Jobs[id]; j != nil && id != "" {
+			j.Verdict = VerdictFailed
+		}
+		if sv := m.stepOfJob(id); sv != nil {
 			sv.LastFeedback = verdictFeedback(d)
+		}
+
+	case schemas.TypeValidationPassed:
+		d, ok := dataAs[schemas.Verdict](ev.Data)
+		if !ok {
+			return m
+		}
+		id := orElse(d.JobID, ev.Job)
+		if j := m.Jobs[id]; j != nil && id != "" {
+			j.Verdict = VerdictPassed
 		}
 
 	case schemas.TypeJobFailed:

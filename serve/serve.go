@@ -52,11 +52,12 @@ type Services struct {
 	Metrics metrics.Config
 	// StallAfter: see orchestrator.Config.StallAfter.
 	StallAfter time.Duration
-	// Stalls counts the decisions the orchestrator's watchdog makes; nil
-	// makes one when Metrics are served here, and serves it with them.
-	// Set it to serve it from a metrics service of its own (register it
-	// in that one's Config.Collectors).
-	Stalls *metrics.StalledDecisions
+	// OrchestratorMetrics are the orchestrator's own metrics (the
+	// decisions its watchdog makes, how far it lags the stream); nil makes
+	// them when Metrics are served here, and serves them with them. Set
+	// it to serve them from a metrics service of its own (register it in
+	// that one's Config.Collectors).
+	OrchestratorMetrics *metrics.Orchestrator
 	// Traces, when set, adds the tracing service (named "tracing"): it
 	// follows the stream and exports spans over OTLP. One process of a
 	// deployment should run it (serve, or the orchestrator's).
@@ -115,9 +116,9 @@ func (s Services) Build(b *bus.Bus, log zerolog.Logger, now func() time.Time) ([
 	sub := func(name string) zerolog.Logger { return log.With().Str("service", name).Logger() }
 	if s.Orchestrator {
 		ocfg := orchestrator.Config{StallAfter: s.StallAfter}
-		stalls := s.Stalls
+		stalls := s.OrchestratorMetrics
 		if stalls == nil && s.Metrics.Listen != "" {
-			stalls = metrics.NewStalledDecisions()
+			stalls = metrics.NewOrchestrator()
 			s.Metrics.Collectors = append(slices.Clip(s.Metrics.Collectors), stalls)
 		}
 		if stalls != nil {
@@ -126,6 +127,9 @@ func (s Services) Build(b *bus.Bus, log zerolog.Logger, now func() time.Time) ([
 		o, err := orchestrator.New(ocfg, b.WithSource(SourceName("orchestrator")), sub("orchestrator"), now)
 		if err != nil {
 			return nil, err
+		}
+		if stalls != nil {
+			stalls.Track(o.ReadSeq, b.LastSeq)
 		}
 		out = append(out, Named{"orchestrator", o})
 	}

@@ -181,25 +181,25 @@ func TestWriteFinalLoops(t *testing.T) {
 	e := loopsEvents()
 	m := e.manifest(t)
 	var b bytes.Buffer
-	WriteFinal(&b, m, nil, "")
+	WriteFinal(&b, m, nil, "loopbus", "")
 	if b.Len() != 0 {
 		t.Errorf("a running session: %q", b.String())
 	}
 	e.add(schemas.TypeSessionCompleted, "", &schemas.SessionCompleted{Final: []schemas.ArtifactRef{}})
 	m = e.manifest(t)
-	WriteFinal(&b, m, nil, "")
+	WriteFinal(&b, m, nil, "loopbus", "")
 	if got, want := b.String(), "target branch loopbus/s1 at 9c1e2d4: 2 loops merged\n"; got != want {
 		t.Errorf("WriteFinal = %q, want %q", got, want)
 	}
 	b.Reset()
 	m.Target.Merges = 1
-	WriteFinal(&b, m, nil, "")
+	WriteFinal(&b, m, nil, "loopbus", "")
 	if got, want := b.String(), "target branch loopbus/s1 at 9c1e2d4: 1 loop merged\n"; got != want {
 		t.Errorf("WriteFinal = %q, want %q", got, want)
 	}
 	// A loops session without a repository has no target branch.
 	b.Reset()
-	WriteFinal(&b, &projections.Manifest{Status: projections.StatusCompleted, Kind: schemas.KindLoops, Target: &projections.TargetView{Task: "t"}}, nil, "")
+	WriteFinal(&b, &projections.Manifest{Status: projections.StatusCompleted, Kind: schemas.KindLoops, Target: &projections.TargetView{Task: "t"}}, nil, "loopbus", "")
 	if b.Len() != 0 {
 		t.Errorf("no target branch: %q", b.String())
 	}

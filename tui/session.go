@@ -54,8 +54,9 @@ const (
 )
 
 // WriteEnd writes why a followed session did not complete (nothing when
-// it did) and says how it ended.
-func WriteEnd(w io.Writer, m *projections.Manifest) End {
+// it did) and says how it ended; program is the binary as invoked, for
+// the command it suggests.
+func WriteEnd(w io.Writer, m *projections.Manifest, program string) End {
 	switch {
 	case m.Status == projections.StatusFailed:
 		fmt.Fprintf(w, "session %s failed: %s\n", m.ContentID, m.Error)
@@ -67,7 +68,7 @@ func WriteEnd(w io.Writer, m *projections.Manifest) End {
 		fmt.Fprintf(w, "session %s stopped: %s\n", m.ContentID, m.Hold.Reason)
 		return StoppedByBudget
 	case m.Status == projections.StatusCompleted && m.BlockedTasks > 0:
-		fmt.Fprintf(w, "session %s completed with %s blocked: see loopbus tasks %s --status blocked\n", m.ContentID, Plural(m.BlockedTasks, "task"), m.ContentID)
+		fmt.Fprintf(w, "session %s completed with %s blocked: see %s tasks %s --status blocked\n", m.ContentID, Plural(m.BlockedTasks, "task"), program, m.ContentID)
 		return CompletedBlocked
 	}
 	return Completed
@@ -75,12 +76,13 @@ func WriteEnd(w io.Writer, m *projections.Manifest) End {
 
 // WriteFinal tells where a completed session's results are: the paths
 // written when its final artifacts went to a directory (written), else
-// their names and sizes and the export command that fetches them (global
-// are the connection flags that command needs, e.g. " --data DIR").
+// their names and sizes and the export command that fetches them (program
+// is the binary as invoked, e.g. bin/loopbus; global the connection flags
+// that command needs, e.g. " --data DIR").
 // For a completed loops session, it tells where the code is: its target
 // branch and head. Nothing for a session that did not complete or has no
 // final artifacts.
-func WriteFinal(w io.Writer, m *projections.Manifest, written []string, global string) {
+func WriteFinal(w io.Writer, m *projections.Manifest, written []string, program, global string) {
 	switch {
 	case m.Status == projections.StatusCompleted && m.Target != nil && m.Target.Branch != "":
 		fmt.Fprintf(w, "target branch %s at %s: %s merged\n", m.Target.Branch, OrDash(ShortCommit(m.Target.Head)), Plural(m.Target.Merges, "loop"))
@@ -92,7 +94,7 @@ func WriteFinal(w io.Writer, m *projections.Manifest, written []string, global s
 		for i, a := range m.Final {
 			names[i] = fmt.Sprintf("%s (%d bytes)", a.Name, a.Size)
 		}
-		fmt.Fprintf(w, "final artifacts: %s\nget them with: loopbus export %s --dir DIR%s   (or next time: run --out DIR)\n", strings.Join(names, ", "), m.ContentID, global)
+		fmt.Fprintf(w, "final artifacts: %s\nget them with: %s export %s --dir DIR%s   (or next time: run --out DIR)\n", strings.Join(names, ", "), program, m.ContentID, global)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/loopbus/loopbus/agentworker"
@@ -62,7 +63,7 @@ usage errors. Without --nats, NATS and every service run in this process.`,
 				return usageErr(err)
 			}
 			if detach && out != "" {
-				return usageErr(errors.New("run: --out needs the session followed to its end; it cannot go with --detach (use 'loopbus export SESSION --dir DIR' later)"))
+				return usageErr(errors.New("run: --out needs the session followed to its end; it cannot go with --detach (use '" + g.program + " export SESSION --dir DIR' later)"))
 			}
 			return g.submitAndFollow(cmd.Context(), submitter(p, file, task, repo, session, sb), session, detach, asJSON, workers, out, repo)
 		},
@@ -141,7 +142,7 @@ func (g *globals) submitAndFollow(ctx context.Context, submit submit, session st
 	}
 	defer g.disconnect(c)
 	if detach && c.OwnsServer() {
-		return usageErr(errors.New("run --detach: no loopbus server runs on the data directory, so nothing would work on the session after this command exits; start 'loopbus serve' first or pass --nats"))
+		return usageErr(errors.New("run --detach: no loopbus server runs on the data directory, so nothing would work on the session after this command exits; start '" + g.program + " serve' first or pass --nats"))
 	}
 	what, err := submit(ctx, c.Bus)
 	if err != nil {
@@ -162,7 +163,7 @@ func (g *globals) submitAndFollow(ctx context.Context, submit submit, session st
 	if repo != "" && !errors.Is(err, errInterrupted) {
 		// Whatever was merged, even of a failed session, reaches the user.
 		if res, perr := client.Pull(ctx, c.Bus, session, repo); perr != nil {
-			fmt.Fprintf(g.stderr, "could not bring the target branch into %s: %v (try 'loopbus pull %s --repo %s')\n", repo, perr, session, repo)
+			fmt.Fprintf(g.stderr, "could not bring the target branch into %s: %v (try '%s pull %s --repo %s')\n", repo, perr, g.program, session, repo)
 		} else {
 			fmt.Fprintln(g.stderr, res)
 		}
@@ -222,7 +223,7 @@ func (g *globals) follow(ctx context.Context, c *serve.Conn, session string, asJ
 	stopView()
 	switch {
 	case sctx.Err() != nil && ctx.Err() == nil:
-		fmt.Fprintf(g.stderr, "interrupted; session %s is not lost: 'loopbus wait %s' resumes following it (and, in embedded mode, running it)\n", session, session)
+		fmt.Fprintf(g.stderr, "interrupted; session %s is not lost: '%s wait %s' resumes following it (and, in embedded mode, running it)\n", session, g.program, session)
 		return errInterrupted
 	case err != nil:
 		return err
@@ -240,8 +241,8 @@ func (g *globals) follow(ctx context.Context, c *serve.Conn, session string, asJ
 			return fmt.Errorf("--out %s: %w", out, err)
 		}
 	}
-	tui.WriteFinal(g.stderr, final, written, g.where())
-	return sessionEnd(g.stderr, final)
+	tui.WriteFinal(g.stderr, final, written, g.program, g.where())
+	return sessionEnd(g.stderr, final, g.program)
 }
 
 func newWaitCmd(g *globals) *cobra.Command {
@@ -444,6 +445,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var ackWait, stallAfter time.Duration
 	var maxOutput int64
 	var secretEnv []string
+	var ready *banner
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run NATS (embedded, unless --nats) and every service in one process",
@@ -470,6 +472,10 @@ func newServeCmd(g *globals) *cobra.Command {
 			if wcfg.Lanes, wcfg.LaneTable, err = config.WorkerLanes(cmd.Flags().Lookup("lanes")); err != nil {
 				return err
 			}
+			// The banner's run command reaches this process as other
+			// commands would: by --nats, or by the data directory.
+			info := tui.ServeBanner{Embedded: g.natsURL == "", Data: g.dataDir, Workers: workers, Lanes: wcfg.Lanes,
+				Run: g.program + " run PIPELINE.yaml --input FILE" + g.where()}
 			if g.natsURL == "" {
 				srv, err := bus.StartEmbedded(g.embeddedConfig(listen), log)
 				if err != nil {
@@ -479,19 +485,46 @@ func newServeCmd(g *globals) *cobra.Command {
 				g.natsURL, g.inProcess = srv.URL(), srv.InProcess()
 				log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
 			}
+			info.NATS = redactURLs(g.natsURL)
+			parts := []string{"connected"}
+			if mcfg.Listen != "" {
+				parts = append(parts, "metrics")
+				mcfg.OnListen = func(addr string) {
+					ready.report("metrics", func(b *tui.ServeBanner) { b.Metrics = "http://" + addr + metrics.Path })
+				}
+			}
+			if withDashboard {
+				parts = append(parts, "dashboard")
+				dcfg.OnListen = func(url string) {
+					ready.report("dashboard", func(b *tui.ServeBanner) {
+						b.Dashboard = url
+						if b.Metrics == "" {
+							b.Metrics = strings.TrimSuffix(url, "/") + metrics.Path
+						}
+					})
+				}
+			}
+			ready = newBanner(g.stdout, info, parts...)
 			set := serve.All(workers)
 			set.Worker, set.SecretEnv, set.ValidatorAckWait, set.Metrics = wcfg, secretEnv, ackWait, mcfg
 			set.ValidatorReuseWorkspaces, set.StallAfter = reuse, stallAfter
 			set.Traces = tracesConfig()
 			if !withDashboard {
-				return g.runServices(ctx, "serve", set)
+				return g.runService(ctx, "serve", func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error {
+					ready.report("connected", nil)
+					return set.Run(ctx, b, log, nil)
+				})
 			}
 			given := cmd.Flags().Changed("http")
 			set.Metrics = metrics.Config{} // the dashboard's metrics service serves --metrics too
-			set.Stalls = metrics.NewStalledDecisions()
-			mcfg.Collectors = append(mcfg.Collectors, set.Stalls)
+			set.OrchestratorMetrics = metrics.NewOrchestrator()
+			mcfg.Collectors = append(mcfg.Collectors, set.OrchestratorMetrics)
+			noDashboard := func(why string) {
+				ready.report("dashboard", func(b *tui.ServeBanner) { b.NoDashboard = why })
+			}
 			return g.runService(ctx, "serve", func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error {
-				return set.Run(ctx, b, log, func(ctx context.Context) error { return serveDashboard(ctx, dcfg, given, mcfg, b, log) })
+				ready.report("connected", nil)
+				return set.Run(ctx, b, log, func(ctx context.Context) error { return serveDashboard(ctx, dcfg, given, mcfg, b, log, noDashboard) })
 			})
 		},
 	}

@@ -87,8 +87,9 @@ var errTokenNeeded = errors.New("this process holds NATS credentials (flags, a c
 // (and, with mcfg.Listen, on that address too: one metrics service reads
 // the stream for both), over b until ctx ends. When the address is the default and taken
 // (another loopbus serve on this machine), it says so and serves none;
-// an address given by hand that cannot be had is an error.
-func serveDashboard(ctx context.Context, cfg dashboard.Config, given bool, mcfg metrics.Config, b *bus.Bus, log zerolog.Logger) error {
+// an address given by hand that cannot be had is an error. noDashboard, if
+// set, is told why none is served.
+func serveDashboard(ctx context.Context, cfg dashboard.Config, given bool, mcfg metrics.Config, b *bus.Bus, log zerolog.Logger, noDashboard func(why string)) error {
 	m, err := metrics.New(mcfg, b, log.With().Str("service", "metrics").Logger())
 	if err != nil {
 		return err
@@ -116,6 +117,9 @@ func serveDashboard(ctx context.Context, cfg dashboard.Config, given bool, mcfg 
 		return nil
 	case errors.Is(err, syscall.EADDRINUSE) && !given:
 		log.Warn().Err(err).Msg("the dashboard is not served: its address is taken (another loopbus serve?); give --http ADDR, or --http= to serve none")
+		if noDashboard != nil {
+			noDashboard(cfg.Addr + " is taken (another loopbus serve?); give --http ADDR")
+		}
 		if mcfg.Listen == "" {
 			<-ctx.Done()
 			return nil
@@ -160,7 +164,7 @@ token (--http-token or ` + httpTokenEnv + `).`,
 				return usageErr(errTokenNeeded)
 			}
 			return g.runService(cmd.Context(), "dashboard", func(ctx context.Context, b *bus.Bus, log zerolog.Logger) error {
-				return serveDashboard(ctx, cfg, true, metrics.Config{}, b, log)
+				return serveDashboard(ctx, cfg, true, metrics.Config{}, b, log, nil)
 			})
 		},
 	}

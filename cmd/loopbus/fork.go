@@ -74,7 +74,7 @@ needs a running server: serve, or --nats); 'loopbus wait NEW' follows it.`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if at == "" {
-				return usageErr(fmt.Errorf("fork: --at SEQ|EVENT-ID is required (see loopbus events %s)", args[0]))
+				return usageErr(fmt.Errorf("fork: --at SEQ|EVENT-ID is required (see %s events %s)", g.program, args[0]))
 			}
 			if detach && out != "" {
 				return usageErr(errors.New("fork: --out needs the session followed to its end; it cannot go with --detach"))

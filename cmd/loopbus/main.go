@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -56,11 +57,31 @@ var (
 )
 
 func main() {
-	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(executeAs(invokedAs(os.Args[0]), os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// execute runs the command line args as "loopbus".
 func execute(args []string, stdout, stderr io.Writer) int {
-	g := &globals{stdout: stdout, stderr: stderr}
+	return executeAs("loopbus", args, stdout, stderr)
+}
+
+// invokedAs is how the binary was invoked (its argv[0], e.g. bin/loopbus),
+// for the commands its hints suggest, quoted for a shell when it needs to
+// be; "loopbus" when unknown.
+func invokedAs(arg0 string) string {
+	if arg0 == "" {
+		return "loopbus"
+	}
+	if strings.Trim(arg0, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:@") == "" {
+		return arg0
+	}
+	return "'" + strings.ReplaceAll(arg0, "'", `'\''`) + "'"
+}
+
+// executeAs runs the command line args; program is how hints name the
+// binary.
+func executeAs(program string, args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr, program: program}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -94,6 +115,9 @@ func execute(args []string, stdout, stderr io.Writer) int {
 // globals are the settings every command shares.
 type globals struct {
 	stdout, stderr io.Writer
+	// program is how the binary was invoked, for the commands hints
+	// suggest (see invokedAs).
+	program string
 	// started is set once a command's own code runs; errors before that
 	// are usage errors.
 	started bool

@@ -86,7 +86,7 @@ func (g *globals) signal(ctx context.Context, req client.SignalRequest, wait tim
 			if len(dests) == 1 {
 				session = dests[0].Session
 			}
-			return fmt.Sprintf("no orchestrator runs on this data directory; 'loopbus serve' or 'loopbus wait %s' runs one", session)
+			return fmt.Sprintf("no orchestrator runs on this data directory; '%s serve' or '%s wait %s' runs one", g.program, g.program, session)
 		}
 	}
 	sigCtx, stop := notifyContext(context.Background())

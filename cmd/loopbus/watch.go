@@ -58,7 +58,7 @@ func (g *globals) watch(ctx context.Context, c *serve.Conn, session string) erro
 		// Nothing but this command serves the data directory, so nothing
 		// will move an unfinished session on.
 		if m, err := client.Status(ctx, c.Bus, session); err == nil && !m.Terminal() {
-			fmt.Fprintf(g.stderr, "no loopbus server runs on this data directory: session %s progresses only while 'loopbus serve' or 'loopbus wait %s' runs\n", session, session)
+			fmt.Fprintf(g.stderr, "no loopbus server runs on this data directory: session %s progresses only while '%s serve' or '%s wait %s' runs\n", session, g.program, g.program, session)
 		}
 	}
 	ctx, quit := context.WithCancel(ctx)
@@ -72,15 +72,15 @@ func (g *globals) watch(ctx context.Context, c *serve.Conn, session string) erro
 	case err != nil:
 		return err
 	}
-	return sessionEnd(g.stderr, m)
+	return sessionEnd(g.stderr, m, g.program)
 }
 
 // sessionEnd is how watching a session ended: nil when it completed,
 // errFailed when it failed, errStopped when its budget stopped it,
 // errBlocked when a backlog completed with blocked tasks; the
-// reason goes to w.
-func sessionEnd(w io.Writer, m *projections.Manifest) error {
-	switch tui.WriteEnd(w, m) {
+// reason goes to w, naming the binary as program.
+func sessionEnd(w io.Writer, m *projections.Manifest, program string) error {
+	switch tui.WriteEnd(w, m, program) {
 	case tui.Failed:
 		return errFailed
 	case tui.StoppedByBudget:

@@ -48,7 +48,7 @@ func TestSessionEnd(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, m := watched(t, tc.end...)
 			var b bytes.Buffer
-			if err := sessionEnd(&b, m); !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+			if err := sessionEnd(&b, m, "loopbus"); !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
 				t.Errorf("sessionEnd = %v, want %v", err, tc.want)
 			}
 			if b.String() != tc.message {

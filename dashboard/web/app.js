@@ -311,7 +311,19 @@ function sessionPage() {
       extra ? el("div", { class: "meta", text: extra }) : null,
       el("div", { class: "meta", text: meta.join(" · ") }),
       st.errorMessage ? el("div", { class: "fb error", text: st.errorMessage }) : null,
-      st.lastFeedback ? el("div", { class: "fb", text: "last feedback: " + st.lastFeedback }) : null);
+      st.lastFeedback ? el("div", { class: "fb", text: "last feedback: " + st.lastFeedback }) : null,
+      stepOutcome(st));
+  }
+
+  // stepOutcome shows, on a step, how its newest job failed (when it did):
+  // the validator's problems and the agent's output, folded.
+  function stepOutcome(st) {
+    const j = manifest && manifest.jobs && manifest.jobs[st.jobId];
+    const o = outcomes.get(st.jobId);
+    if (!j || !o || !failedJob(j)) return null;
+    return el("div", { class: "outcome", "data-outcome": st.jobId },
+      el("div", { class: "meta", text: "job " + st.jobId + " " + (j.verdict === "failed" ? "failed validation" : "failed") }),
+      ...outcomeParts(o, false));
   }
 
   function dag(m) {
@@ -375,15 +387,72 @@ function sessionPage() {
     const sorted = Object.entries(m.jobs || {}).sort(([ia, a], [ib, b]) =>
       rank(a) - rank(b) || byNumber.compare(a.step, b.step) || (a.round || 0) - (b.round || 0) ||
       (a.iteration || 0) - (b.iteration || 0) || byNumber.compare(ia, ib));
-    const rows = sorted.slice(-300).map(([jid, j]) =>
-      el("tr", {},
+    const rows = [];
+    for (const [jid, j] of sorted.slice(-300)) {
+      const st = jobStatus(j);
+      rows.push(el("tr", { "data-job": jid, "data-status": st },
         el("td", { text: jid }),
         el("td", { text: j.step + (j.iteration ? " #" + j.iteration : "") + (j.merge ? " (merge)" : "") }),
-        el("td", {}, badge(j.status), j.reason ? el("div", { class: "muted", text: j.reason }) : null),
+        el("td", {}, jobBadge(st), j.reason ? el("div", { class: "muted", text: j.reason }) : null),
         el("td", { text: j.worker || "–" }),
         el("td", { class: "num", text: tokens(j.usage) || "–" }),
         el("td", { class: "num", text: money(j.usage && j.usage.costUsd) })));
+      const o = outcomes.get(jid);
+      if (o && failedJob(j)) rows.push(el("tr", { class: "outcome", "data-outcome": jid }, el("td", { colspan: 6 }, ...outcomeParts(o, true))));
+    }
     document.querySelector("#jobs tbody").replaceChildren(...rows);
+    wantOutcomes(m);
+  }
+
+  // jobStatus is what a job's line says: a job whose agent exited 0 but
+  // whose outputs the validator refused failed validation.
+  function jobStatus(j) {
+    return j.status === "completed" && j.verdict === "failed" ? "failed_validation" : j.status;
+  }
+  function jobBadge(st) {
+    return st === "failed_validation" ? el("span", { class: "st s-failed", text: "failed validation" }) : badge(st);
+  }
+  function failedJob(j) { return j.status === "failed" || j.verdict === "failed"; }
+
+  // outcomeParts renders how a job ended: its error, the validator's
+  // problems and hint, and the end of the agent's output (stdout and
+  // stderr), shown open when open is set.
+  function outcomeParts(o, open) {
+    const parts = [];
+    if (o.error) parts.push(el("div", { class: "error", "data-part": "error", text: "error: " + o.error + (o.exitCode ? " (exit code " + o.exitCode + ")" : "") }));
+    if (o.verdict === "failed") {
+      parts.push(el("div", { "data-part": "validator" }, el("strong", { text: "validator: " }),
+        el("ul", {}, ...(o.problems || []).map((p) => el("li", { text: p })),
+          o.moreProblems ? el("li", { class: "muted", text: "… " + o.moreProblems + " more" }) : null)));
+      if (o.retryHint) parts.push(el("div", { class: "muted", text: "hint for the next iteration: " + o.retryHint }));
+    }
+    if (o.outputTail) {
+      parts.push(el("details", { open: open ? "" : null, "data-part": "output" },
+        el("summary", { text: "agent output (stdout and stderr, last " + size(new TextEncoder().encode(o.outputTail).length) + ")" }),
+        el("pre", { text: o.outputTail })));
+    } else if (o.status === "failed") {
+      parts.push(el("div", { class: "muted", text: "the agent printed nothing" }));
+    }
+    return parts;
+  }
+
+  // outcomes holds how the session's failed jobs ended (GET .../outcomes),
+  // asked again when the set of failed jobs changes.
+  const outcomes = new Map();
+  let outcomesKey = "", outcomesTimer = null;
+  function wantOutcomes(m) {
+    const key = Object.entries(m.jobs || {}).filter(([, j]) => failedJob(j)).map(([id]) => id).sort().join(" ");
+    if (key === outcomesKey || outcomesTimer) return;
+    outcomesTimer = setTimeout(async () => {
+      outcomesTimer = null;
+      try {
+        const list = await api("/api/sessions/" + enc + "/outcomes");
+        outcomesKey = key;
+        outcomes.clear();
+        for (const o of list) outcomes.set(o.job, o);
+        if (manifest) render(manifest);
+      } catch (e) { showError("Could not read how the jobs ended: " + e.message); }
+    }, 300);
   }
 
   function artifacts(m) {
