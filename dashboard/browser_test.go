@@ -122,6 +122,7 @@ func TestBrowserFollowsASession(t *testing.T) {
 	if got, want := disabledControls(t, ctx), []string{"resume", "approve", "reject"}; !slices.Equal(got, want) {
 		t.Errorf("a running session without a gate: disabled %q, want %q", got, want)
 	}
+	wantEdges(t, ctx)
 	loc := value(t, ctx, "read the location", chromedp.Location())
 	open("a")
 	run(t, ctx, "the page updates as step a completes",
@@ -169,6 +170,36 @@ func TestBrowserFollowsASession(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("screenshot of the session page: %s", path)
+	}
+}
+
+// wantEdges checks the step graph's arrows of gatedPipeline: a → b and
+// b → c, each from its step's node to the next one's.
+func wantEdges(t *testing.T, ctx context.Context) {
+	t.Helper()
+	edges := value(t, ctx, "the graph's arrows", chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("#graph svg.edges path[data-from]")].map((p) => p.dataset.from + "->" + p.dataset.to)`))
+	if want := []string{"a->b", "b->c"}; !slices.Equal(edges, want) {
+		t.Errorf("arrows %q, want %q", edges, want)
+	}
+	// Each arrow starts at its first node's edge and ends at the other's.
+	gaps := value(t, ctx, "the arrows' ends", chromedp.Evaluate[[]float64](`(() => {
+		const out = [];
+		for (const p of document.querySelectorAll("#graph svg.edges path[data-from]")) {
+			const from = document.querySelector('.node[data-step="' + p.dataset.from + '"]').getBoundingClientRect();
+			const to = document.querySelector('.node[data-step="' + p.dataset.to + '"]').getBoundingClientRect();
+			const len = p.getTotalLength(), svg = p.ownerSVGElement.getBoundingClientRect();
+			const a = p.getPointAtLength(0), b = p.getPointAtLength(len);
+			const ax = svg.left + a.x, ay = svg.top + a.y, bx = svg.left + b.x, by = svg.top + b.y;
+			const dist = (r, x, y) => Math.hypot(Math.max(r.left - x, 0, x - r.right), Math.max(r.top - y, 0, y - r.bottom));
+			out.push(dist(from, ax, ay), dist(to, bx, by));
+		}
+		return out;
+	})()`))
+	for i, g := range gaps {
+		if g > 2 {
+			t.Errorf("arrow end %d is %.1f px from its node", i, g)
+		}
 	}
 }
 
@@ -256,6 +287,11 @@ func TestBrowserBudgetCloseAndLanes(t *testing.T) {
 	if text := value(t, ctx, "read the warning", chromedp.Text(chromedp.CSS(`#unserved`))); !strings.Contains(text, "no worker for lane heavy") {
 		t.Errorf("warning %q, want it to name lane heavy", text)
 	}
+	run(t, ctx, "the step says its job is queued, and why",
+		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="a"] [data-part="queued"]`)))
+	if text := value(t, ctx, "read the step's hint", chromedp.Text(chromedp.CSS(`.node[data-step="a"] [data-part="queued"]`))); !strings.Contains(text, "iteration 1 queued") || !strings.Contains(text, "no worker for lane heavy") {
+		t.Errorf("the step's hint %q, want it queued for want of lane heavy", text)
+	}
 	run(t, ctx, "the budget form sets the bounds typed",
 		chromedp.SendKeys(chromedp.CSS(`input[name="maxIterations"]`), "40"),
 		chromedp.SendKeys(chromedp.CSS(`#session-controls input[name="reason"]`), "more runs"),
@@ -284,7 +320,7 @@ func TestBrowserApprovesALoop(t *testing.T) {
 	ctx := browser(t)
 	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0"})
 	files := map[string]string{
-		"plan.sh": `printf '# plan\n## the only part\n' > "$LOOPBUS_OUTPUT_DIR/plan.md"` + "\n",
+		"plan.sh": `printf '# plan\n## the first part\n## the second part\n' > "$LOOPBUS_OUTPUT_DIR/plan.md"` + "\n",
 		"part.sh": `cp "$LOOPBUS_INPUT_DIR/plan.md" "$LOOPBUS_OUTPUT_DIR/part.md"` + "\n",
 		"loops.yaml": `kind: loops
 name: gated-loops
@@ -338,6 +374,52 @@ levels:
 	}
 	if text := value(t, ctx, "read the answer", chromedp.Text(chromedp.CSS(`#signal-result`))); !strings.Contains(text, "loop plan approved by dashboard") {
 		t.Errorf("the answer shown: %q", text)
+	}
+	// Both parts wrote part.md: each row says which loop it is from.
+	from := value(t, ctx, "the artifacts' origins", chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll('#artifacts tr[data-artifact="part.md"] td:nth-child(2)')].map((td) => td.textContent)`))
+	if want := []string{"plan-001 · part: the first part", "plan-002 · part: the second part"}; !slices.Equal(from, want) {
+		t.Errorf("part.md is from %q, want %q", from, want)
+	}
+}
+
+// TestBrowserEarlierEvents: a page sent only the newest events of a
+// session (here 5) says earlier ones are left out, and fetches them on
+// demand, down to the session's first.
+func TestBrowserEarlierEvents(t *testing.T) {
+	ctx := browser(t)
+	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0", MaxRows: 5})
+	open := s.submitGated(t, "early-1")
+	open("a")
+	open("b")
+	open("c")
+	m := s.waitManifest(t, "early-1", "the session to complete", func(m *projections.Manifest) bool { return m.Status == projections.StatusCompleted })
+	evs, err := s.c.Events(t.Context(), "early-1", client.Until{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) < 20 {
+		t.Fatalf("%d events, want many more than the 5 sent", len(evs))
+	}
+	first := fmt.Sprint(evs[0].Seq)
+	run(t, ctx, "the page says earlier events are left out",
+		chromedp.Navigate(s.srv.URL+"/sessions/early-1"),
+		chromedp.WaitVisible(chromedp.CSS(`#timeline tr[data-seq="`+fmt.Sprint(m.LastSeq)+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#earlier`)),
+	)
+	if n := value(t, ctx, "rows shown", chromedp.Evaluate[int](`document.querySelectorAll("#timeline tr[data-seq]").length`)); n != 5 {
+		t.Errorf("%d rows shown on connect, want the newest 5", n)
+	}
+	run(t, ctx, "showing earlier events reaches the first",
+		chromedp.Click(chromedp.CSS(`#earlier`)),
+		chromedp.WaitVisible(chromedp.CSS(`#timeline tr[data-seq="`+first+`"][data-type="session.started"]`)),
+	)
+	seqs := value(t, ctx, "rows shown", chromedp.Evaluate[[]int](`[...document.querySelectorAll("#timeline tr[data-seq]")].map((tr) => Number(tr.dataset.seq))`))
+	if len(seqs) != len(evs) || !slices.IsSorted(seqs) {
+		t.Errorf("rows %v, want all %d events in order", seqs, len(evs))
+	}
+	if n := value(t, ctx, "notices left", chromedp.Evaluate[int](`document.querySelectorAll("#earlier").length`)); n != 0 {
+		t.Errorf("%d notices of earlier events once all are shown", n)
 	}
 }
 
@@ -414,6 +496,7 @@ func TestBrowserNarrowScreen(t *testing.T) {
 			t.Errorf("%s: clipped past the screen's edge: %q", page.path, wide)
 		}
 	}
+	wantEdges(t, ctx) // stacked: down the left side
 	png := value(t, ctx, "screenshot", chromedp.FullScreenshot(100)) // 100: PNG, not JPEG
 	path := os.Getenv("LOOPBUS_SCREENSHOT_NARROW")
 	if path == "" {

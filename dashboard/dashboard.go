@@ -194,6 +194,7 @@ func (s *Service) routes() {
 	s.mux.HandleFunc("GET /api/sessions", s.apiSessions)
 	s.mux.HandleFunc("GET /api/sessions/{id}", sessionAPI(s, s.c.Status))
 	s.mux.HandleFunc("GET /api/sessions/{id}/events", s.apiSessionEvents)
+	s.mux.HandleFunc("GET /api/sessions/{id}/rows", s.apiRows)
 	s.mux.HandleFunc("GET /api/sessions/{id}/tasks", sessionAPI(s, s.c.Tasks))
 	s.mux.HandleFunc("GET /api/sessions/{id}/forks", sessionAPI(s, s.forks))
 	s.mux.HandleFunc("GET /api/sessions/{id}/outcomes", sessionAPI(s, s.c.JobOutcomes))

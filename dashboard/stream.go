@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,4 +341,75 @@ func (s *Service) apiUpdates(w http.ResponseWriter, r *http.Request) {
 			out.f.Flush()
 		}
 	}
+}
+
+// Bounds of GET .../rows.
+const (
+	defaultEarlierRows = 500
+	maxEarlierRows     = 2000
+)
+
+// rowsAnswer is GET /api/sessions/{id}/rows: the rows of a session's
+// timeline before a stream sequence, and whether older ones are left.
+type rowsAnswer struct {
+	Rows []Row `json:"rows"`
+	More bool  `json:"more"`
+}
+
+// apiRows answers the newest rows of the session's timeline before
+// ?before=SEQ (default: all), at most ?limit=N (default 500, at most
+// 2000), oldest first: what a session page left out when it connected
+// (it is sent the newest MaxRows) and asks for on demand. It reads the
+// session's history up to SEQ.
+func (s *Service) apiRows(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	q := r.URL.Query()
+	before := uint64(math.MaxUint64)
+	if b := q.Get("before"); b != "" {
+		if before, err = strconv.ParseUint(b, 10, 64); err != nil || before == 0 {
+			s.apiError(w, fmt.Errorf("%w: before %q: want a stream sequence", client.ErrBadInput, b))
+			return
+		}
+	}
+	limit := defaultEarlierRows
+	if l := q.Get("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > maxEarlierRows {
+			s.apiError(w, fmt.Errorf("%w: limit %q: want 1 to %d", client.ErrBadInput, l, maxEarlierRows))
+			return
+		}
+	}
+	ctx := r.Context()
+	if err := client.Exists(ctx, s.c.Bus(), id); err != nil {
+		s.apiError(w, err)
+		return
+	}
+	var m *projections.Manifest
+	// ring holds the newest limit rows; once full, start is its oldest.
+	ring := make([]Row, 0, min(limit, 64))
+	start, more := 0, false
+	err = s.c.Bus().Read(ctx, bus.ReadOptions{Subjects: []string{schemas.SessionSubjects(id)}, SkipSchema: true}, func(ev schemas.Event) error {
+		if ev.Seq >= before {
+			return bus.ErrStop
+		}
+		if m = projections.FoldManifest(m, ev); m == nil {
+			return nil
+		}
+		if len(ring) < limit {
+			ring = append(ring, rowOf(ev, m))
+			return nil
+		}
+		ring[start] = rowOf(ev, m)
+		start = (start + 1) % limit
+		more = true
+		return nil
+	})
+	if err != nil {
+		s.apiError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rowsAnswer{Rows: slices.Concat(ring[start:], ring[:start]), More: more})
 }

@@ -161,21 +161,52 @@ function sessionPage() {
     error: (d) => showError("The event stream failed: " + d.error),
   });
 
+  function rowOf(r) {
+    return el("tr", { "data-seq": r.seq, "data-type": r.type },
+      el("td", { class: "seq", text: r.seq }),
+      el("td", { text: new Date(r.time).toLocaleTimeString() }),
+      el("td", { text: r.type }),
+      el("td", { class: "text", text: r.text }));
+  }
+
+  // earlier is the row that says older events are left out, with a
+  // button that fetches them (GET .../rows?before=SEQ).
+  function earlier(text) {
+    const btn = el("button", { type: "button", id: "earlier", text: "show earlier events" });
+    btn.addEventListener("click", showEarlier);
+    return el("tr", { class: "earlier" }, el("td", {}), el("td", {}), el("td", {}), el("td", { class: "text muted" }, text + " ", btn));
+  }
+
+  // kept counts the rows fetched on demand: the newest MAX_ROWS plus
+  // those stay in the page (up to 20,000 rows).
+  let kept = 0;
+  async function showEarlier() {
+    const first = timeline.querySelector("tr[data-seq]");
+    const before = first ? first.dataset.seq : "";
+    const notice = timeline.querySelector("tr.earlier");
+    try {
+      const d = await api("/api/sessions/" + enc + "/rows?limit=500" + (before ? "&before=" + before : ""));
+      const frag = document.createDocumentFragment();
+      if (d.more) frag.append(earlier("… more earlier events"));
+      for (const r of d.rows) frag.append(rowOf(r));
+      if (notice) notice.remove();
+      timeline.prepend(frag);
+      kept = Math.min(kept + d.rows.length, 20000 - MAX_ROWS);
+    } catch (e) { showError("Could not read earlier events: " + e.message); }
+  }
+
   function addRows(rows, dropped) {
     const atBottom = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
     const frag = document.createDocumentFragment();
-    if (dropped) frag.append(el("tr", {}, el("td", {}), el("td", {}), el("td", {}), el("td", { class: "text muted", text: "… " + dropped + " earlier events not shown" })));
+    if (dropped && !timeline.querySelector("tr.earlier")) frag.append(earlier("… " + dropped + " earlier events not shown"));
     for (const r of rows) {
-      frag.append(el("tr", { "data-seq": r.seq, "data-type": r.type },
-        el("td", { class: "seq", text: r.seq }),
-        el("td", { text: new Date(r.time).toLocaleTimeString() }),
-        el("td", { text: r.type }),
-        el("td", { class: "text", text: r.text })));
+      frag.append(rowOf(r));
       if (r.tool) tool(r);
     }
     timeline.append(frag);
-    let extra = timeline.rows.length - MAX_ROWS;
-    while (extra-- > 0) timeline.deleteRow(0);
+    const extra = timeline.rows.length - MAX_ROWS - kept;
+    for (let i = 0; i < extra; i++) timeline.deleteRow(0);
+    if (extra > 0 && !timeline.querySelector("tr.earlier")) timeline.prepend(earlier("… earlier events not shown"));
     if (atBottom) box.scrollTop = box.scrollHeight;
     seen += rows.length;
     rateCount += rows.length;
@@ -225,7 +256,7 @@ function sessionPage() {
     lineage(m);
     stepOptions(m);
     controlsFor(m);
-    if (m.kind === "loops") loopTree(m); else dag(m);
+    graph(m);
     jobs(m);
     artifacts(m);
     if (m.kind === "backlog") tasks();
@@ -310,9 +341,19 @@ function sessionPage() {
       el("div", { class: "name" }, name + " ", badge(st.status)),
       extra ? el("div", { class: "meta", text: extra }) : null,
       el("div", { class: "meta", text: meta.join(" · ") }),
+      queued(st),
       st.errorMessage ? el("div", { class: "fb error", text: st.errorMessage }) : null,
       st.lastFeedback ? el("div", { class: "fb", text: "last feedback: " + st.lastFeedback }) : null,
       stepOutcome(st));
+  }
+
+  // queued says, on a step whose job waits for a worker to take it, that
+  // it is queued, and why it may wait (from the waiting answer).
+  function queued(st) {
+    const j = manifest && manifest.jobs && manifest.jobs[st.jobId];
+    if (!j || j.status !== "requested" || manifest.status !== "running") return null;
+    const why = waitWhy.get(st.jobId);
+    return el("div", { class: "meta queued", "data-part": "queued", text: "iteration " + (j.iteration || 1) + " queued" + (why ? ": " + why : ", waiting for a worker") });
   }
 
   // stepOutcome shows, on a step, how its newest job failed (when it did):
@@ -349,7 +390,59 @@ function sessionPage() {
     graph.className = "graph";
     graph.replaceChildren(...cols.filter(Boolean).map((c) => el("div", { class: "col" },
       ...c.map((n) => node(n, steps[n], steps[n] && steps[n].requires ? "after " + steps[n].requires.join(", ") : null)))));
+    edges(graph, steps, order);
   }
+
+  // edges draws an arrow from each step to each step that requires it:
+  // side by side, from the right edge to the left; stacked (a narrow
+  // screen), down the left side.
+  function edges(graph, steps, order) {
+    const ns = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("class", "edges");
+    svg.setAttribute("aria-hidden", "true");
+    const defs = document.createElementNS(ns, "defs");
+    const marker = document.createElementNS(ns, "marker");
+    for (const [k, v] of Object.entries({ id: "arrow", viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" })) marker.setAttribute(k, v);
+    const tip = document.createElementNS(ns, "path");
+    tip.setAttribute("d", "M0,0 L10,5 L0,10 z");
+    marker.append(tip);
+    defs.append(marker);
+    svg.append(defs);
+    const box = graph.getBoundingClientRect();
+    const ox = box.left - graph.scrollLeft, oy = box.top - graph.scrollTop;
+    const at = (n) => graph.querySelector('.node[data-step="' + CSS.escape(n) + '"]');
+    for (const n of order) {
+      for (const r of (steps[n] && steps[n].requires) || []) {
+        const from = at(r), to = at(n);
+        if (!from || !to) continue;
+        const a = from.getBoundingClientRect(), b = to.getBoundingClientRect();
+        let d;
+        if (b.left >= a.right) {
+          const x1 = a.right - ox, y1 = a.top + a.height / 2 - oy, x2 = b.left - ox, y2 = b.top + b.height / 2 - oy;
+          const mid = (x1 + x2) / 2;
+          d = `M${x1},${y1} C${mid},${y1} ${mid},${y2} ${x2},${y2}`;
+        } else {
+          const x1 = a.left + 6 - ox, y1 = a.bottom - oy, x2 = b.left + 6 - ox, y2 = b.top - oy;
+          d = `M${x1},${y1} L${x2},${y2}`;
+        }
+        const p = document.createElementNS(ns, "path");
+        p.setAttribute("d", d);
+        p.setAttribute("marker-end", "url(#arrow)");
+        p.dataset.from = r;
+        p.dataset.to = n;
+        svg.append(p);
+      }
+    }
+    svg.setAttribute("width", graph.scrollWidth);
+    svg.setAttribute("height", graph.scrollHeight);
+    graph.prepend(svg);
+  }
+  let resizing = null;
+  window.addEventListener("resize", () => {
+    if (resizing) return;
+    resizing = setTimeout(() => { resizing = null; if (manifest) graph(manifest); }, 150);
+  });
 
   function loopTree(m) {
     document.getElementById("graph-title").textContent = "Loops";
@@ -467,19 +560,32 @@ function sessionPage() {
     for (const n of m.stepOrder || []) for (const a of (m.steps[n] && m.steps[n].artifacts) || []) add(a, n);
     for (const a of m.final || []) add(a, "final");
     const link = (a, view, text) => el("a", { href: "/api/sessions/" + enc + "/artifact?object=" + encodeURIComponent(a.object) + (view ? "&view=1" : ""), text, target: view ? "_blank" : null, rel: "noopener" });
-    document.querySelector("#artifacts tbody").replaceChildren(...list.map(([a, step]) => el("tr", {},
-      el("td", { text: a.name }), el("td", { text: step }), el("td", { class: "num", text: size(a.size || 0) }),
+    // Several loops (or task runs) make outputs of one name: each says
+    // which loop (its level and title) or task it is from.
+    const loops = new Map((m.loops || []).map((l) => [l.id, l]));
+    const from = (step) => {
+      const l = loops.get(step);
+      if (l) return step + " · " + l.level + (l.title ? ": " + l.title : "");
+      const t = taskTitles.get(step.replace(/\.\d+$/, ""));
+      return t ? step + " · task: " + t : step;
+    };
+    document.querySelector("#artifacts tbody").replaceChildren(...list.map(([a, step]) => el("tr", { "data-artifact": a.name, "data-from": step },
+      el("td", { text: a.name }), el("td", { text: from(step) }), el("td", { class: "num", text: size(a.size || 0) }),
       el("td", { text: (a.digest || "").slice(0, 19) }),
       el("td", {}, link(a, true, "view"), " · ", link(a, false, "download")))));
   }
 
   let tasksTimer = null;
+  const taskTitles = new Map(); // a backlog's task id -> its title
   function tasks() {
     if (tasksTimer) return;
     tasksTimer = setTimeout(async () => {
       tasksTimer = null;
       try {
         const tl = await api("/api/sessions/" + enc + "/tasks");
+        const before = taskTitles.size;
+        for (const t of tl.tasks || []) if (t.title) taskTitles.set(t.id, t.title);
+        if (taskTitles.size !== before && manifest) artifacts(manifest);
         document.getElementById("tasks-section").hidden = false;
         document.querySelector("#tasks tbody").replaceChildren(...(tl.tasks || []).map((t) => el("tr", {},
           el("td", { text: t.id }), el("td", { text: t.title || "" }), el("td", {}, badge(t.status)),
@@ -495,6 +601,8 @@ function sessionPage() {
   // while there are any (workers come and go without an event of the
   // session).
   let waitTimer = null, waitTick = null, waitKey = "";
+  const waitWhy = new Map(); // job -> why it waits
+  function graph(m) { if (m.kind === "loops") loopTree(m); else dag(m); }
   function waiting(m, tick) {
     const ids = m.status === "running" ? Object.entries(m.jobs || {}).filter(([, j]) => j.status === "requested").map(([id]) => id).sort() : [];
     const box = document.getElementById("unserved");
@@ -502,6 +610,7 @@ function sessionPage() {
       box.hidden = true;
       box.textContent = "";
       waitKey = "";
+      waitWhy.clear();
       if (waitTick) { clearInterval(waitTick); waitTick = null; }
       return;
     }
@@ -516,6 +625,9 @@ function sessionPage() {
         const lines = d.waiting.filter((w) => w.job).map((w) => "Job " + w.job + " (" + w.step + "): " + w.message + ".");
         box.textContent = lines.join(" ");
         box.hidden = lines.length === 0;
+        waitWhy.clear();
+        for (const w of d.waiting) if (w.job && w.message) waitWhy.set(w.job, w.message);
+        if (manifest) graph(manifest);
       } catch (e) { showError("Could not tell which workers are present: " + e.message); }
     }, 300);
   }
