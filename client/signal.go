@@ -65,21 +65,35 @@ func ParseSignalTarget(s string) (SignalTarget, error) {
 	return SignalTarget{Session: session, Step: step}, nil
 }
 
+// VerbHint is the name people give the info signal: a hint for a step's
+// next iteration. Its event is loopbus.signal.info, and "info" is accepted
+// for it too.
+const VerbHint = "hint"
+
 // SignalRequest is one signal as a person asks for it.
 type SignalRequest struct {
-	// Verb is stop, pause, resume, info or invalidate.
+	// Verb is stop, pause, resume, hint (or info, its event's name),
+	// invalidate, approve or reject.
 	Verb   string
 	Target SignalTarget
 	// Reason says why (stop, pause, resume, invalidate).
 	Reason string
-	// Message is the hint of an info signal.
+	// Message is the text of a hint.
 	Message string
 	// By names who approves or rejects (approve, reject); empty for
 	// other verbs.
 	By string
 }
 
-// Check validates the combination of verb, target and options: info needs
+// eventVerb is the verb of r's event type: info for a hint.
+func (r SignalRequest) eventVerb() string {
+	if r.Verb == VerbHint {
+		return "info"
+	}
+	return r.Verb
+}
+
+// Check validates the combination of verb, target and options: a hint needs
 // a message of at most schemas.MaxHintBytes and takes no reason; the other
 // verbs take no message; invalidate needs SESSION/STEP. Errors wrap
 // ErrBadInput.
@@ -87,8 +101,8 @@ func (r SignalRequest) Check() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrBadInput, fmt.Sprintf(format, args...))
 	}
-	if _, ok := schemas.SignalTypes()[r.Verb]; !ok {
-		return bad("unknown signal %q (want stop, pause, resume, info, invalidate, approve or reject)", r.Verb)
+	if _, ok := schemas.SignalTypes()[r.eventVerb()]; !ok {
+		return bad("unknown signal %q (want stop, pause, resume, hint, invalidate, approve or reject)", r.Verb)
 	}
 	if r.Verb == "approve" || r.Verb == "reject" {
 		// Approval gates: the step awaiting approval, a comment
@@ -106,19 +120,19 @@ func (r SignalRequest) Check() error {
 	} else if r.By != "" {
 		return bad("%s takes no --by (only approve and reject do)", r.Verb)
 	}
-	if r.Verb == "info" {
+	if r.eventVerb() == "info" {
 		switch {
 		case strings.TrimSpace(r.Message) == "":
-			return bad("info needs --message: the hint added to the next iteration's prompt")
+			return bad("%s needs --message: the hint added to the next iteration's prompt", r.Verb)
 		case len(r.Message) > schemas.MaxHintBytes:
 			return bad("--message is %d bytes; at most %d are allowed", len(r.Message), schemas.MaxHintBytes)
 		case !utf8.ValidString(r.Message):
 			return bad("--message is not valid UTF-8")
 		case r.Reason != "":
-			return bad("info takes --message, not --reason")
+			return bad("%s takes --message, not --reason", r.Verb)
 		}
 	} else if r.Message != "" {
-		return bad("%s takes no --message (only info does); say why with --reason", r.Verb)
+		return bad("%s takes no --message (only hint does); say why with --reason", r.Verb)
 	}
 	switch {
 	case len(r.Reason) > maxReasonBytes:
@@ -257,7 +271,7 @@ func SendSignal(ctx context.Context, b Bus, r SignalRequest, dests []SignalDest,
 	if err := r.Check(); err != nil {
 		return nil, err
 	}
-	typ := schemas.SignalTypes()[r.Verb]
+	typ := schemas.SignalTypes()[r.eventVerb()]
 	var sent []SentSignal
 	for _, d := range dests {
 		ev := schemas.Event{

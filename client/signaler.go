@@ -37,7 +37,7 @@ func (s Signaler) Signal(ctx context.Context, kind, target, message string) (str
 		return "", fmt.Errorf("%w: target %q: name one session (SESSION or SESSION/STEP)", ErrBadInput, target)
 	}
 	req := SignalRequest{Verb: kind, Target: t}
-	if kind == "info" {
+	if kind == VerbHint || kind == "info" {
 		req.Message = message
 	} else {
 		req.Reason = message

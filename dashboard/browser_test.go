@@ -362,7 +362,7 @@ levels:
 		chromedp.WaitVisible(chromedp.CSS(`.node[data-step="plan-001"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#status.s-completed`)),
 	)
-	all := []string{"pause", "resume", "stop", "info", "invalidate", "approve", "reject", "budget", "close"}
+	all := []string{"pause", "resume", "stop", "hint", "invalidate", "approve", "reject", "budget", "close"}
 	if got := disabledControls(t, ctx); !slices.Equal(got, all) {
 		t.Errorf("a completed session: disabled %q, want every control", got)
 	}

@@ -171,8 +171,9 @@ steps:
 		{"bad session id", []string{"stop", "sig.1"}, `invalid session id "sig.1"`},
 		{"bad step name", []string{"stop", "sig-1/a b"}, `invalid step name "a b"`},
 		{"all takes no step", []string{"pause", "all/draft"}, "takes no step"},
-		{"info without message", []string{"info", "sig-1/draft"}, "info needs --message"},
-		{"message too long", []string{"info", "sig-1", "--message", strings.Repeat("m", 4097)}, "--message is 4097 bytes; at most 4096"},
+		{"hint without message", []string{"hint", "sig-1/draft"}, "hint needs --message"},
+		{"info (hint's old name) without message", []string{"info", "sig-1/draft"}, "info needs --message"},
+		{"message too long", []string{"hint", "sig-1", "--message", strings.Repeat("m", 4097)}, "--message is 4097 bytes; at most 4096"},
 		{"message on stop", []string{"stop", "sig-1", "--message", "hi"}, "stop takes no --message"},
 		{"invalidate without step", []string{"invalidate", "sig-1"}, "invalidate needs SESSION/STEP"},
 		{"unknown signal", []string{"kill", "sig-1"}, `unknown signal "kill"`},
@@ -212,14 +213,14 @@ steps:
 	}
 
 	// --json with a step and --wait 0.
-	r = loopbus(t, append([]string{"signal", "info", "sig-1/review", "--message", "Prefer case studies.", "--wait", "0", "--json"}, global...)...)
+	r = loopbus(t, append([]string{"signal", "hint", "sig-1/review", "--message", "Prefer case studies.", "--wait", "0", "--json"}, global...)...)
 	if r.code != 0 {
-		t.Fatalf("signal info: exit %d\n%s", r.code, r.stderr)
+		t.Fatalf("signal hint: exit %d\n%s", r.code, r.stderr)
 	}
 	lines := parseSignalLines(t, r.stdout)
-	if len(lines) != 1 || lines[0].Signal != "info" || lines[0].Session != "sig-1" || lines[0].Step != "review" || lines[0].Target != "sig-1/review" ||
+	if len(lines) != 1 || lines[0].Signal != "hint" || lines[0].Session != "sig-1" || lines[0].Step != "review" || lines[0].Target != "sig-1/review" ||
 		lines[0].Result != "recorded" || lines[0].Seq == 0 || !strings.Contains(lines[0].Detail, "--wait 0") {
-		t.Fatalf("signal info --json: %+v", lines)
+		t.Fatalf("signal hint --json: %+v", lines)
 	}
 	evs = events(t, global, "sig-1")
 	last := evs[len(evs)-1]

@@ -15,8 +15,8 @@ import (
 )
 
 // Signaler sends a signal for the live screen's keys. kind is pause,
-// resume, stop or info; target is "SESSION" or "SESSION/STEP"; message is
-// an info signal's hint (empty for the others). It returns a short text
+// resume, stop or hint; target is "SESSION" or "SESSION/STEP"; message is
+// the hint's text (empty for the others). It returns a short text
 // saying what became of the signal, shown on the screen's status line.
 // The screen calls it off its event loop, so it may block until the
 // signal is acknowledged or ctx ends.
@@ -227,7 +227,7 @@ func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 				m.status = "hint cancelled: it was empty"
 				return nil
 			}
-			return m.signal("info", text)
+			return m.signal("hint", text)
 		case "esc":
 			m.mode, m.hint = modeKeys, nil
 			m.status = "hint cancelled"

@@ -227,10 +227,10 @@ func TestKeys(t *testing.T) {
 		tm.Send(key("backspace"))
 		waitFor(t, tm, "hint for s1/b: quote primary sources▏")
 		tm.Send(key("enter"))
-		if c := sig.next(t); c != (call{"info", "s1/b", "quote primary sources"}) {
+		if c := sig.next(t); c != (call{"hint", "s1/b", "quote primary sources"}) {
 			t.Errorf("h sent %+v, want info for s1/b with the hint", c)
 		}
-		waitFor(t, tm, "info s1/b: applied")
+		waitFor(t, tm, "hint s1/b: applied")
 		tm.Send(key("h"))
 		tm.Type("never mind")
 		tm.Send(key("esc"))
@@ -249,7 +249,7 @@ func TestKeys(t *testing.T) {
 		waitFor(t, tm, "hint for s1/b: be brief▏")
 		tm.Send(tea.PasteMsg{Content: " and kind"})
 		tm.Send(key("enter"))
-		if c := sig.next(t); c != (call{"info", "s1/b", "be brief and kind"}) {
+		if c := sig.next(t); c != (call{"hint", "s1/b", "be brief and kind"}) {
 			t.Errorf("hint sent %+v", c)
 		}
 	})
@@ -346,7 +346,7 @@ func TestKeysFromTerminalInput(t *testing.T) {
 	if _, err := keys.Write([]byte("hbe \x1b[200~brief q\x1b[201~\r")); err != nil {
 		t.Fatal(err)
 	}
-	if c := sig.next(t); c != (call{"info", "s1/b", "be brief q"}) {
+	if c := sig.next(t); c != (call{"hint", "s1/b", "be brief q"}) {
 		t.Errorf("hint sent %+v, want info for s1/b with the hint", c)
 	}
 	if _, err := keys.Write([]byte("q")); err != nil {

@@ -64,3 +64,27 @@ func TestURLHoldsCredentials(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryCommandIsGrouped: --help lists each command under what it is
+// for; a command left out of commandGroups would fall into "Additional
+// Commands".
+func TestEveryCommandIsGrouped(t *testing.T) {
+	root := newRoot(&globals{stdout: io.Discard, stderr: io.Discard, program: "loopbus"})
+	for _, c := range root.Commands() {
+		if c.GroupID == "" {
+			t.Errorf("command %s is in no group of commandGroups", c.Name())
+		}
+	}
+	var out strings.Builder
+	if code := execute([]string{"--help"}, &out, io.Discard); code != exitOK {
+		t.Fatalf("--help: exit %d", code)
+	}
+	for _, g := range commandGroups() {
+		if !strings.Contains(out.String(), "\n"+g.group.Title+"\n") {
+			t.Errorf("--help lacks the group %q:\n%s", g.group.Title, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "Additional Commands") {
+		t.Errorf("--help has ungrouped commands:\n%s", out.String())
+	}
+}

@@ -198,7 +198,45 @@ server another loopbus command already runs there).`,
 		newHooksCmd(g), newTasksCmd(g), newSessionsCmd(g), newPullCmd(g), newKeygenCmd(g), newDashboardCmd(g),
 		newBudgetCmd(g), newCloseCmd(g), newRerunCmd(g), newImportCmd(g), newResumeCmd(g), newForkCmd(g),
 	)
+	groupCommands(root)
 	return root
+}
+
+// commandGroups sorts the commands in --help by what they are for, as gh
+// and kubectl do; each command is in one group.
+func commandGroups() []struct {
+	group    cobra.Group
+	commands []string
+} {
+	return []struct {
+		group    cobra.Group
+		commands []string
+	}{
+		{cobra.Group{ID: "work", Title: "Start work:"}, []string{"run", "wait", "resume", "rerun", "fork", "import", "pull"}},
+		{cobra.Group{ID: "steer", Title: "Steer a session:"}, []string{"signal", "approve", "reject", "budget", "close"}},
+		{cobra.Group{ID: "look", Title: "Follow and inspect:"}, []string{"watch", "status", "sessions", "events", "tasks", "replay", "export", "doctor", "dlq"}},
+		{cobra.Group{ID: "services", Title: "Run the services:"}, []string{"serve", "nats", "orchestrator", "agentworker", "validator", "projector", "hooks", "dashboard"}},
+		{cobra.Group{ID: "setup", Title: "Keys and help:"}, []string{"keygen"}},
+	}
+}
+
+// groupCommands puts root's commands in their groups (commandGroups);
+// help and completion go with the keys.
+func groupCommands(root *cobra.Command) {
+	byName := map[string]*cobra.Command{}
+	for _, c := range root.Commands() {
+		byName[c.Name()] = c
+	}
+	for _, g := range commandGroups() {
+		root.AddGroup(&g.group)
+		for _, name := range g.commands {
+			if c := byName[name]; c != nil {
+				c.GroupID = g.group.ID
+			}
+		}
+	}
+	root.SetHelpCommandGroupID("setup")
+	root.SetCompletionCommandGroupID("setup")
 }
 
 func (g *globals) logger(defaultLevel zerolog.Level) zerolog.Logger {

@@ -18,14 +18,15 @@ func newSignalCmd(g *globals) *cobra.Command {
 	var wait time.Duration
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "signal stop|pause|resume|info|invalidate TARGET",
+		Use:   "signal stop|pause|resume|hint|invalidate TARGET",
 		Short: "Stop, pause, resume, hint or invalidate sessions (TARGET: SESSION, SESSION/STEP or all)",
 		Long: `Send a signal to a session, one step of it, or every running session (all):
 
   stop        cancel running jobs; nothing more runs until resume
   pause       dispatch nothing new; running jobs finish
   resume      run a stopped or paused session or step again
-  info        add --message (at most 4 KiB) to the next iteration's prompt
+  hint        add --message (at most 4 KiB) to the next iteration's prompt
+              (its event is loopbus.signal.info; "info" is accepted for it)
   invalidate  run SESSION/STEP again from its first iteration (and the steps after it)
 
 The signal is an event in the stream: the orchestrator acts on it and answers
@@ -34,12 +35,12 @@ orchestrator has not answered within --wait is still recorded and takes
 effect when the orchestrator runs. "all" means every session started and
 neither completed nor failed (read from the stream), one signal each.`,
 		Example: `  loopbus signal pause kit-1 --reason "reviewing the summary"
-  loopbus signal info kit-1/ideas --message "Prefer case studies."
+  loopbus signal hint kit-1/ideas --message "Prefer case studies."
   loopbus signal invalidate kit-1/summary --reason "article revised"
   loopbus signal stop all --json`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 2 {
-				return usageErr(fmt.Errorf("signal: want a signal (stop, pause, resume, info or invalidate) and a TARGET (SESSION, SESSION/STEP or all), got %d arguments", len(args)))
+				return usageErr(fmt.Errorf("signal: want a signal (stop, pause, resume, hint or invalidate) and a TARGET (SESSION, SESSION/STEP or all), got %d arguments", len(args)))
 			}
 			return nil
 		},
@@ -59,7 +60,7 @@ neither completed nor failed (read from the stream), one signal each.`,
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (stop, pause, resume, invalidate); kept in the history")
-	cmd.Flags().StringVar(&message, "message", "", "info only: the hint for the next iteration's prompt (at most 4 KiB)")
+	cmd.Flags().StringVar(&message, "message", "", "hint only: the text for the next iteration's prompt (at most 4 KiB)")
 	cmd.Flags().DurationVar(&wait, "wait", 10*time.Second, "how long to wait for the orchestrator's acknowledgement (0: do not wait)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per session")
 	return cmd

@@ -276,7 +276,7 @@ function sessionPage() {
       pause: [m.status === "running", why || "the session is " + m.status],
       stop: [m.status === "running" || m.status === "paused", why || "the session is " + m.status],
       resume: [!ended && (m.status === "paused" || m.status === "stopped" || held), why || "nothing is paused, stopped or waiting"],
-      info: [!ended, why],
+      hint: [!ended, why],
       invalidate: [!ended, why],
       approve: [!ended && gate, why || "no step awaits approval"],
       reject: [!ended && gate, why || "no step awaits approval"],
@@ -688,7 +688,7 @@ function sessionPage() {
       const out = document.getElementById("signal-result");
       const body = { verb };
       if (step) body.step = step;
-      if (verb === "info") body.message = text; else if (text) body.reason = text;
+      if (verb === "hint") body.message = text; else if (text) body.reason = text;
       out.textContent = verb + "…";
       try {
         const res = await api("/api/sessions/" + enc + "/signal", { method: "POST", headers: { "Content-Type": "application/json", Accept: "application/json" }, body: JSON.stringify(body) });
