@@ -9,10 +9,15 @@ PKGS     ?= ./...
 TESTPKGS ?= $(if $(filter ./...,$(PKGS)),./e2e/ ./...,$(PKGS))
 GOFLAGS  ?=
 
-.PHONY: build test test-e2e-race test-cluster vet fmt-check bench bench-quick run-example fuzz clean chromium screenshot
+.PHONY: build docs test test-e2e-race test-cluster vet fmt-check bench bench-quick run-example fuzz clean chromium screenshot
 
 build:
 	$(GO) build -o $(BIN) ./cmd/loopbus
+
+# docs: the command line reference in docs/cli, generated from the
+# commands themselves (make test fails when it is stale).
+docs:
+	$(GO) test -count=1 -run '^TestCLIReference$$' ./cmd/loopbus/ -update
 
 # test: formatting, vet, every test with the race detector (the end-to-end
 # tests build and drive the real binary). The fuzz targets' checked-in

@@ -112,7 +112,7 @@ func TestSpanOf(t *testing.T) {
 	}
 }
 
-// TestSpanIDs pins the derivation the README documents: a subscriber in
+// TestSpanIDs pins the derivation docs/OBSERVABILITY.md documents: a subscriber in
 // any language computes the same ids.
 func TestSpanIDs(t *testing.T) {
 	t.Parallel()

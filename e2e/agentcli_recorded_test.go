@@ -112,7 +112,7 @@ func TestAgentCLIsRecordedOutput(t *testing.T) {
 		}
 	}
 
-	// --full-auto, in the README's example before, fails the job with
+	// --full-auto, in the documented example before, fails the job with
 	// Codex's own words.
 	f := r.waitFor("codex-auto", "job.failed", "work", 90*time.Second)
 	if msg := f.str("error") + f.str("outputTail"); !strings.Contains(msg, "unexpected argument '--full-auto'") {

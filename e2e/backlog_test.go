@@ -362,7 +362,7 @@ func TestBacklogTwoTasksAtOnce(t *testing.T) {
 	}
 }
 
-// TestBacklogExample runs the README's backlog commands on the embedded
+// TestBacklogExample runs docs/BACKLOGS.md's backlog commands on the embedded
 // server: the example imports its task file, or bootstraps one from its
 // plan, and works every task to done.
 func TestBacklogExample(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 	"github.com/loopbus/loopbus/internal/testnats"
 )
 
-// The README's scaling instructions, run verbatim by TestForemanReplicas
-// (which checks that the README still says them).
+// The scaling instructions of docs/DEPLOY.md, run verbatim by TestForemanReplicas
+// (which checks that the page still says them).
 const (
 	readmeForeman  = "foreman start -m all=1,agentworker=3"
 	readmePortEnv  = "echo LOOPBUS_PORT=4333 > .env"
@@ -27,9 +27,9 @@ const (
 	fanOutParallel = 6
 )
 
-// TestForemanReplicas runs the Procfile under foreman as the README says,
+// TestForemanReplicas runs the Procfile under foreman as docs/DEPLOY.md says,
 // with three agent workers: the jobs of a fanned-out pipeline run on all
-// three. A fourth worker started later, as the README says, takes work
+// three. A fourth worker started later, as docs/DEPLOY.md says, takes work
 // while foreman keeps running. Stopping foreman leaves no process behind.
 func TestForemanReplicas(t *testing.T) {
 	t.Parallel()
@@ -40,12 +40,12 @@ func TestForemanReplicas(t *testing.T) {
 	section := readmeScaling(t)
 	for _, line := range []string{readmeForeman, readmePortEnv, readmeNatsURL, readmeWorker} {
 		if !containsLine(section, line) {
-			t.Fatalf("the README's scaling section no longer has the line %q that this test runs:\n%s", line, section)
+			t.Fatalf("docs/DEPLOY.md's scaling section no longer has the line %q that this test runs:\n%s", line, section)
 		}
 	}
 
 	// The Procfile's directory as after `make build`, on a free port (the
-	// README's .env, with another port).
+	// page's .env, with another port).
 	dir := t.TempDir()
 	procfile, err := os.ReadFile("../Procfile")
 	if err != nil {
@@ -132,7 +132,7 @@ func TestForemanReplicas(t *testing.T) {
 		t.Errorf("fan-1 ran on %d workers %v, want all 3 replicas", len(first), first)
 	}
 
-	// A fourth worker, the README's way, while foreman keeps running.
+	// A fourth worker, the page's way, while foreman keeps running.
 	w4 := exec.Command(filepath.Join(dir, strings.Fields(readmeWorker)[0]), strings.Fields(readmeWorker)[1:]...)
 	w4.Dir, w4.Env = dir, userEnv
 	w4Out := &syncBuffer{}
@@ -280,17 +280,17 @@ func runIn(t *testing.T, dir string, env []string, args ...string) result {
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
 
-// readmeScaling is the README's section on separate processes and scaling.
+// readmeScaling is docs/DEPLOY.md's section on separate processes and scaling.
 func readmeScaling(t *testing.T) string {
 	t.Helper()
-	raw, err := os.ReadFile("../README.md")
+	raw, err := os.ReadFile("../docs/DEPLOY.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(raw)
 	i := strings.Index(s, readmeSection)
 	if i < 0 {
-		t.Fatalf("README.md has no section %q", readmeSection)
+		t.Fatalf("docs/DEPLOY.md has no section %q", readmeSection)
 	}
 	s = s[i+len(readmeSection):]
 	if j := strings.Index(s, "\n## "); j >= 0 {

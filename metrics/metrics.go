@@ -3,7 +3,7 @@
 // and counts events, jobs, durations, tokens, cost, rate limits and breaker
 // opens; at each scrape it asks JetStream for the pending and redelivered
 // counts of the services' durable consumers and for the number of dead
-// letters. Every metric is named loopbus_…; the README's Metrics section
+// letters. Every metric is named loopbus_…; docs/OBSERVABILITY.md
 // lists them.
 //
 // Label values taken from event data (agent backends, event types) are

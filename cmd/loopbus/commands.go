@@ -667,7 +667,7 @@ func metricsConfig(addr string) (metrics.Config, error) {
 }
 
 // reuseWorkspacesUsage describes --reuse-workspaces wherever workspaces are made.
-const reuseWorkspacesUsage = "empty each workspace when its job ends and rename it for a later job instead of removing it: cheaper for many short jobs; only for agents that run unconfined (see README, What an agent gets)"
+const reuseWorkspacesUsage = "empty each workspace when its job ends and rename it for a later job instead of removing it: cheaper for many short jobs; only for agents that run unconfined (see docs/PIPELINES.md, What an agent gets)"
 
 // secretEnvUsage describes --secret-env wherever validate commands or agents run.
 const secretEnvUsage = "name of an environment variable whose value is masked in events and logs and refused in outputs (repeatable; names like *TOKEN*, *SECRET*, *PASSWORD*, *_KEY are secret anyway)"
