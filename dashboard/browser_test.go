@@ -496,7 +496,8 @@ func TestBrowserNarrowScreen(t *testing.T) {
 			t.Errorf("%s: clipped past the screen's edge: %q", page.path, wide)
 		}
 	}
-	wantEdges(t, ctx) // stacked: down the left side
+	// Stacked, the arrows run down the left side.
+	wantEdges(t, ctx)
 	png := value(t, ctx, "screenshot", chromedp.FullScreenshot(100)) // 100: PNG, not JPEG
 	path := os.Getenv("LOOPBUS_SCREENSHOT_NARROW")
 	if path == "" {

@@ -446,6 +446,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var maxOutput int64
 	var secretEnv []string
 	var ready *banner
+	var dashboardOff string // why serve serves no dashboard, for its banner
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run NATS (embedded, unless --nats) and every service in one process",
@@ -467,6 +468,7 @@ func newServeCmd(g *globals) *cobra.Command {
 				}
 				log.Warn().Msg("the dashboard is not served: " + errTokenNeeded.Error() + ", or --http= to silence this")
 				withDashboard = false
+				dashboardOff = "this process holds NATS credentials or a signing key: give --http-token (or " + httpTokenEnv + ")"
 			}
 			wcfg := agentworker.Config{KeepWorkspaces: keep, ReuseWorkspaces: reuse, AckWait: ackWait, MaxOutputBytes: maxOutput}
 			if wcfg.Lanes, wcfg.LaneTable, err = config.WorkerLanes(cmd.Flags().Lookup("lanes")); err != nil {
@@ -474,7 +476,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			}
 			// The banner's run command reaches this process as other
 			// commands would: by --nats, or by the data directory.
-			info := tui.ServeBanner{Embedded: g.natsURL == "", Data: g.dataDir, Workers: workers, Lanes: wcfg.Lanes,
+			info := tui.ServeBanner{Embedded: g.natsURL == "", Data: g.dataDir, Workers: workers, Lanes: wcfg.Lanes, NoDashboard: dashboardOff,
 				Run: g.program + " run PIPELINE.yaml --input FILE" + g.where()}
 			if g.natsURL == "" {
 				srv, err := bus.StartEmbedded(g.embeddedConfig(listen), log)
