@@ -197,7 +197,7 @@ steps:
 		tty.press(t, "h")
 		tty.waitFor(t, "hint for watch-tty/build: ")
 		tty.press(t, "be brief", "\r")
-		tty.waitFor(t, "info watch-tty/build: ")
+		tty.waitFor(t, "hint watch-tty/build: ")
 		tty.press(t, "s")
 		tty.waitFor(t, "stop watch-tty/build? press s or y")
 		tty.press(t, "n", "?")

@@ -37,7 +37,7 @@ func TestDescribe(t *testing.T) {
 		{"stopped step", schemas.TypeStepPaused, "b", &schemas.StepPaused{Step: "b", Kind: schemas.PauseStop, Reason: "wrong"}, "step b stopped: wrong"},
 		{"resumed step", schemas.TypeStepResumed, "b", &schemas.StepResumed{Step: "b"}, "step b resumed"},
 		{"invalidated", schemas.TypeStepInvalidated, "b", &schemas.StepInvalidated{Step: "b", Cause: "a", Reason: "input changed"}, "step b invalidated (by a): input changed; it runs again from iteration 1"},
-		{"signal", schemas.TypeSignalInfo, "b", &schemas.Signal{Step: "b", Message: "prefer tables"}, "signal info for b: prefer tables"},
+		{"signal", schemas.TypeSignalInfo, "b", &schemas.Signal{Step: "b", Message: "prefer tables"}, "signal hint for b: prefer tables"},
 		{"acknowledged", schemas.TypeSignalAcknowledged, "", &schemas.SignalAcknowledged{Signal: "pause", Result: schemas.SignalApplied, Detail: "session paused"}, "signal pause applied: session paused"},
 		{"step failed", schemas.TypeStepFailed, "b", &schemas.StepFailed{Step: "b", Iterations: 3, Error: "no valid output"}, "step b failed after 3 iterations: no valid output"},
 		{"unknown type", "loopbus.thing.happened", "", nil, "thing.happened"},

@@ -172,12 +172,21 @@ func budgetText(m *projections.Manifest) string {
 	return strings.Join(parts, ", ")
 }
 
-// signalName is the verb, with the step it targets: "stop", "info ideas".
+// signalName is the verb, with the step it targets: "stop", "hint ideas".
 func signalName(sg projections.SignalView) string {
 	if sg.Step != "" {
-		return sg.Signal + " " + sg.Step
+		return SignalWord(sg.Signal) + " " + sg.Step
 	}
-	return sg.Signal
+	return SignalWord(sg.Signal)
+}
+
+// SignalWord is the name people know a signal's verb by: "hint" for the
+// info signal (loopbus.signal.info), the verb itself for the others.
+func SignalWord(verb string) string {
+	if verb == "info" {
+		return "hint"
+	}
+	return verb
 }
 
 // signalText is an info signal's message, else the signal's reason.
