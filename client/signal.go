@@ -65,10 +65,9 @@ func ParseSignalTarget(s string) (SignalTarget, error) {
 	return SignalTarget{Session: session, Step: step}, nil
 }
 
-// VerbHint is the name people give the info signal: a hint for a step's
-// next iteration. Its event is loopbus.signal.info, and "info" is accepted
-// for it too.
-const VerbHint = "hint"
+// VerbHint is the name people give the info signal (schemas.HintVerb);
+// "info", its event's verb, is accepted for it too.
+const VerbHint = schemas.HintVerb
 
 // SignalRequest is one signal as a person asks for it.
 type SignalRequest struct {
@@ -85,14 +84,6 @@ type SignalRequest struct {
 	By string
 }
 
-// eventVerb is the verb of r's event type: info for a hint.
-func (r SignalRequest) eventVerb() string {
-	if r.Verb == VerbHint {
-		return "info"
-	}
-	return r.Verb
-}
-
 // Check validates the combination of verb, target and options: a hint needs
 // a message of at most schemas.MaxHintBytes and takes no reason; the other
 // verbs take no message; invalidate needs SESSION/STEP. Errors wrap
@@ -101,7 +92,7 @@ func (r SignalRequest) Check() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrBadInput, fmt.Sprintf(format, args...))
 	}
-	if _, ok := schemas.SignalTypes()[r.eventVerb()]; !ok {
+	if _, ok := schemas.SignalTypes()[schemas.SignalVerb(r.Verb)]; !ok {
 		return bad("unknown signal %q (want stop, pause, resume, hint, invalidate, approve or reject)", r.Verb)
 	}
 	if r.Verb == "approve" || r.Verb == "reject" {
@@ -120,7 +111,7 @@ func (r SignalRequest) Check() error {
 	} else if r.By != "" {
 		return bad("%s takes no --by (only approve and reject do)", r.Verb)
 	}
-	if r.eventVerb() == "info" {
+	if schemas.SignalVerb(r.Verb) == "info" {
 		switch {
 		case strings.TrimSpace(r.Message) == "":
 			return bad("%s needs --message: the hint added to the next iteration's prompt", r.Verb)
@@ -271,7 +262,7 @@ func SendSignal(ctx context.Context, b Bus, r SignalRequest, dests []SignalDest,
 	if err := r.Check(); err != nil {
 		return nil, err
 	}
-	typ := schemas.SignalTypes()[r.eventVerb()]
+	typ := schemas.SignalTypes()[schemas.SignalVerb(r.Verb)]
 	var sent []SentSignal
 	for _, d := range dests {
 		ev := schemas.Event{

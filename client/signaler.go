@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/loopbus/loopbus/schemas"
 )
 
 // Signaler sends signals one at a time for interactive tools such as the
@@ -37,7 +39,7 @@ func (s Signaler) Signal(ctx context.Context, kind, target, message string) (str
 		return "", fmt.Errorf("%w: target %q: name one session (SESSION or SESSION/STEP)", ErrBadInput, target)
 	}
 	req := SignalRequest{Verb: kind, Target: t}
-	if kind == VerbHint || kind == "info" {
+	if schemas.SignalVerb(kind) == "info" {
 		req.Message = message
 	} else {
 		req.Reason = message

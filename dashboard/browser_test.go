@@ -517,11 +517,7 @@ func TestBrowserNarrowScreen(t *testing.T) {
 func TestBrowserShowsHowJobsFailed(t *testing.T) {
 	ctx := browser(t)
 	s := startSystem(t, dashboard.Config{Addr: "127.0.0.1:0"})
-	dir := filepath.Join(s.dir, "fails")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	files := map[string]string{
+	s.submit(t, "fails-1", map[string]string{
 		"pipeline.yaml": `name: fails
 steps:
   a:
@@ -540,20 +536,7 @@ fi
 echo "second try: disk on fire" >&2
 exit 3
 `,
-		"in.txt": "input\n",
-	}
-	for name, body := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p, err := definition.Load(filepath.Join(dir, "pipeline.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.c.Submit(t.Context(), p, filepath.Join(dir, "in.txt"), client.SubmitOptions{Session: "fails-1"}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	m := s.waitManifest(t, "fails-1", "the session to fail", func(m *projections.Manifest) bool { return m.Status == projections.StatusFailed })
 	first, second := m.Steps["a"].JobID, m.Steps["a"].JobID
 	for id, j := range m.Jobs {

@@ -85,17 +85,33 @@ steps:
 func (s *system) submitGated(t testing.TB, id string) (open func(step string)) {
 	t.Helper()
 	gate := filepath.Join(s.dir, "gate-"+id)
-	dir := filepath.Join(s.dir, id)
-	for _, d := range []string{gate, dir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.MkdirAll(gate, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	files := map[string]string{
+	s.submit(t, id, map[string]string{
 		"pipeline.yaml": gatedPipeline,
 		"agent.sh": "set -eu\nwhile [ ! -e '" + gate + "'/\"$LOOPBUS_STEP\" ]; do sleep 0.05; done\n" +
 			"echo \"$LOOPBUS_STEP done\" > \"$LOOPBUS_OUTPUT_DIR/$LOOPBUS_STEP.txt\"\n",
-		"in.txt": "input\n",
+	})
+	return func(step string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(gate, step), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// submit writes files (a pipeline.yaml among them) into a directory of
+// their own, with an input in.txt unless files has one, and submits the
+// pipeline over in.txt as session id.
+func (s *system) submit(t testing.TB, id string, files map[string]string) {
+	t.Helper()
+	dir := filepath.Join(s.dir, id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := files["in.txt"]; !ok {
+		files["in.txt"] = "input\n"
 	}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
@@ -110,12 +126,6 @@ func (s *system) submitGated(t testing.TB, id string) (open func(step string)) {
 	defer cancel()
 	if _, err := s.c.Submit(ctx, p, filepath.Join(dir, "in.txt"), client.SubmitOptions{Session: id}); err != nil {
 		t.Fatal(err)
-	}
-	return func(step string) {
-		t.Helper()
-		if err := os.WriteFile(filepath.Join(gate, step), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 

@@ -323,14 +323,13 @@ func TestCountsTheStream(t *testing.T) {
 	}
 }
 
-// TestServedSessionMetrics runs a real session (the writing-kit example,
-// its agents shell scripts) through serve with metrics on, and checks the
-// scrape against the events of the stream.
-func TestServedSessionMetrics(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+// serveMetrics starts serve (embedded NATS, every service, an agent
+// worker of workers slots) with metrics on a free loopback port, and
+// returns it and its /metrics URL.
+func serveMetrics(t *testing.T, ctx context.Context, workers int) (*serve.Node, string) {
+	t.Helper()
 	addrs := make(chan string, 1)
-	set := serve.All(2)
+	set := serve.All(workers)
 	set.Metrics = metrics.Config{Listen: "127.0.0.1:0", OnListen: func(a string) { addrs <- a }}
 	node, err := serve.Start(ctx, serve.Config{Embedded: bus.EmbeddedConfig{DataDir: t.TempDir()}, Services: set}, testnats.Logger(t))
 	if err != nil {
@@ -341,13 +340,22 @@ func TestServedSessionMetrics(t *testing.T) {
 			t.Errorf("close: %v", err)
 		}
 	})
-	var url string
 	select {
 	case a := <-addrs:
-		url = "http://" + a + metrics.Path
+		return node, "http://" + a + metrics.Path
 	case <-ctx.Done():
 		t.Fatal("serve did not serve /metrics")
 	}
+	return nil, ""
+}
+
+// TestServedSessionMetrics runs a real session (the writing-kit example,
+// its agents shell scripts) through serve with metrics on, and checks the
+// scrape against the events of the stream.
+func TestServedSessionMetrics(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	node, url := serveMetrics(t, ctx, 2)
 	c, err := client.Dial(ctx, bus.Config{URL: node.URL()})
 	if err != nil {
 		t.Fatal(err)
@@ -559,25 +567,7 @@ func TestConfigValidate(t *testing.T) {
 func TestIdleServeAndRunningGauges(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	addrs := make(chan string, 1)
-	set := serve.All(1)
-	set.Metrics = metrics.Config{Listen: "127.0.0.1:0", OnListen: func(a string) { addrs <- a }}
-	node, err := serve.Start(ctx, serve.Config{Embedded: bus.EmbeddedConfig{DataDir: t.TempDir()}, Services: set}, testnats.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := node.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	var url string
-	select {
-	case a := <-addrs:
-		url = "http://" + a + metrics.Path
-	case <-ctx.Done():
-		t.Fatal("serve did not serve /metrics")
-	}
+	node, url := serveMetrics(t, ctx, 1)
 	idle, err := scrape(url)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,29 @@ const (
 	TypeSessionResumed     = "loopbus.session.resumed"
 )
 
+// HintVerb is the name people give the info signal (loopbus.signal.info):
+// a hint for a step's next iteration. Commands and pages say hint; the
+// event and its data keep info.
+const HintVerb = "hint"
+
+// SignalVerb is the verb of SignalTypes a name people use stands for:
+// info for HintVerb, the name itself otherwise.
+func SignalVerb(name string) string {
+	if name == HintVerb {
+		return "info"
+	}
+	return name
+}
+
+// SignalName is the name people know a signal's verb by: HintVerb for
+// info, the verb itself otherwise.
+func SignalName(verb string) string {
+	if verb == "info" {
+		return HintVerb
+	}
+	return verb
+}
+
 // SignalTypes are the signal event types, by verb.
 func SignalTypes() map[string]string {
 	return map[string]string{

@@ -381,3 +381,19 @@ func TestOnStreamSubject(t *testing.T) {
 		t.Errorf("%d events on their own subject, want 3", matched)
 	}
 }
+
+// TestSignalNames: hint is the info signal's name both ways; other verbs
+// are their own names.
+func TestSignalNames(t *testing.T) {
+	if SignalVerb(HintVerb) != "info" || SignalName("info") != HintVerb {
+		t.Errorf("hint and info: SignalVerb(hint) = %q, SignalName(info) = %q", SignalVerb(HintVerb), SignalName("info"))
+	}
+	for verb := range SignalTypes() {
+		if verb != "info" && (SignalVerb(verb) != verb || SignalName(verb) != verb) {
+			t.Errorf("%s: SignalVerb %q, SignalName %q", verb, SignalVerb(verb), SignalName(verb))
+		}
+		if _, ok := SignalTypes()[SignalVerb(SignalName(verb))]; !ok {
+			t.Errorf("%s does not come back from its name", verb)
+		}
+	}
+}

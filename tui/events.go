@@ -188,7 +188,7 @@ func Describe(ev schemas.Event, m *projections.Manifest) string {
 	case *schemas.ApprovalExpired:
 		return "step " + d.Step + " approval timed out (" + d.OnTimeout + "): " + OneLine(d.Reason, 120)
 	case *schemas.Signal:
-		s := "signal " + SignalWord(strings.TrimPrefix(ev.Type, "loopbus.signal."))
+		s := "signal " + schemas.SignalName(strings.TrimPrefix(ev.Type, "loopbus.signal."))
 		if d.Step != "" {
 			s += " for " + d.Step
 		}
@@ -200,7 +200,7 @@ func Describe(ev schemas.Event, m *projections.Manifest) string {
 		}
 		return s
 	case *schemas.SignalAcknowledged:
-		s := "signal " + SignalWord(d.Signal)
+		s := "signal " + schemas.SignalName(d.Signal)
 		if d.Step != "" {
 			s += " for " + d.Step
 		}

@@ -175,18 +175,9 @@ func budgetText(m *projections.Manifest) string {
 // signalName is the verb, with the step it targets: "stop", "hint ideas".
 func signalName(sg projections.SignalView) string {
 	if sg.Step != "" {
-		return SignalWord(sg.Signal) + " " + sg.Step
+		return schemas.SignalName(sg.Signal) + " " + sg.Step
 	}
-	return SignalWord(sg.Signal)
-}
-
-// SignalWord is the name people know a signal's verb by: "hint" for the
-// info signal (loopbus.signal.info), the verb itself for the others.
-func SignalWord(verb string) string {
-	if verb == "info" {
-		return "hint"
-	}
-	return verb
+	return schemas.SignalName(sg.Signal)
 }
 
 // signalText is an info signal's message, else the signal's reason.

@@ -35,3 +35,12 @@ func TestInvokedAs(t *testing.T) {
 		}
 	}
 }
+
+// TestWhereHidesCredentials: the connection flags a hint prints (the
+// result hint, serve's run line) never carry a NATS password.
+func TestWhereHidesCredentials(t *testing.T) {
+	g := &globals{natsURL: "nats://loopbus:s3cret@host:4222"}
+	if got := g.where(); got != " --nats nats://loopbus:xxxxx@host:4222" {
+		t.Errorf("where() = %q", got)
+	}
+}

@@ -445,8 +445,6 @@ func newServeCmd(g *globals) *cobra.Command {
 	var ackWait, stallAfter time.Duration
 	var maxOutput int64
 	var secretEnv []string
-	var ready *banner
-	var dashboardOff string // why serve serves no dashboard, for its banner
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run NATS (embedded, unless --nats) and every service in one process",
@@ -462,6 +460,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var dashboardOff string // why no dashboard is served, for the banner
 			if withDashboard && dcfg.Token == "" && g.secured() {
 				if cmd.Flags().Changed("http") {
 					return usageErr(errTokenNeeded)
@@ -488,6 +487,7 @@ func newServeCmd(g *globals) *cobra.Command {
 				log.Info().Str("url", srv.URL()).Str("data", g.dataDir).Bool("fsync", g.fsync).Msg("NATS ready")
 			}
 			info.NATS = redactURLs(g.natsURL)
+			var ready *banner // set below, before any part reports
 			parts := []string{"connected"}
 			if mcfg.Listen != "" {
 				parts = append(parts, "metrics")

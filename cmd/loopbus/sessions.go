@@ -43,11 +43,13 @@ func newSessionsCmd(g *globals) *cobra.Command {
 }
 
 // where is the connection flags a later command needs to reach this
-// command's bus: --nats, or --data when not the default.
+// command's bus: --nats (its passwords and tokens hidden: a hint is
+// printed, and credentials go in LOOPBUS_* variables), or --data when not
+// the default.
 func (g *globals) where() string {
 	switch {
 	case g.natsURL != "":
-		return " --nats " + g.natsURL
+		return " --nats " + redactURLs(g.natsURL)
 	case g.dataDir != config.DefaultDataDir():
 		return " --data " + g.dataDir
 	}

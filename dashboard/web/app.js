@@ -256,7 +256,7 @@ function sessionPage() {
     lineage(m);
     stepOptions(m);
     controlsFor(m);
-    graph(m);
+    drawGraph(m);
     jobs(m);
     artifacts(m);
     if (m.kind === "backlog") tasks();
@@ -441,7 +441,7 @@ function sessionPage() {
   let resizing = null;
   window.addEventListener("resize", () => {
     if (resizing) return;
-    resizing = setTimeout(() => { resizing = null; if (manifest) graph(manifest); }, 150);
+    resizing = setTimeout(() => { resizing = null; if (manifest) drawGraph(manifest); }, 150);
   });
 
   function loopTree(m) {
@@ -602,7 +602,7 @@ function sessionPage() {
   // session).
   let waitTimer = null, waitTick = null, waitKey = "";
   const waitWhy = new Map(); // job -> why it waits
-  function graph(m) { if (m.kind === "loops") loopTree(m); else dag(m); }
+  function drawGraph(m) { if (m.kind === "loops") loopTree(m); else dag(m); }
   function waiting(m, tick) {
     const ids = m.status === "running" ? Object.entries(m.jobs || {}).filter(([, j]) => j.status === "requested").map(([id]) => id).sort() : [];
     const box = document.getElementById("unserved");
@@ -627,7 +627,7 @@ function sessionPage() {
         box.hidden = lines.length === 0;
         waitWhy.clear();
         for (const w of d.waiting) if (w.job && w.message) waitWhy.set(w.job, w.message);
-        if (manifest) graph(manifest);
+        if (manifest) drawGraph(manifest);
       } catch (e) { showError("Could not tell which workers are present: " + e.message); }
     }, 300);
   }
